@@ -57,7 +57,7 @@ std::string format_estimate(const EstimateInput& in, const std::vector<EstimateR
   out += fmt::format("SW: Model with {}M total params, {}M largest layer params.\n",
                      static_cast<std::uint64_t>(in.total_params / 1e6 + 0.5),
                      static_cast<std::uint64_t>(in.largest_layer_params / 1e6 + 0.5));
-  out += "  per CPU  |  per GPU |  per NVMe |   Options\n";
+  out += "  per CPU |  per GPU |  per NVMe |   Options\n";
   for (const EstimateRow& r : rows) {
     out += fmt::format("{:>9} | {:>8} | {:>9} | offload_param={:<4}, offload_optimizer={:<4}, zero_init={}\n",
                        gb(r.cpu_bytes), gb(r.gpu_bytes), r.nvme_bytes > 0 ? gb(r.nvme_bytes) : "-",

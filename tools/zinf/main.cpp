@@ -1,0 +1,22 @@
+// zinf: the command-line front end (train, config check, estimate, consolidate).
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zinf: ZeRO-3 / ZeRO-Infinity training with parameters and optimizer state on CPU or NVMe"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  zinf::cli::add_estimate_command(app, &exit_code);
+  zinf::cli::add_config_command(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    // Usage errors exit 2, like a bad config; --help exits 0.
+    return rc == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

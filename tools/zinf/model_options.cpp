@@ -1,0 +1,43 @@
+// zinf CLI model options: presets plus explicit dimensions, validated with option names.
+#include "model_options.h"
+
+#include <fmt/format.h>
+
+namespace zinf::cli {
+
+void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset) {
+  preset = default_preset;
+  std::string names;
+  for (const std::string& n : model::gpt_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  cmd.add_option("--model", preset, "model preset: " + names)->capture_default_str();
+  cmd.add_option("--layers", layers, "number of transformer blocks (overrides the preset)");
+  cmd.add_option("--hidden", hidden, "hidden size n_embd (overrides the preset)");
+  cmd.add_option("--heads", heads, "attention heads (overrides the preset)");
+  cmd.add_option("--seq", seq, "sequence length T = max positions (overrides the preset)");
+  cmd.add_option("--vocab", vocab, "vocabulary size (default: from the data, 256 for bytes)");
+}
+
+Result<model::GptConfig> ModelOptions::resolve(int default_vocab) const {
+  const int v = vocab.value_or(default_vocab);
+  model::GptConfig c;
+  if (!preset.empty()) {
+    auto p = model::gpt_preset(preset, v);
+    if (!p.is_ok()) return p.status().with_context("--model");
+    c = p.value();
+  } else {
+    c.vocab_size = v;
+  }
+  if (layers) c.n_layer = *layers;
+  if (hidden) c.n_embd = *hidden;
+  if (heads) c.n_head = *heads;
+  if (seq) c.max_seq = *seq;
+  Status s = model::validate_config(c);
+  if (!s.is_ok()) {
+    return Status::invalid_argument(fmt::format(
+        "model options (--layers {} --hidden {} --heads {} --seq {} --vocab {}): {}", c.n_layer, c.n_embd,
+        c.n_head, c.max_seq, c.vocab_size, s.message()));
+  }
+  return c;
+}
+
+}  // namespace zinf::cli

@@ -1,0 +1,26 @@
+// zinf CLI: the model options shared by train, estimate and config check (--model or dimensions).
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "zinf/model/config.h"
+#include "zinf/status.h"
+
+namespace zinf::cli {
+
+struct ModelOptions {
+  std::string preset;  // --model
+  std::optional<int> layers, hidden, heads, seq, vocab;
+
+  // Adds --model, --layers, --hidden, --heads, --seq, --vocab to `cmd`.
+  void add_to(CLI::App& cmd, const std::string& default_preset);
+  // The model: the preset (if any) with any dimension given on the command line replacing its
+  // own; `default_vocab` when neither --vocab nor the data decides. Errors name the option.
+  Result<model::GptConfig> resolve(int default_vocab) const;
+  bool given() const { return !preset.empty() || layers || hidden || heads || seq; }
+};
+
+}  // namespace zinf::cli
