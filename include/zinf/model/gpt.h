@@ -1,0 +1,83 @@
+// GptModel: a GPT-2 style decoder-only transformer, forward and backward on the CPU in fp32.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "zinf/model/config.h"
+#include "zinf/model/params.h"
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+struct GptActivations;  // internal: the model's activation and scratch buffers
+
+// Token + position embeddings, n_layer pre-LayerNorm blocks (causal multi-head self-attention,
+// GELU MLP), final LayerNorm, LM head tied to wte; mean cross-entropy loss.
+//
+// The model owns no parameters: it describes them (params(), modules()) and reads them through a
+// ParamAccess, module by module. It owns its activations, allocated for (B, T) at the first pass
+// and again only when B*T or T grows.
+//
+// Deterministic: the same inputs and parameter values give bit-identical loss and gradients
+// (all reductions run in a fixed order; matrix products are OpenBLAS sgemm calls of fixed shape).
+// Activation checkpointing changes memory and time, not a single bit of the results.
+// Not thread-safe: one pass at a time. Matrix products use OpenBLAS's own threads.
+class GptModel {
+ public:
+  // Requires validate_config(config).is_ok() (asserted); validate user-supplied configs first.
+  explicit GptModel(GptConfig config);
+  GptModel(GptModel&&) noexcept;
+  GptModel& operator=(GptModel&&) noexcept;
+  ~GptModel();
+
+  const GptConfig& config() const { return config_; }
+  std::span<const ParamSpec> params() const { return params_; }
+  std::span<const ModuleSpec> modules() const { return modules_; }
+  uint64_t num_params() const { return num_params_; }
+
+  // One training micro-batch: inputs and targets are (B, T) token ids in [0, vocab_size), with
+  // 1 <= T <= max_seq. Returns the mean cross-entropy over B*T positions and ADDS the gradients of
+  // (loss * loss_scale) to the buffers given by access.grad_buffers().
+  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                                 int B, int T, ParamAccess& access, float loss_scale = 1.0f);
+  // Evaluation: the same loss, no gradients (Phase::kEval, no recompute, no backward).
+  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                             int B, int T, ParamAccess& access);
+
+  // Allocates activations for (B, T) now (a pass does it on demand). Fails with
+  // resource_exhausted when the memory is not there.
+  Status reserve(int B, int T);
+  // Bytes of activations and scratch a pass with (B, T) needs under this configuration.
+  uint64_t activation_bytes(int B, int T) const;
+
+ private:
+  Status check_batch(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
+                     int T) const;
+  Result<float> forward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
+                             ParamAccess& access, Phase phase);
+  Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
+                       bool need_output);
+  Status backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
+                       ParamAccess& access, float loss_scale);
+  Status block_backward(int layer, int slot, int B, int T, ParamAccess& access);
+
+  GptConfig config_;
+  std::vector<ParamSpec> params_;
+  std::vector<ModuleSpec> modules_;
+  uint64_t num_params_ = 0;
+  std::unique_ptr<GptActivations> acts_;
+};
+
+// Module ids of GptModel::modules(), for engines and tests that want to name one.
+inline int module_wte_wpe() { return 0; }
+inline int module_ln_1(int layer) { return 1 + 4 * layer; }
+inline int module_attn(int layer) { return 2 + 4 * layer; }
+inline int module_ln_2(int layer) { return 3 + 4 * layer; }
+inline int module_mlp(int layer) { return 4 + 4 * layer; }
+inline int module_ln_f(int n_layer) { return 1 + 4 * n_layer; }
+inline int module_lm_head(int n_layer) { return 2 + 4 * n_layer; }
+
+}  // namespace zinf::model

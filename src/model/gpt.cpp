@@ -1,0 +1,360 @@
+// GptModel: runs the GPT-2 forward and backward module by module through a ParamAccess.
+#include "zinf/model/gpt.h"
+
+#include <fmt/format.h>
+
+#include <array>
+#include <cassert>
+#include <climits>
+#include <cstring>
+
+#include "model/kernels.h"
+#include "model/layout.h"
+#include "zinf/model/float_buffer.h"
+
+namespace zinf::model {
+
+namespace k = kernels;
+
+// GptActivations of one block, (B,T,...) packed at the pass's B and T inside buffers sized for the
+// capacity. Backward needs all of them; the block output lives in GptActivations::resid.
+struct LayerActs {
+  float* ln1;       // (B,T,C)
+  float* ln1_mean;  // (B,T)
+  float* ln1_rstd;  // (B,T)
+  float* qkv;       // (B,T,3C)
+  float* atty;      // (B,T,C) attention output before c_proj
+  float* att_lse;   // (B,NH,T)
+  float* res2;      // (B,T,C) residual stream after attention
+  float* ln2;       // (B,T,C)
+  float* ln2_mean;  // (B,T)
+  float* ln2_rstd;  // (B,T)
+  float* fch;       // (B,T,4C)
+  float* fch_gelu;  // (B,T,4C)
+};
+
+struct GptActivations {
+  size_t cap_bt = 0;  // B*T the buffers hold
+  size_t cap_t = 0;   // T the attention scratch holds
+  FloatBuffer storage;
+  std::vector<LayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
+  std::vector<float*> resid;      // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
+  float* lnf;                     // (B,T,C)
+  float* lnf_mean;                // (B,T)
+  float* lnf_rstd;                // (B,T)
+  float* logits;                  // (B,T,V): logits, then probabilities, then their gradient
+  float* losses;                  // (B,T)
+  float* dres;                    // (B,T,C) gradient of the residual stream
+  float* dsmall;                  // (B,T,C) scratch gradient
+  float* dbig;                    // (B,T,4C) scratch gradient (also dqkv)
+  float* att_scratch;             // attention_scratch_floats(T)
+};
+
+namespace {
+
+// Hands out 64-byte aligned views of one allocation; with base == nullptr it only counts.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(size_t n) {
+    float* p = base_ != nullptr ? base_ + used_ : nullptr;
+    used_ += (n + 15) / 16 * 16;
+    return p;
+  }
+  size_t used() const { return used_; }
+
+ private:
+  float* base_;
+  size_t used_ = 0;
+};
+
+// Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
+size_t carve(const GptConfig& c, size_t bt, size_t t, float* base, GptActivations* a) {
+  const size_t C = c.n_embd;
+  const size_t slots = c.activation_checkpointing ? 1 : c.n_layer;
+  Carver cv(base);
+  a->layers.resize(slots);
+  for (LayerActs& l : a->layers) {
+    l = LayerActs{cv.take(bt * C),     cv.take(bt),         cv.take(bt),
+                  cv.take(bt * 3 * C), cv.take(bt * C),     cv.take(bt * c.n_head),
+                  cv.take(bt * C),     cv.take(bt * C),     cv.take(bt),
+                  cv.take(bt),         cv.take(bt * 4 * C), cv.take(bt * 4 * C)};
+  }
+  a->resid.resize(c.n_layer + 1);
+  for (float*& r : a->resid) r = cv.take(bt * C);
+  a->lnf = cv.take(bt * C);
+  a->lnf_mean = cv.take(bt);
+  a->lnf_rstd = cv.take(bt);
+  a->logits = cv.take(bt * c.vocab_size);
+  a->losses = cv.take(bt);
+  a->dres = cv.take(bt * C);
+  a->dsmall = cv.take(bt * C);
+  a->dbig = cv.take(bt * 4 * C);
+  a->att_scratch = cv.take(k::attention_scratch_floats(static_cast<int>(t)));
+  return cv.used();
+}
+
+Status in_module(const Status& s, const ModuleSpec& spec, std::string_view what) {
+  return s.with_context(fmt::format("{} {}", spec.name, what));
+}
+
+// acquire, body(values), release.
+template <typename Body>
+Status run_forward(ParamAccess& access, std::span<const ModuleSpec> modules, int m, Phase phase,
+                   Body&& body) {
+  const ModuleSpec& spec = modules[m];
+  std::array<const float*, kMaxModuleParams> values{};
+  std::span<const float*> v(values.data(), spec.params.size());
+  Status s = access.acquire(m, phase, v);
+  if (!s.is_ok()) return in_module(s, spec, phase_name(phase));
+  body(values.data());
+  s = access.release(m, phase);
+  if (!s.is_ok()) return in_module(s, spec, phase_name(phase));
+  return Status::ok();
+}
+
+// [acquire], grad_buffers, body(values, grads), [release], grads_ready.
+template <typename Body>
+Status run_backward(ParamAccess& access, std::span<const ModuleSpec> modules, int m, Body&& body) {
+  const ModuleSpec& spec = modules[m];
+  const size_t n = spec.params.size();
+  std::array<const float*, kMaxModuleParams> values{};
+  std::array<float*, kMaxModuleParams> grads{};
+  const bool reads = spec.backward_reads_values;
+  Status s;
+  if (reads) s = access.acquire(m, Phase::kBackward, std::span<const float*>(values.data(), n));
+  if (!s.is_ok()) return in_module(s, spec, "backward");
+  s = access.grad_buffers(m, std::span<float*>(grads.data(), n));
+  if (!s.is_ok()) {
+    if (reads) (void)access.release(m, Phase::kBackward);
+    return in_module(s, spec, "backward");
+  }
+  body(values.data(), grads.data());
+  if (reads) s = access.release(m, Phase::kBackward);
+  if (s.is_ok()) s = access.grads_ready(m);
+  if (!s.is_ok()) return in_module(s, spec, "backward");
+  return Status::ok();
+}
+
+Status check_tokens(std::span<const int32_t> tokens, std::string_view what, int vocab) {
+  for (size_t i = 0; i < tokens.size(); i++) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return Status::invalid_argument(
+          fmt::format("{}[{}] = {} is outside [0, {}) (vocab_size)", what, i, tokens[i], vocab));
+    }
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+std::string_view phase_name(Phase phase) {
+  switch (phase) {
+    case Phase::kForward:
+      return "forward";
+    case Phase::kEval:
+      return "eval";
+    case Phase::kRecompute:
+      return "recompute";
+    case Phase::kBackward:
+      return "backward";
+  }
+  return "unknown";
+}
+
+GptModel::GptModel(GptConfig config) : config_(config) {
+  assert(validate_config(config_).is_ok());
+  detail::build_layout(config_, &params_, &modules_);
+  num_params_ = gpt_num_params(config_);
+}
+
+GptModel::GptModel(GptModel&&) noexcept = default;
+GptModel& GptModel::operator=(GptModel&&) noexcept = default;
+GptModel::~GptModel() = default;
+
+uint64_t GptModel::activation_bytes(int B, int T) const {
+  GptActivations counting;
+  return carve(config_, static_cast<size_t>(B) * T, T, nullptr, &counting) * sizeof(float);
+}
+
+Status GptModel::reserve(int B, int T) {
+  if (B < 1 || T < 1 || T > config_.max_seq || static_cast<int64_t>(B) * T > INT_MAX / 4) {
+    return Status::invalid_argument(fmt::format(
+        "reserve: B ({}) and T ({}) must be >= 1, T <= max_seq ({})", B, T, config_.max_seq));
+  }
+  const size_t bt = static_cast<size_t>(B) * T;
+  if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t) return Status::ok();
+  auto a = std::make_unique<GptActivations>();
+  a->cap_bt = acts_ ? std::max(bt, acts_->cap_bt) : bt;
+  a->cap_t = acts_ ? std::max<size_t>(T, acts_->cap_t) : T;
+  acts_.reset();  // free the old buffers before taking the new ones
+  const size_t floats = carve(config_, a->cap_bt, a->cap_t, nullptr, a.get());
+  a->storage = FloatBuffer::allocate(floats);
+  if (a->storage.data() == nullptr) {
+    return Status::resource_exhausted(fmt::format(
+        "model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
+  }
+  carve(config_, a->cap_bt, a->cap_t, a->storage.data(), a.get());
+  acts_ = std::move(a);
+  return Status::ok();
+}
+
+Status GptModel::check_batch(std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                             int B, int T) const {
+  if (B < 1) return Status::invalid_argument(fmt::format("batch size B ({}) must be >= 1", B));
+  if (T < 1 || T > config_.max_seq) {
+    return Status::invalid_argument(fmt::format(
+        "sequence length T ({}) must be between 1 and max_seq ({})", T, config_.max_seq));
+  }
+  const int64_t bt = static_cast<int64_t>(B) * T;
+  if (bt > INT_MAX / 4) {
+    return Status::invalid_argument(fmt::format("B*T ({}) is too large", bt));
+  }
+  if (inputs.size() != static_cast<size_t>(bt) || targets.size() != static_cast<size_t>(bt)) {
+    return Status::invalid_argument(
+        fmt::format("inputs ({}) and targets ({}) must each hold B*T = {} tokens", inputs.size(),
+                    targets.size(), bt));
+  }
+  ZINF_RETURN_IF_ERROR(check_tokens(inputs, "inputs", config_.vocab_size));
+  return check_tokens(targets, "targets", config_.vocab_size);
+}
+
+Result<float> GptModel::forward_backward(std::span<const int32_t> inputs,
+                                         std::span<const int32_t> targets, int B, int T,
+                                         ParamAccess& access, float loss_scale) {
+  ZINF_RETURN_IF_ERROR(check_batch(inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(reserve(B, T));
+  ZINF_ASSIGN_OR_RETURN(float loss,
+                        forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kForward));
+  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), targets.data(), B, T, access, loss_scale));
+  return loss;
+}
+
+Result<float> GptModel::forward_loss(std::span<const int32_t> inputs,
+                                     std::span<const int32_t> targets, int B, int T,
+                                     ParamAccess& access) {
+  ZINF_RETURN_IF_ERROR(check_batch(inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(reserve(B, T));
+  return forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kEval);
+}
+
+Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
+                                     ParamAccess& access, Phase phase) {
+  GptActivations& a = *acts_;
+  const int N = B * T;
+  const int C = config_.n_embd;
+  const int V = config_.vocab_size;
+  const int L = config_.n_layer;
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_wte_wpe(), phase, [&](auto v) {
+    k::encoder_forward(a.resid[0], inputs, v[0], v[1], B, T, C);
+  }));
+  // Every layer gets its own slot only when backward will read it without recomputing.
+  const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
+  for (int l = 0; l < L; l++) {
+    ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
+  }
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_f(L), phase, [&](auto v) {
+    k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], v[0], v[1], N, C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
+    k::matmul_forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
+  }));
+  k::softmax_xent_forward(a.logits, a.losses, targets, N, V);
+  double sum = 0.0;  // fixed order
+  for (int n = 0; n < N; n++) sum += a.losses[n];
+  return static_cast<float>(sum / N);
+}
+
+Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
+                               bool need_output) {
+  GptActivations& a = *acts_;
+  LayerActs& la = a.layers[slot];
+  const int N = B * T;
+  const int C = config_.n_embd;
+  const size_t NC = static_cast<size_t>(N) * C;
+  const float* x = a.resid[layer];  // (B,T,C)
+  float* y = a.resid[layer + 1];    // (B,T,C)
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
+    k::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, v[0], v[1], N, C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
+    k::matmul_forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
+    k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
+    k::matmul_forward(la.res2, la.atty, v[2], v[3], N, C, C);
+    k::residual_add(la.res2, x, NC);
+  }));
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
+    k::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, v[0], v[1], N, C);
+  }));
+  return run_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
+    k::matmul_forward(la.fch, la.ln2, v[0], v[1], N, C, 4 * C);
+    k::gelu_forward(la.fch_gelu, la.fch, 4 * NC);
+    // Recompute for backward needs the block's internals, not its output.
+    if (need_output) {
+      k::matmul_forward(y, la.fch_gelu, v[2], v[3], N, 4 * C, C);
+      k::residual_add(y, la.res2, NC);
+    }
+  });
+}
+
+Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
+                               ParamAccess& access, float loss_scale) {
+  GptActivations& a = *acts_;
+  const int N = B * T;
+  const int C = config_.n_embd;
+  const int V = config_.vocab_size;
+  const int L = config_.n_layer;
+  // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
+  k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, V);
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
+    k::matmul_backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
+  }));
+  std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[L], v[0], a.lnf_mean, a.lnf_rstd, N,
+                          C);
+  }));
+  const bool ckpt = config_.activation_checkpointing;
+  for (int l = L - 1; l >= 0; l--) {
+    // With checkpointing the single slot still holds the last block from forward.
+    if (ckpt && l != L - 1) {
+      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, false));
+    }
+    ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
+  }
+  return run_backward(access, modules_, module_wte_wpe(), [&](auto, auto g) {
+    k::encoder_backward(g[0], g[1], a.dres, inputs, B, T, C);
+  });
+}
+
+// On entry dres holds d(block output); on exit d(block input).
+Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& access) {
+  GptActivations& a = *acts_;
+  const LayerActs& la = a.layers[slot];
+  const int N = B * T;
+  const int C = config_.n_embd;
+  const size_t NC = static_cast<size_t>(N) * C;
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
+    float* dfch = a.dbig;  // (B,T,4C)
+    k::matmul_backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
+    k::gelu_backward(dfch, la.fch, dfch, 4 * NC);
+    k::matmul_backward(a.dsmall, g[0], g[1], dfch, la.ln2, v[0], N, C, 4 * C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
+                          C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
+    float* datty = a.dsmall;  // (B,T,C)
+    float* dqkv = a.dbig;     // (B,T,3C)
+    k::matmul_backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
+    k::attention_backward(dqkv, datty, la.qkv, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
+    k::matmul_backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
+  }));
+  return run_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,
+                          la.ln1_rstd, N, C);
+  });
+}
+
+}  // namespace zinf::model
