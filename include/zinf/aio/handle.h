@@ -58,6 +58,17 @@ struct WriteOptions {
 
 using RequestId = std::uint64_t;
 
+// Counters since the handle was created (diagnostics and tests; read without stopping I/O,
+// so a snapshot taken while requests run may be mid-way).
+struct HandleStats {
+  std::uint64_t requests = 0;       // requests finished (ok or not)
+  std::uint64_t ops = 0;            // reads/writes handed to the backend, retries included
+  std::uint64_t retries = 0;        // resubmissions after short transfers, EINTR or EAGAIN
+  std::uint64_t fixed_ops = 0;      // ops that used io_uring registered (fixed) buffers
+  std::uint64_t bounced_bytes = 0;  // bytes copied through bounce buffers (unaligned memory)
+  std::uint64_t edge_ops = 0;       // buffered ops for unaligned heads/tails of O_DIRECT files
+};
+
 // Not copyable or movable; create() returns it owned. One handle may be used from
 // several threads at once: submissions and waits are internally synchronised.
 class Handle {
@@ -112,6 +123,8 @@ class Handle {
   virtual Status wait_all(std::size_t* completed = nullptr) = 0;
   // Requests submitted but not yet waited for.
   virtual std::size_t pending() const = 0;
+  // Counters (see HandleStats). Implementations other than the engine's may return zeros.
+  virtual HandleStats stats() const { return {}; }
 
  protected:
   Handle() = default;

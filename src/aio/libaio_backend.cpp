@@ -1,0 +1,137 @@
+// Linux native AIO backend queue (libaio): one io_context per worker, io_submit/io_getevents.
+#include <libaio.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "aio/backend.h"
+
+namespace zinf::aio::detail {
+namespace {
+
+constexpr int kMaxSubmitRetries = 64;
+
+class LibaioQueue final : public BackendQueue {
+ public:
+  explicit LibaioQueue(std::size_t depth) : depth_(depth) {}
+  ~LibaioQueue() override {
+    if (initialised_) io_destroy(ctx_);
+  }
+  LibaioQueue(const LibaioQueue&) = delete;
+  LibaioQueue& operator=(const LibaioQueue&) = delete;
+
+  Status init() {
+    const int rc = io_setup(static_cast<int>(depth_), &ctx_);
+    if (rc < 0) {
+      Status status = Status::sys_error(fmt::format("io_setup({})", depth_), -rc);
+      if (rc == -EAGAIN) {
+        status = status.with_context(
+            "the system-wide limit /proc/sys/fs/aio-max-nr is exhausted (lower aio.queue_depth or "
+            "aio.intra_op_parallelism, or raise the limit)");
+      }
+      return status;
+    }
+    initialised_ = true;
+    iocbs_.resize(depth_);
+    staged_.reserve(depth_);
+    events_.resize(depth_);
+    return Status::ok();
+  }
+
+  std::size_t capacity() const override { return depth_; }
+
+  void prepare(const IoOp& op) override {
+    // Tags are slot indices < depth, so each op has its own iocb for as long as it is in flight.
+    iocb* cb = &iocbs_[op.tag];
+    if (op.is_write) {
+      io_prep_pwrite(cb, op.fd, op.buf, op.len, static_cast<long long>(op.offset));
+    } else {
+      io_prep_pread(cb, op.fd, op.buf, op.len, static_cast<long long>(op.offset));
+    }
+    cb->data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(op.tag));
+    staged_.push_back(cb);
+  }
+
+  void submit() override {
+    std::size_t done = 0;
+    int attempts = 0;
+    while (done < staged_.size()) {
+      const int rc = io_submit(ctx_, static_cast<long>(staged_.size() - done), staged_.data() + done);
+      if (rc > 0) {
+        done += static_cast<std::size_t>(rc);
+        attempts = 0;
+      } else if ((rc == -EAGAIN || rc == -EINTR || rc == 0) && ++attempts < kMaxSubmitRetries) {
+        std::this_thread::sleep_for(std::chrono::microseconds(10 << std::min(attempts, 10)));
+      } else {
+        // io_submit reports the first iocb it could not queue; that op fails, the rest go on.
+        refuse(staged_[done], rc < 0 ? rc : -EIO);
+        ++done;
+        attempts = 0;
+      }
+    }
+    staged_.clear();
+  }
+
+  Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete) override {
+    std::size_t n = 0;
+    while (!refused_.empty() && n < max) {
+      out[n++] = refused_.back();
+      refused_.pop_back();
+    }
+    if (n >= max) return n;
+    const long want = min_complete > n ? static_cast<long>(min_complete - n) : 0;
+    const long room = static_cast<long>(std::min(max - n, events_.size()));
+    int rc = 0;
+    do {
+      rc = io_getevents(ctx_, want, room, events_.data(), nullptr);
+    } while (rc == -EINTR);
+    if (rc < 0) return Status::sys_error("io_getevents", -rc);
+    for (int i = 0; i < rc; ++i) {
+      const io_event& ev = events_[static_cast<std::size_t>(i)];
+      // res is an unsigned long carrying either a byte count or -errno.
+      out[n++] = IoCompletion{static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev.data)),
+                              static_cast<std::int64_t>(static_cast<long>(ev.res))};
+    }
+    return n;
+  }
+
+ private:
+  void refuse(iocb* cb, int rc) {
+    refused_.push_back(IoCompletion{static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(cb->data)),
+                                    static_cast<std::int64_t>(rc)});
+  }
+
+  std::size_t depth_;
+  io_context_t ctx_ = nullptr;
+  bool initialised_ = false;
+  std::vector<iocb> iocbs_;
+  std::vector<iocb*> staged_;
+  std::vector<io_event> events_;
+  std::vector<IoCompletion> refused_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BackendQueue>> make_libaio_queue(std::size_t depth) {
+  auto queue = std::make_unique<LibaioQueue>(depth);
+  ZINF_RETURN_IF_ERROR(queue->init());
+  return std::unique_ptr<BackendQueue>(std::move(queue));
+}
+
+bool probe_libaio(std::string* why) {
+  io_context_t ctx = nullptr;
+  const int rc = io_setup(1, &ctx);
+  if (rc < 0) {
+    if (why != nullptr) *why = fmt::format("io_setup: {}", std::strerror(-rc));
+    return false;
+  }
+  io_destroy(ctx);
+  return true;
+}
+
+}  // namespace zinf::aio::detail
