@@ -8,5 +8,6 @@ namespace zinf::cli {
 // Each returns the process exit status through *exit_code when its subcommand ran.
 void add_estimate_command(CLI::App& app, int* exit_code);
 void add_config_command(CLI::App& app, int* exit_code);
+void add_train_command(CLI::App& app, int* exit_code);
 
 }  // namespace zinf::cli

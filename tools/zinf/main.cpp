@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   CLI::App app{"zinf: ZeRO-3 / ZeRO-Infinity training with parameters and optimizer state on CPU or NVMe"};
   app.require_subcommand(1);
   int exit_code = 0;
+  zinf::cli::add_train_command(app, &exit_code);
   zinf::cli::add_estimate_command(app, &exit_code);
   zinf::cli::add_config_command(app, &exit_code);
   try {

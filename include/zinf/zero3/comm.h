@@ -1,0 +1,40 @@
+// The communicator the ZeRO-3 engine runs on: collectives over W ranks (local, MPI, NCCL).
+//
+// All buffers are host fp32 (or double for all_reduce_sum) and contiguous. Every rank calls the
+// same collectives in the same order; a rank that fails or disagrees must turn into an error on
+// every rank, not a hang (implementations bound their waits).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "zinf/status.h"
+
+namespace zinf::zero3 {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string name() const = 0;  // "local", "mpi", "nccl"
+
+  // recv (W * send.size() elements) = every rank's send, in rank order. recv may be used in
+  // place: send may alias recv[rank * n, (rank + 1) * n).
+  virtual Status all_gather(std::span<const float> send, std::span<float> recv) = 0;
+  // recv (n elements) = sum over ranks of send[rank * n, (rank + 1) * n), where send has W * n
+  // elements; summed in rank order, so every run gives the same bits.
+  virtual Status reduce_scatter(std::span<const float> send, std::span<float> recv) = 0;
+  // data = elementwise sum over ranks (rank order).
+  virtual Status all_reduce_sum(std::span<double> data) = 0;
+  // data = root's data.
+  virtual Status broadcast(std::span<std::byte> data, int root) = 0;
+  virtual Status barrier() = 0;
+};
+
+// World size 1: every collective is a copy (or nothing).
+std::unique_ptr<Communicator> make_local_communicator();
+
+}  // namespace zinf::zero3

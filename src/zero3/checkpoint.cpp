@@ -1,0 +1,208 @@
+// Checkpoints: per-rank fp32 master and optimizer state plus engine counters, saved atomically
+// (temporary folder, fsync, rename, then `latest`), verified by checksums on load.
+//
+// Layout of <dir>:
+//   latest                       the newest complete tag (written last)
+//   <tag>/engine.json            format, model, precision, layout fingerprint, world size,
+//                                counters, loss scaler, per-rank file sizes and checksums,
+//                                and the caller's client_state
+//   <tag>/rank<r>.state          for each sub-group, for which in (master, state 0, ...):
+//                                that sub-group's padded fp32 array, back to back
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zero3/engine_impl.h"
+#include "zero3/file_util.h"
+
+namespace zinf::zero3 {
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+// FNV-1a, 64-bit: cheap and enough to catch truncation and bit rot in a state file.
+struct Fnv64 {
+  std::uint64_t h = 1469598103934665603ull;
+  void add(const void* data, std::size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  }
+};
+
+nlohmann::json model_json(const model::GptConfig& c) {
+  return {{"vocab_size", c.vocab_size}, {"max_seq", c.max_seq}, {"n_layer", c.n_layer},
+          {"n_head", c.n_head}, {"n_embd", c.n_embd}};
+}
+
+std::string rank_file(const std::string& folder, int rank) { return fmt::format("{}/rank{}.state", folder, rank); }
+
+Status make_dir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
+  Impl& m = *impl_;
+  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" || tag.find(".tmp") != std::string::npos) {
+    return Status::invalid_argument(fmt::format("checkpoint tag '{}': must be a plain, non-empty name", tag));
+  }
+  const int rank = m.comm.rank();
+  const std::string final_dir = dir + "/" + tag;
+  const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
+  if (rank == 0) {
+    ZINF_RETURN_IF_ERROR(make_dir(dir));
+    std::error_code ec;
+    std::filesystem::remove_all(tmp_dir, ec);
+    ZINF_RETURN_IF_ERROR(make_dir(tmp_dir));
+  }
+  ZINF_RETURN_IF_ERROR(m.comm.barrier());
+  // This rank's state, streamed sub-group by sub-group.
+  ZINF_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(rank_file(tmp_dir, rank)));
+  Fnv64 sum;
+  std::uint64_t bytes = 0;
+  std::vector<float> buf;
+  const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
+  for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
+    buf.resize(m.layout.subgroups[sg].numel);
+    for (std::size_t which = 0; which < arrays; ++which) {
+      ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, which, buf));
+      ZINF_RETURN_IF_ERROR(file.append(buf.data(), buf.size() * sizeof(float)));
+      sum.add(buf.data(), buf.size() * sizeof(float));
+      bytes += buf.size() * sizeof(float);
+    }
+  }
+  ZINF_RETURN_IF_ERROR(file.commit());
+  // Every rank's size and checksum reach rank 0 for engine.json.
+  std::vector<double> sizes(static_cast<std::size_t>(m.comm.world_size()) * 2, 0.0);
+  sizes[static_cast<std::size_t>(rank) * 2] = static_cast<double>(bytes);
+  sizes[static_cast<std::size_t>(rank) * 2 + 1] = static_cast<double>(sum.h >> 11);  // exact in a double
+  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(sizes));
+  if (rank == 0) {
+    nlohmann::json j;
+    j["format"] = kFormatVersion;
+    j["tag"] = tag;
+    j["model"] = model_json(m.options.model);
+    j["precision"] = swap::dtype_name(m.dtype);
+    j["optimizer"] = m.optimizer->optimizer().config().name();
+    j["layout"] = m.layout.fingerprint();
+    j["world_size"] = m.comm.world_size();
+    j["sub_groups"] = m.layout.subgroups.size();
+    j["counters"] = {{"steps", m.counters.steps},
+                     {"updates", m.counters.updates},
+                     {"schedule_k", m.counters.schedule_k},
+                     {"loss_scale", m.counters.loss_scale},
+                     {"scaler_iteration", m.counters.scaler_iteration},
+                     {"scaler_last_overflow", m.counters.scaler_last_overflow},
+                     {"scaler_hysteresis_left", m.counters.scaler_hysteresis_left}};
+    nlohmann::json ranks = nlohmann::json::array();
+    for (int r = 0; r < m.comm.world_size(); ++r) {
+      ranks.push_back({{"bytes", static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(r) * 2])},
+                       {"checksum", static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(r) * 2 + 1])}});
+    }
+    j["ranks"] = ranks;
+    j["client_state"] = client_state;
+    ZINF_RETURN_IF_ERROR(write_file_atomic(tmp_dir + "/engine.json", j.dump(2) + "\n"));
+    ZINF_RETURN_IF_ERROR(sync_dir(tmp_dir));
+    // Swap the new folder in; an older one with the same tag goes only after that succeeded.
+    const std::string old_dir = fmt::format("{}/{}.old", dir, tag);
+    std::error_code ec;
+    std::filesystem::remove_all(old_dir, ec);
+    const bool had_old = std::filesystem::exists(final_dir);
+    if (had_old && ::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
+      return Status::sys_error(fmt::format("rename {} to {}", final_dir, old_dir), errno);
+    }
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+      return Status::sys_error(fmt::format("rename {} to {}", tmp_dir, final_dir), errno);
+    }
+    ZINF_RETURN_IF_ERROR(sync_dir(dir));
+    ZINF_RETURN_IF_ERROR(write_file_atomic(dir + "/latest", tag + "\n"));
+    if (had_old) std::filesystem::remove_all(old_dir, ec);
+  }
+  return m.comm.barrier();
+}
+
+Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::string& requested_tag) {
+  Impl& m = *impl_;
+  std::string tag = requested_tag;
+  if (tag.empty()) {
+    auto latest = read_small_file(dir + "/latest");
+    if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
+    tag = latest.value();
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+  }
+  const std::string folder = dir + "/" + tag;
+  ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("format", 0) != kFormatVersion) {
+    return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint (format {})", folder, kFormatVersion));
+  }
+  auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
+    return Status::invalid_argument(fmt::format("{}: checkpoint has {} {}, this run has {}", folder, what, saved, now));
+  };
+  if (j["model"] != model_json(m.options.model)) return mismatch("model", j["model"].dump(), model_json(m.options.model).dump());
+  if (j.value("precision", "") != swap::dtype_name(m.dtype)) {
+    return mismatch("precision", j.value("precision", ""), std::string(swap::dtype_name(m.dtype)));
+  }
+  if (j.value("optimizer", "") != m.optimizer->optimizer().config().name()) {
+    return mismatch("optimizer", j.value("optimizer", ""), std::string(m.optimizer->optimizer().config().name()));
+  }
+  if (j.value("world_size", 0) != m.comm.world_size() || j.value("layout", "") != m.layout.fingerprint()) {
+    return mismatch("world size / partition layout",
+                    fmt::format("{} ranks ({})", j.value("world_size", 0), j.value("layout", "")),
+                    fmt::format("{} ranks ({})", m.comm.world_size(), m.layout.fingerprint()));
+  }
+  const int rank = m.comm.rank();
+  const std::string path = rank_file(folder, rank);
+  const auto& rank_info = j["ranks"][static_cast<std::size_t>(rank)];
+  ZINF_ASSIGN_OR_RETURN(std::uint64_t size, file_size_of(path));
+  if (size != rank_info.value("bytes", std::uint64_t{0})) {
+    return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size, rank_info.value("bytes", 0)));
+  }
+  // Verify the whole file before touching any state, then load it.
+  std::vector<float> buf;
+  Fnv64 sum;
+  const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
+  for (int pass = 0; pass < 2; ++pass) {
+    std::uint64_t offset = 0;
+    for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
+      buf.resize(m.layout.subgroups[sg].numel);
+      for (std::size_t which = 0; which < arrays; ++which) {
+        const std::size_t n = buf.size() * sizeof(float);
+        ZINF_RETURN_IF_ERROR(read_exact(path, offset, buf.data(), n));
+        offset += n;
+        if (pass == 0) {
+          sum.add(buf.data(), n);
+        } else {
+          ZINF_RETURN_IF_ERROR(m.optimizer->load_state(sg, which, buf).with_context(path));
+        }
+      }
+    }
+    if (pass == 0 && (sum.h >> 11) != rank_info.value("checksum", std::uint64_t{0})) {
+      return Status::corruption(fmt::format("{}: checksum mismatch; the file is damaged", path));
+    }
+  }
+  const auto& c = j["counters"];
+  m.counters.steps = c.value("steps", std::int64_t{0});
+  m.counters.updates = c.value("updates", std::int64_t{0});
+  m.counters.schedule_k = c.value("schedule_k", std::int64_t{0});
+  optim::LossScaler::State s;
+  s.scale = c.value("loss_scale", 1.0);
+  s.iteration = c.value("scaler_iteration", std::int64_t{0});
+  s.last_overflow_iteration = c.value("scaler_last_overflow", std::int64_t{-1});
+  s.hysteresis_left = c.value("scaler_hysteresis_left", 1);
+  ZINF_RETURN_IF_ERROR(m.scaler->restore(s).with_context(folder));
+  m.sync_scaler_counters();
+  ZINF_RETURN_IF_ERROR(m.publish_params());
+  m.coordinator->invalidate_gathered();
+  return j.value("client_state", std::string());
+}
+
+}  // namespace zinf::zero3

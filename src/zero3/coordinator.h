@@ -1,0 +1,124 @@
+// Internal: the ZeRO-3 parameter coordinator: gathers partitions into full fp32 parameters for
+// the model module by module, prefetches along the recorded trace, holds gathered elements
+// under a hard max_live_parameters budget, and reduce-scatters gradients into the rank's fp32
+// gradient partitions in reduce_bucket_size buckets.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <vector>
+
+#include "zero3/tiers.h"
+#include "zinf/model/float_buffer.h"
+#include "zinf/model/gpt.h"
+#include "zinf/status.h"
+#include "zinf/swap/optimizer_swapper.h"
+#include "zinf/zero3/comm.h"
+#include "zinf/zero3/partition.h"
+
+namespace zinf::zero3 {
+
+struct CoordinatorOptions {
+  std::uint64_t prefetch_bucket_size = 50000000;
+  std::uint64_t param_persistence_threshold = 100000;
+  std::uint64_t model_persistence_threshold = UINT64_MAX;
+  std::uint64_t max_live_parameters = 1000000000;
+  std::uint64_t max_reuse_distance = 1000000000;
+  std::uint64_t reduce_bucket_size = 500000000;
+};
+
+struct CoordinatorStats {
+  std::uint64_t gathers = 0;            // partitions gathered into full parameters
+  std::uint64_t gathered_elements = 0;
+  std::uint64_t prefetches = 0;         // partitions prefetched along the trace
+  std::uint64_t reuse_hits = 0;         // acquires served by a kept (released) copy
+  std::uint64_t evictions = 0;          // kept copies dropped to stay under the budget
+  std::uint64_t live_high_water = 0;    // most non-persistent gathered elements at once
+  std::uint64_t persistent_elements = 0;
+  std::uint64_t trace_invalidations = 0;
+  std::uint64_t buckets = 0;            // gradient reduce-scatters
+  double backward_start_s = 0;          // seconds into the micro-step when backward began
+};
+
+class Coordinator final : public model::ParamAccess {
+ public:
+  // grad_acc: the rank's fp32 gradient partitions, one array per sub-group (layout's padded
+  // layout); the coordinator adds every micro-step's reduced gradients into them.
+  Coordinator(const model::GptModel& model, const PartitionPlan& plan, const swap::OptimizerLayout& layout,
+              ParamTier& tier, Communicator& comm, const CoordinatorOptions& options,
+              std::vector<model::FloatBuffer>& grad_acc);
+
+  // Before each forward/backward (train) or forward_loss (eval).
+  void begin_pass(bool train);
+  // After it: flushes the last gradient bucket; every module must have been released.
+  Status end_pass();
+  // After an optimizer step changed the partitions: every gathered copy is stale.
+  void invalidate_gathered();
+  const CoordinatorStats& stats() const { return stats_; }
+  std::uint64_t live_elements() const { return live_; }
+
+  Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
+  Status release(int module, model::Phase phase) override;
+  Status grad_buffers(int module, std::span<float*> grads) override;
+  Status grads_ready(int module) override;
+
+ private:
+  struct Gathered {
+    model::FloatBuffer buf;
+    bool valid = false;
+    bool persistent = false;
+    bool prefetched = false;
+    int users = 0;
+  };
+  // The order in which modules acquired parameters in one pass, flattened to parameters.
+  struct Trace {
+    bool complete = false;            // recorded over a whole pass and not invalidated since
+    bool recording = true;
+    std::vector<int> events;          // module per acquire
+    std::vector<std::size_t> event_first;  // first index into params for each event
+    std::vector<int> params;          // parameter per use, in order
+    std::vector<std::uint64_t> traffic;    // prefix sums of elements over params
+  };
+
+  Status ensure_gathered(int p);
+  Status make_room(std::uint64_t need, int module);
+  void drop(int p);
+  void prefetch_after(std::size_t event);
+  void finish_trace(Trace& t);
+  std::uint64_t next_use_distance(int p) const;
+  model::FloatBuffer take_buffer(std::size_t n);
+  void give_buffer(model::FloatBuffer b);
+  Status flush_bucket();
+  Trace& trace() { return train_ ? train_trace_ : eval_trace_; }
+  const Trace& trace() const { return train_ ? train_trace_ : eval_trace_; }
+
+  const model::GptModel& model_;
+  const PartitionPlan& plan_;
+  const swap::OptimizerLayout& layout_;
+  ParamTier& tier_;
+  Communicator& comm_;
+  CoordinatorOptions opt_;
+  std::vector<model::FloatBuffer>& grad_acc_;
+
+  std::vector<Gathered> gathered_;
+  std::vector<model::FloatBuffer> grads_;  // full-size gradients of this pass, per parameter
+  std::multimap<std::size_t, model::FloatBuffer> spare_;  // freed buffers for reuse, by size
+  std::uint64_t spare_elements_ = 0;
+  std::uint64_t live_ = 0;
+  std::uint64_t prefetch_inflight_ = 0;
+  bool train_ = true;
+  Trace train_trace_, eval_trace_;
+  std::size_t position_ = 0;  // next event index in the current pass
+  bool on_trace_ = true;      // the pass so far matches the recorded trace
+  std::vector<int> bucket_;
+  std::uint64_t bucket_elements_ = 0;
+  model::FloatBuffer send_, recv_;
+  std::chrono::steady_clock::time_point pass_start_;
+  bool backward_seen_ = false;
+  CoordinatorStats stats_;
+};
+
+}  // namespace zinf::zero3

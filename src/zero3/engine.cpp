@@ -1,0 +1,356 @@
+// The ZeRO-3 engine: builds the tiers from ds_config, runs micro-batches through the
+// coordinator, and takes the optimizer step (norm, overflow, clipping, scaler, schedule).
+#include "zinf/zero3/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "zero3/coordinator.h"
+#include "zero3/engine_impl.h"
+#include "zinf/log.h"
+#include "zinf/optim/clipping.h"
+#include "zinf/optim/grad_stats.h"
+#include "zinf/zero3/safetensors.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+optim::ParamMap to_param_map(const config::ParamList& list) {
+  optim::ParamMap map;
+  for (const config::Param& p : list.items) {
+    std::visit(
+        [&](const auto& v) {
+          using V = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<V, std::int64_t>) {
+            map[p.name] = static_cast<double>(v);
+          } else {
+            map[p.name] = v;
+          }
+        },
+        p.value);
+  }
+  return map;
+}
+
+swap::DType compute_dtype(const config::DsConfig& ds) {
+  if (ds.bf16.enabled) return swap::DType::kBF16;
+  if (ds.fp16.enabled) return swap::DType::kF16;
+  return swap::DType::kF32;
+}
+
+Result<optim::LossScaler> make_scaler(const config::DsConfig& ds) {
+  optim::LossScalerConfig c;
+  if (ds.fp16.enabled) {
+    c.loss_scale = ds.fp16.loss_scale;
+    c.initial_scale_power = static_cast<int>(ds.fp16.initial_scale_power);
+    c.loss_scale_window = ds.fp16.loss_scale_window;
+    c.hysteresis = static_cast<int>(ds.fp16.hysteresis);
+    c.consecutive_hysteresis = ds.fp16.consecutive_hysteresis;
+    c.min_loss_scale = ds.fp16.min_loss_scale;
+  } else {
+    c.loss_scale = 1.0;  // bf16 and fp32 need no scaling; an overflow still skips the step
+  }
+  return optim::LossScaler::create(c);
+}
+
+}  // namespace
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Engine::~Engine() = default;
+
+const model::GptModel& Engine::model() const { return impl_->model; }
+const EngineCounters& Engine::counters() const { return impl_->counters; }
+std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved(); }
+
+std::string Engine::describe() const {
+  const Impl& m = *impl_;
+  return fmt::format(
+      "model {} params ({} layers, hidden {}, heads {}, seq {}, vocab {}) | rank {} of {} ({}) | precision {} | "
+      "parameters: {} | optimizer: {} | {} sub-group{} | shard {} elements",
+      m.model.num_params(), m.options.model.n_layer, m.options.model.n_embd, m.options.model.n_head,
+      m.options.model.max_seq, m.options.model.vocab_size, m.comm.rank(), m.comm.world_size(), m.comm.name(),
+      swap::dtype_name(m.dtype), m.params->describe(), m.optimizer->describe(), m.layout.subgroups.size(),
+      m.layout.subgroups.size() == 1 ? "" : "s", m.plan.shard_numel());
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, Communicator& comm) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::build(options, comm));
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(const EngineOptions& options, Communicator& comm) {
+  const config::DsConfig& ds = options.ds;
+  ZINF_RETURN_IF_ERROR(model::validate_config(options.model).with_context("model"));
+  if (ds.world_size != comm.world_size()) {
+    return Status::invalid_argument(fmt::format("{}: batch sizes were resolved for world size {}, but {} ranks run",
+                                                ds.source, ds.world_size, comm.world_size()));
+  }
+  auto impl = std::unique_ptr<Impl>(new Impl(options, comm));
+  ZINF_RETURN_IF_ERROR(impl->init());
+  return impl;
+}
+
+Engine::Impl::Impl(const EngineOptions& opts, Communicator& c)
+    : options(opts), comm(c), model(opts.model), dtype(compute_dtype(opts.ds)) {}
+
+Status Engine::Impl::init() {
+  const config::DsConfig& ds = options.ds;
+  std::vector<std::size_t> numels;
+  for (const model::ParamSpec& p : model.params()) numels.push_back(p.numel);
+  ZINF_ASSIGN_OR_RETURN(plan, PartitionPlan::create(numels, comm.world_size()));
+  std::vector<swap::ParamPartition> partitions;
+  for (std::size_t i = 0; i < numels.size(); ++i) {
+    partitions.push_back({model.params()[i].name, plan.slot(i).per_rank});
+  }
+  layout = swap::OptimizerLayout::build(partitions, static_cast<std::uint64_t>(ds.zero.sub_group_size));
+
+  // Optimizer, schedule, loss scaler.
+  optim::OptimizerConfig opt_config;
+  if (ds.optimizer) {
+    auto parsed = optim::OptimizerConfig::parse(ds.optimizer->type, to_param_map(ds.optimizer->params));
+    if (!parsed.is_ok()) return parsed.status().with_context(ds.source + ": optimizer");
+    opt_config = parsed.value();
+  } else {
+    ZINF_ASSIGN_OR_RETURN(opt_config, optim::OptimizerConfig::parse("AdamW", {}));
+    log(LogLevel::kInfo, fmt::format("{}: no optimizer block; using AdamW with lr {}", ds.source, opt_config.lr()));
+  }
+  base_lr = opt_config.lr();
+  if (ds.scheduler) {
+    auto made = optim::make_schedule(ds.scheduler->type, to_param_map(ds.scheduler->params), base_lr);
+    if (!made.is_ok()) return made.status().with_context(ds.source + ": scheduler");
+    schedule = std::move(made).value();
+  }
+  ZINF_ASSIGN_OR_RETURN(scaler, make_scaler(ds));
+  counters.loss_scale = scaler->scale();
+
+  // Tiers.
+  const auto& op = ds.zero.offload_param;
+  const auto& oo = ds.zero.offload_optimizer;
+  if (op.device == config::OffloadDevice::kNvme || oo.device == config::OffloadDevice::kNvme) {
+    aio::AioConfig aio;
+    aio.block_size = static_cast<std::size_t>(ds.aio.block_size);
+    aio.queue_depth = static_cast<std::size_t>(ds.aio.queue_depth);
+    aio.intra_op_parallelism = static_cast<std::size_t>(ds.aio.intra_op_parallelism);
+    aio.single_submit = ds.aio.single_submit;
+    aio.overlap_events = ds.aio.overlap_events;
+    ZINF_ASSIGN_OR_RETURN(handle, aio::Handle::create(aio));
+  }
+  optim::Optimizer optimizer(opt_config);
+  if (oo.device == config::OffloadDevice::kNvme) {
+    swap::OptimizerSwapConfig sc;
+    sc.nvme_paths = {oo.nvme_path};
+    sc.rank = comm.rank();
+    sc.buffer_count = static_cast<std::size_t>(oo.buffer_count);
+    sc.pipeline_read = oo.pipeline_read;
+    sc.pipeline_write = oo.pipeline_write;
+    sc.sub_group_size = static_cast<std::uint64_t>(ds.zero.sub_group_size);
+    sc.pin_memory = oo.pin_memory;
+    ZINF_ASSIGN_OR_RETURN(this->optimizer, make_nvme_optimizer_tier(sc, partitions, optimizer, *handle,
+                                                                    swap::OpenMode::kCreate));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(this->optimizer, make_memory_optimizer_tier(layout, optimizer, {}));
+  }
+  if (op.device == config::OffloadDevice::kNvme) {
+    swap::ParamSwapConfig pc;
+    pc.nvme_paths = {op.nvme_path};
+    pc.rank = comm.rank();
+    pc.buffer_count = static_cast<std::size_t>(op.buffer_count);
+    pc.buffer_size = static_cast<std::size_t>(op.buffer_size);
+    pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
+    pc.pin_memory = op.pin_memory;
+    pc.dtype = dtype;
+    ZINF_ASSIGN_OR_RETURN(params, make_nvme_param_tier(layout, pc, *handle));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype, op.pin_memory));
+  }
+
+  for (const swap::SubGroup& sg : layout.subgroups) {
+    grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
+    if (grad_acc.back().data() == nullptr && sg.numel > 0) {
+      return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", sg.numel));
+    }
+    std::memset(grad_acc.back().data(), 0, sg.numel * sizeof(float));
+  }
+
+  ZINF_RETURN_IF_ERROR(init_master_weights());
+  ZINF_RETURN_IF_ERROR(publish_params());
+
+  CoordinatorOptions co;
+  co.prefetch_bucket_size = static_cast<std::uint64_t>(ds.zero.prefetch_bucket_size);
+  co.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
+  co.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
+  co.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
+  co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
+  co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
+  coordinator = std::make_unique<Coordinator>(model, plan, layout, *params, comm, co, grad_acc);
+  return Status::ok();
+}
+
+Status Engine::Impl::init_master_weights() {
+  const int rank = comm.rank();
+  if (options.init_from.empty()) {
+    return optimizer->init_master([&](std::size_t p, std::uint64_t offset, std::span<float> out) {
+      const model::ParamSpec& spec = model.params()[p];
+      const ElementRange owned = plan.owned(p, rank);
+      // Elements past the owned range are partition padding: zero.
+      const std::uint64_t real = offset < owned.size() ? std::min<std::uint64_t>(out.size(), owned.size() - offset) : 0;
+      if (real > 0) model::init_param(spec, options.seed, out.first(real), owned.begin + offset);
+      std::fill(out.begin() + static_cast<std::ptrdiff_t>(real), out.end(), 0.0f);
+      return Status::ok();
+    });
+  }
+  ZINF_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(options.init_from));
+  std::vector<float> full;
+  std::size_t loaded_param = SIZE_MAX;
+  return optimizer->init_master([&](std::size_t p, std::uint64_t offset, std::span<float> out) -> Status {
+    const model::ParamSpec& spec = model.params()[p];
+    if (loaded_param != p) {
+      full.assign(spec.numel, 0.0f);
+      ZINF_RETURN_IF_ERROR(reader.read_f32(spec.name, full).with_context("--init-from"));
+      loaded_param = p;
+    }
+    const ElementRange owned = plan.owned(p, rank);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      const std::uint64_t e = offset + i;
+      out[i] = e < owned.size() ? full[owned.begin + e] : 0.0f;
+    }
+    return Status::ok();
+  });
+}
+
+// Writes the compute copies of the current master weights into the parameter tier.
+Status Engine::Impl::publish_params() {
+  swap::StepInputs out;
+  params->set_outputs(out);
+  if (dtype == swap::DType::kF32) {
+    std::vector<float> master;
+    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+      master.resize(layout.subgroups[sg].numel);
+      ZINF_RETURN_IF_ERROR(optimizer->read_state(sg, 0, master));
+      ZINF_RETURN_IF_ERROR(params->write_f32_subgroup(sg, master));
+    }
+  } else {
+    ZINF_RETURN_IF_ERROR(optimizer->write_param_copies(out));
+  }
+  return params->flush();
+}
+
+Result<StepReport> Engine::train_step(std::span<const MicroBatch> micro_batches) {
+  return impl_->train_step(micro_batches);
+}
+
+Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_batches) {
+  const auto t0 = Clock::now();
+  StepReport r;
+  const double io_before = params->io_wait_seconds() + optimizer->io_wait_seconds();
+  const auto gas = static_cast<double>(micro_batches.size());
+  if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
+  for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
+  // Gradients of loss * scale / gas, summed over micro-batches: scale x the mean gradient.
+  const double scale = scaler->scale();
+  const auto grad_loss_scale = static_cast<float>(scale / gas);
+  double loss_sum = 0;
+  for (const MicroBatch& mb : micro_batches) {
+    const auto p0 = Clock::now();
+    coordinator->begin_pass(true);
+    auto loss = model.forward_backward(mb.inputs, mb.targets, mb.B, mb.T, *coordinator, grad_loss_scale);
+    if (!loss.is_ok()) return loss.status();
+    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
+    const double pass = since(p0);
+    r.forward_s += coordinator->stats().backward_start_s;
+    r.backward_s += pass - coordinator->stats().backward_start_s;
+    loss_sum += loss.value();
+    r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
+  }
+  r.live_high_water = coordinator->stats().live_high_water;
+  std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
+  // Global squared norm and overflow over the rank's partitions, in sub-group order.
+  const auto o0 = Clock::now();
+  for (const model::FloatBuffer& g : grad_acc) {
+    ZINF_ASSIGN_OR_RETURN(optim::GradStats s, optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+    reduced[1] += s.sq_norm;
+    if (!s.finite()) reduced[2] += 1.0;
+  }
+  ZINF_RETURN_IF_ERROR(comm.all_reduce_sum(reduced));
+  r.loss = reduced[0] / comm.world_size();
+  r.loss_scale = scale;
+  const bool overflow = reduced[2] > 0.0 || !std::isfinite(reduced[1]);
+  ++counters.steps;
+  r.step = counters.steps;
+  const std::int64_t k = counters.schedule_k;
+  r.lr = schedule ? schedule->lr(k) : base_lr;
+  if (overflow) {
+    r.skipped = true;
+    r.grad_norm = std::numeric_limits<double>::infinity();
+    ZINF_RETURN_IF_ERROR(scaler->update(true));
+  } else {
+    const double norm = std::sqrt(reduced[1]);
+    double grad_scale = 1.0 / scale;
+    r.grad_norm = norm / scale;
+    if (options.ds.gradient_clipping > 0.0) {
+      grad_scale = optim::clip_gradients(norm, scale, options.ds.gradient_clipping).grad_scale;
+    }
+    swap::StepInputs in;
+    in.ctx.step = counters.updates + 1;
+    in.ctx.lr = r.lr;
+    if (schedule) in.ctx.beta1 = schedule->momentum(k);
+    in.grad_scale = grad_scale;
+    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
+    params->set_outputs(in);
+    ZINF_RETURN_IF_ERROR(optimizer->step(in));
+    if (dtype == swap::DType::kF32) ZINF_RETURN_IF_ERROR(publish_params());
+    ZINF_RETURN_IF_ERROR(params->flush());
+    coordinator->invalidate_gathered();
+    ZINF_RETURN_IF_ERROR(scaler->update(false));
+    ++counters.updates;
+    ++counters.schedule_k;
+  }
+  sync_scaler_counters();
+  r.optimizer_s = since(o0);
+  r.io_wait_s = params->io_wait_seconds() + optimizer->io_wait_seconds() - io_before;
+  r.seconds = since(t0);
+  return r;
+}
+
+void Engine::Impl::sync_scaler_counters() {
+  const optim::LossScaler::State& s = scaler->state();
+  counters.loss_scale = s.scale;
+  counters.scaler_iteration = s.iteration;
+  counters.scaler_last_overflow = s.last_overflow_iteration;
+  counters.scaler_hysteresis_left = s.hysteresis_left;
+}
+
+Result<double> Engine::eval_loss(const MicroBatch& batch) {
+  Impl& m = *impl_;
+  m.coordinator->begin_pass(false);
+  auto loss = m.model.forward_loss(batch.inputs, batch.targets, batch.B, batch.T, *m.coordinator);
+  if (!loss.is_ok()) return loss.status();
+  ZINF_RETURN_IF_ERROR(m.coordinator->end_pass());
+  std::vector<double> v = {loss.value()};
+  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(v));
+  return v[0] / m.comm.world_size();
+}
+
+Status Engine::read_full_param(std::size_t index, std::span<float> out) {
+  Impl& m = *impl_;
+  if (index >= m.model.params().size() || out.size() != m.model.params()[index].numel) {
+    return Status::invalid_argument(fmt::format("read_full_param({}) with {} elements", index, out.size()));
+  }
+  const std::size_t sg = m.layout.subgroup_of[index];
+  std::vector<float> master(m.layout.subgroups[sg].numel);
+  ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, 0, master));
+  const std::size_t per_rank = m.plan.slot(index).per_rank;
+  const float* mine = master.data() + m.layout.offset_in_subgroup[index];
+  std::vector<float> all(per_rank * static_cast<std::size_t>(m.comm.world_size()));
+  ZINF_RETURN_IF_ERROR(m.comm.all_gather(std::span<const float>(mine, per_rank), all));
+  std::memcpy(out.data(), all.data(), out.size_bytes());
+  return Status::ok();
+}
+
+}  // namespace zinf::zero3

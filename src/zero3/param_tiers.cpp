@@ -1,0 +1,165 @@
+// Parameter tiers: host arrays per sub-group (device none/cpu) or the ParamSwapper (nvme).
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <unordered_set>
+
+#include <fmt/format.h>
+
+#include "zero3/tiers.h"
+#include "zinf/aio/pinned.h"
+#include "zinf/optim/half.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// One host buffer per sub-group, in the padded layout, of the compute dtype.
+class MemoryParamTier final : public ParamTier {
+ public:
+  MemoryParamTier(const swap::OptimizerLayout& layout, swap::DType dtype) : layout_(layout), dtype_(dtype) {}
+
+  Status allocate(bool pin_memory) {
+    for (const swap::SubGroup& sg : layout_.subgroups) {
+      ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, allocate_one(sg.numel * swap::dtype_size(dtype_), pin_memory));
+      buffers_.push_back(std::move(b));
+      pointers_.push_back(buffers_.back().data());
+    }
+    return Status::ok();
+  }
+
+  swap::DType dtype() const override { return dtype_; }
+  std::string describe() const override { return fmt::format("memory ({})", swap::dtype_name(dtype_)); }
+  void prefetch(std::size_t) override {}
+  void drop_prefetch(std::size_t) override {}
+
+  Status read_f32(std::size_t p, std::span<float> dst) override {
+    const std::size_t sg = layout_.subgroup_of[p];
+    const std::byte* src = static_cast<const std::byte*>(pointers_[sg]) +
+                           layout_.offset_in_subgroup[p] * swap::dtype_size(dtype_);
+    return optim::convert_to_f32(src, dtype_, dst);
+  }
+
+  void set_outputs(swap::StepInputs& in) override {
+    if (dtype_ == swap::DType::kF32) return;  // the engine copies fp32 masters itself
+    in.param_copies = pointers_;
+    in.copy_dtype = dtype_;
+  }
+
+  Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) override {
+    if (dtype_ != swap::DType::kF32) return Status::internal("write_f32_subgroup on a 16-bit parameter tier");
+    std::memcpy(pointers_[sg], sg_master.data(), sg_master.size_bytes());
+    return Status::ok();
+  }
+  Status flush() override { return Status::ok(); }
+  double io_wait_seconds() const override { return 0.0; }
+
+ private:
+  // cpu offload with pin_memory page-locks; otherwise an ordinary (pre-faulted) allocation.
+  static Result<aio::PinnedBuffer> allocate_one(std::size_t bytes, bool pin) {
+    (void)pin;  // PinnedBuffer locks when it can; unpinned memory would only differ in mlock.
+    return aio::PinnedBuffer::allocate(bytes, 64);
+  }
+  const swap::OptimizerLayout& layout_;
+  swap::DType dtype_;
+  std::vector<aio::PinnedBuffer> buffers_;
+  std::vector<void*> pointers_;
+};
+
+// Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
+class NvmeParamTier final : public ParamTier {
+ public:
+  NvmeParamTier(const swap::OptimizerLayout& layout, std::unique_ptr<swap::ParamSwapper> swapper)
+      : layout_(layout), swapper_(std::move(swapper)) {}
+
+  Status declare() {
+    for (const swap::ParamPartition& p : layout_.params) ZINF_RETURN_IF_ERROR(swapper_->add(p.key, p.numel));
+    return Status::ok();
+  }
+
+  swap::DType dtype() const override { return swapper_->config().dtype; }
+  std::string describe() const override {
+    return fmt::format("nvme ({}, {} x {} elements staging, max_in_cpu {})", swap::dtype_name(dtype()),
+                       swapper_->config().buffer_count, swapper_->config().buffer_size, swapper_->config().max_in_cpu);
+  }
+
+  // Only partitions that fit one staging buffer are staged ahead; larger ones stream at use.
+  void prefetch(std::size_t p) override {
+    if (layout_.params[p].numel > swapper_->config().buffer_size) return;
+    std::lock_guard lock(mutex_);
+    if (staged_.insert(p).second) (void)swapper_->fetch(layout_.params[p].key);
+  }
+
+  void drop_prefetch(std::size_t p) override {
+    std::lock_guard lock(mutex_);
+    if (staged_.erase(p) > 0) (void)swapper_->release(layout_.params[p].key).wait();
+  }
+
+  Status read_f32(std::size_t p, std::span<float> dst) override {
+    const std::string& key = layout_.params[p].key;
+    bool staged = false;
+    {
+      std::lock_guard lock(mutex_);
+      staged = staged_.erase(p) > 0;
+    }
+    const auto t0 = Clock::now();
+    if (!staged) {
+      // Stream through the pool's chunks, converting each as it lands.
+      const swap::DType dt = dtype();
+      Status s = swapper_->fetch_into(key, [&](std::uint64_t offset, std::span<const std::byte> bytes) {
+                             const std::size_t first = offset / swap::dtype_size(dt);
+                             const std::size_t n = bytes.size() / swap::dtype_size(dt);
+                             return optim::convert_to_f32(bytes.data(), dt, dst.subspan(first, n));
+                           }).wait();
+      io_wait_ += since(t0);
+      return s;
+    }
+    auto view = swapper_->get(key);
+    io_wait_ += since(t0);
+    if (!view.is_ok()) return view.status();
+    Status s = optim::convert_to_f32(view->data(), dtype(), dst);
+    view->reset();
+    Status r = swapper_->release(key).wait();
+    return s.is_ok() ? r : s;
+  }
+
+  void set_outputs(swap::StepInputs& in) override { in.param_swapper = swapper_.get(); }
+  Status write_f32_subgroup(std::size_t, std::span<const float>) override {
+    return Status::unsupported("offload_param to nvme holds 16-bit partitions; enable bf16 or fp16");
+  }
+  Status flush() override { return swapper_->flush(); }
+  double io_wait_seconds() const override { return io_wait_; }
+
+ private:
+  const swap::OptimizerLayout& layout_;
+  std::unique_ptr<swap::ParamSwapper> swapper_;
+  std::mutex mutex_;
+  std::unordered_set<std::size_t> staged_;  // prefetched, not yet read
+  double io_wait_ = 0.0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+                                                          bool pin_memory) {
+  auto tier = std::make_unique<MemoryParamTier>(layout, dtype);
+  ZINF_RETURN_IF_ERROR(tier->allocate(pin_memory).with_context("parameter partitions in memory"));
+  return std::unique_ptr<ParamTier>(std::move(tier));
+}
+
+Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
+                                                        const swap::ParamSwapConfig& config, aio::Handle& handle) {
+  if (config.dtype == swap::DType::kF32) {
+    return Status::invalid_argument(
+        "zero_optimization.offload_param.device nvme: zinf keeps offloaded parameters as 16-bit copies; "
+        "enable bf16 or fp16 (or use device cpu)");
+  }
+  ZINF_ASSIGN_OR_RETURN(auto swapper, swap::ParamSwapper::create(config, handle));
+  auto tier = std::make_unique<NvmeParamTier>(layout, std::move(swapper));
+  ZINF_RETURN_IF_ERROR(tier->declare().with_context("parameter swap store"));
+  return std::unique_ptr<ParamTier>(std::move(tier));
+}
+
+}  // namespace zinf::zero3

@@ -1,0 +1,79 @@
+// Internal: where this rank's parameter partitions (compute dtype) and optimizer state live.
+//
+// Both tiers use the optimizer layout (swap::OptimizerLayout): partitions packed into
+// sub-groups, each partition at a kAlign-aligned offset. The parameter tier holds the copy the
+// model computes with (bf16/fp16, or fp32 when training in fp32); the optimizer tier holds the
+// fp32 master weights and the optimizer's states. "memory" tiers are host arrays (offload
+// device none or cpu: on a CPU-only engine both are host memory; cpu pins when pin_memory);
+// "nvme" tiers are the swap layer's ParamSwapper / OptimizerSwapper.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/aio/handle.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/status.h"
+#include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/param_swapper.h"
+
+namespace zinf::zero3 {
+
+class ParamTier {
+ public:
+  virtual ~ParamTier() = default;
+  virtual swap::DType dtype() const = 0;
+  virtual std::string describe() const = 0;
+  // Starts bringing partition p close (nvme: an async read into pinned staging).
+  virtual void prefetch(std::size_t p) = 0;
+  // Gives up a prefetch that will not be read (the pass left the trace).
+  virtual void drop_prefetch(std::size_t p) = 0;
+  // Writes partition p (layout().params[p].numel elements) as fp32 into dst; waits for it.
+  virtual Status read_f32(std::size_t p, std::span<float> dst) = 0;
+  // Where the optimizer writes the updated copies (param_copies or param_swapper).
+  virtual void set_outputs(swap::StepInputs& in) = 0;
+  // fp32 tiers: the optimizer cannot write fp32 copies, so the engine copies sub-group sg's
+  // master weights here after a step (sg_master: the sub-group's padded fp32 values).
+  virtual Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) = 0;
+  // Waits for outstanding writes (nvme: and commits the store's manifest).
+  virtual Status flush() = 0;
+  // Seconds spent blocked on parameter reads so far.
+  virtual double io_wait_seconds() const = 0;
+};
+
+// device none / cpu. dtype fp32, bf16 or fp16.
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+                                                          bool pin_memory);
+// device nvme (bf16 or fp16).
+Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
+                                                        const swap::ParamSwapConfig& config, aio::Handle& handle);
+
+class OptimizerTier {
+ public:
+  virtual ~OptimizerTier() = default;
+  virtual std::string describe() const = 0;
+  virtual const optim::Optimizer& optimizer() const = 0;
+  virtual Status init_master(const swap::MasterSource& source) = 0;
+  virtual Status step(const swap::StepInputs& in) = 0;
+  virtual Status write_param_copies(const swap::StepInputs& outputs) = 0;
+  // which: 0 master, 1 + i the optimizer's state i. out: subgroups[sg].numel elements.
+  virtual Status read_state(std::size_t sg, std::size_t which, std::span<float> out) = 0;
+  // The inverse, for resume: replaces committed state (memory tiers write in place).
+  virtual Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) = 0;
+  virtual double io_wait_seconds() const = 0;
+  virtual std::uint64_t bytes_moved() const = 0;
+};
+
+Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::OptimizerLayout& layout,
+                                                                  optim::Optimizer optimizer,
+                                                                  const optim::ExecOptions& exec);
+Result<std::unique_ptr<OptimizerTier>> make_nvme_optimizer_tier(const swap::OptimizerSwapConfig& config,
+                                                                std::vector<swap::ParamPartition> partitions,
+                                                                optim::Optimizer optimizer, aio::Handle& handle,
+                                                                swap::OpenMode mode);
+
+}  // namespace zinf::zero3

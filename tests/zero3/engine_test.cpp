@@ -1,0 +1,279 @@
+// Engine tests: bit-identical training across offload devices, pipelining and live budgets;
+// resume; loss goes down; clear errors for impossible budgets.
+#include "zinf/zero3/engine.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "zinf/config/ds_config.h"
+#include "zinf/model/data.h"
+
+namespace zinf::zero3 {
+namespace {
+
+class TempDir {
+ public:
+  TempDir() {
+    const char* base = std::getenv("ZINF_TEST_TMPDIR");
+    std::string templ = std::string(base != nullptr ? base : "/tmp") + "/engine_test.XXXXXX";
+    if (::mkdtemp(templ.data()) != nullptr) path_ = templ;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+struct RunSetup {
+  std::string param_device = "none";
+  std::string optim_device = "none";
+  bool pipeline = true;
+  std::int64_t max_live = 1000000000;
+  std::int64_t sub_group = 3000;
+  std::string precision = "bf16";  // or "fp32"
+  int gas = 2;
+};
+
+model::GptConfig tiny_model() {
+  model::GptConfig c;
+  c.vocab_size = 256;
+  c.max_seq = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  return c;
+}
+
+std::string config_text(const RunSetup& s, const std::string& nvme) {
+  auto offload = [&](const std::string& device, bool optimizer) {
+    std::string block = fmt::format(R"({{"device": "{}")", device);
+    if (device == "nvme") block += fmt::format(R"(, "nvme_path": "{}")", nvme);
+    if (device == "nvme" && optimizer) {
+      block += fmt::format(R"(, "pipeline_read": {0}, "pipeline_write": {0})", s.pipeline ? "true" : "false");
+    }
+    if (device == "nvme" && !optimizer) block += R"(, "buffer_count": 3, "buffer_size": 4096, "max_in_cpu": 0)";
+    return block + "}";
+  };
+  return fmt::format(R"({{
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": {gas},
+    "gradient_clipping": 1.0,
+    {precision}
+    "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
+    "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 3e-3, "warmup_num_steps": 5, "warmup_type": "linear"}}}},
+    "zero_optimization": {{
+      "stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 5000,
+      "stage3_prefetch_bucket_size": 4000, "stage3_param_persistence_threshold": 64,
+      "stage3_max_live_parameters": {live}, "stage3_max_reuse_distance": 3000,
+      "offload_param": {op}, "offload_optimizer": {oo}
+    }},
+    "aio": {{"block_size": 65536, "queue_depth": 4}}
+  }})",
+                     fmt::arg("gas", s.gas),
+                     fmt::arg("precision", s.precision == "bf16" ? R"("bf16": {"enabled": true},)" : ""),
+                     fmt::arg("sg", s.sub_group), fmt::arg("live", s.max_live),
+                     fmt::arg("op", offload(s.param_device, false)), fmt::arg("oo", offload(s.optim_device, true)));
+}
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<std::vector<float>> weights;
+};
+
+class Trainer {
+ public:
+  Trainer(const RunSetup& s, const std::string& nvme) : setup_(s) {
+    auto ds = config::parse_ds_config(config_text(s, nvme), "test_config", config::AutoContext{});
+    status_ = ds.status();
+    if (!ds.is_ok()) return;
+    comm_ = make_local_communicator();
+    auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 7, ""}, *comm_);
+    status_ = engine.status();
+    if (engine.is_ok()) engine_ = std::move(engine).value();
+    data_ = model::TokenDataset::from_text(std::string(
+        "It was the best of times, it was the worst of times, it was the age of wisdom, it was the "
+        "age of foolishness, it was the epoch of belief, it was the epoch of incredulity. "), "test text");
+  }
+  const Status& status() const { return status_; }
+  Engine& engine() { return *engine_; }
+
+  // Steps [from, to): batches depend only on the step number, so a resumed run sees the same data.
+  Status run(int from, int to, RunResult* out) {
+    const int B = 2, T = 16;
+    for (int step = from; step < to; ++step) {
+      std::vector<std::vector<std::int32_t>> in(setup_.gas), tg(setup_.gas);
+      std::vector<MicroBatch> micro;
+      for (int g = 0; g < setup_.gas; ++g) {
+        for (int i = 0; i < B * T; ++i) {
+          const std::size_t pos = (static_cast<std::size_t>(step * 37 + g * 11 + i * 3)) % (data_.size() - 1);
+          in[g].push_back(data_.tokens()[pos]);
+          tg[g].push_back(data_.tokens()[pos + 1]);
+        }
+        micro.push_back(MicroBatch{in[g], tg[g], B, T});
+      }
+      auto r = engine_->train_step(micro);
+      if (!r.is_ok()) return r.status();
+      out->losses.push_back(static_cast<float>(r->loss));
+    }
+    out->weights.clear();
+    for (std::size_t p = 0; p < engine_->model().params().size(); ++p) {
+      std::vector<float> w(engine_->model().params()[p].numel);
+      ZINF_RETURN_IF_ERROR(engine_->read_full_param(p, w));
+      out->weights.push_back(std::move(w));
+    }
+    return Status::ok();
+  }
+
+ private:
+  RunSetup setup_;
+  Status status_;
+  std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Engine> engine_;
+  model::TokenDataset data_ = model::TokenDataset::from_text("x", "empty");
+};
+
+RunResult train(const RunSetup& s, int steps) {
+  TempDir nvme;
+  Trainer t(s, nvme.path());
+  EXPECT_TRUE(t.status().is_ok()) << t.status().to_string();
+  RunResult r;
+  if (!t.status().is_ok()) return r;
+  Status st = t.run(0, steps, &r);
+  EXPECT_TRUE(st.is_ok()) << st.to_string();
+  return r;
+}
+
+void expect_identical(const RunResult& a, const RunResult& b, const std::string& what) {
+  ASSERT_EQ(a.losses.size(), b.losses.size()) << what;
+  for (std::size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(std::memcmp(&a.losses[i], &b.losses[i], sizeof(float)), 0)
+        << what << ": step " << i + 1 << " loss " << a.losses[i] << " vs " << b.losses[i];
+  }
+  ASSERT_EQ(a.weights.size(), b.weights.size()) << what;
+  for (std::size_t p = 0; p < a.weights.size(); ++p) {
+    EXPECT_EQ(a.weights[p], b.weights[p]) << what << ": parameter " << p;
+  }
+}
+
+constexpr int kSteps = 20;
+
+TEST(EngineTest, OffloadDevicesGiveBitIdenticalTraining) {
+  const RunResult base = train(RunSetup{}, kSteps);
+  ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_LT(base.losses.back(), base.losses.front() - 0.5f) << "training should lower the loss";
+  for (const std::string p : {"none", "cpu", "nvme"}) {
+    for (const std::string o : {"none", "cpu", "nvme"}) {
+      if (p == "none" && o == "none") continue;
+      RunSetup s;
+      s.param_device = p;
+      s.optim_device = o;
+      expect_identical(base, train(s, kSteps), "offload_param " + p + ", offload_optimizer " + o);
+    }
+  }
+}
+
+TEST(EngineTest, PipeliningAndLiveBudgetDoNotChangeResults) {
+  const RunResult base = train(RunSetup{}, kSteps);
+  RunSetup unpipelined;
+  unpipelined.param_device = "nvme";
+  unpipelined.optim_device = "nvme";
+  unpipelined.pipeline = false;
+  expect_identical(base, train(unpipelined, kSteps), "pipelining off");
+  // The largest module (wte + wpe: 256*32 + 16*32 elements) just fits: forces releases.
+  RunSetup tight = unpipelined;
+  tight.pipeline = true;
+  tight.max_live = 256 * 32 + 16 * 32 + 64;
+  expect_identical(base, train(tight, kSteps), "small max_live_parameters");
+}
+
+TEST(EngineTest, Fp32TrainingMatchesAcrossOptimizerDevices) {
+  RunSetup a;
+  a.precision = "fp32";
+  RunSetup b = a;
+  b.optim_device = "nvme";
+  b.param_device = "cpu";
+  expect_identical(train(a, 8), train(b, 8), "fp32, optimizer on nvme");
+}
+
+TEST(EngineTest, ResumeContinuesBitIdentically) {
+  for (const std::string device : {"none", "nvme"}) {
+    RunSetup s;
+    s.param_device = device;
+    s.optim_device = device;
+    const RunResult full = train(s, kSteps);
+    TempDir nvme, ckpt;
+    RunResult first, second;
+    {
+      Trainer t(s, nvme.path());
+      ASSERT_TRUE(t.status().is_ok());
+      ASSERT_TRUE(t.run(0, 10, &first).is_ok());
+      Status saved = t.engine().save_checkpoint(ckpt.path(), "global_step10", R"({"note": "x"})");
+      ASSERT_TRUE(saved.is_ok()) << saved.to_string();
+    }
+    Trainer t(s, nvme.path());
+    ASSERT_TRUE(t.status().is_ok());
+    auto client = t.engine().load_checkpoint(ckpt.path(), "");
+    ASSERT_TRUE(client.is_ok()) << device << ": " << client.status().to_string();
+    EXPECT_EQ(client.value(), R"({"note": "x"})");
+    EXPECT_EQ(t.engine().counters().steps, 10);
+    ASSERT_TRUE(t.run(10, kSteps, &second).is_ok());
+    RunResult joined{first.losses, second.weights};
+    joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
+    expect_identical(full, joined, "resume at step 10, device " + device);
+  }
+}
+
+TEST(EngineTest, CorruptCheckpointIsRefused) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 2, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const std::string file = ckpt.path() + "/a/rank0.state";
+  {
+    FILE* f = std::fopen(file.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 100, SEEK_SET);
+    std::fputc(0x5A, f);
+    std::fclose(f);
+  }
+  std::vector<float> before(t.engine().model().params()[0].numel), after(before.size());
+  ASSERT_TRUE(t.engine().read_full_param(0, before).is_ok());
+  auto loaded = t.engine().load_checkpoint(ckpt.path(), "");
+  ASSERT_FALSE(loaded.is_ok());
+  EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption);
+  EXPECT_NE(loaded.status().message().find("rank0.state"), std::string::npos);
+  // Nothing was loaded: the running state is untouched.
+  ASSERT_TRUE(t.engine().read_full_param(0, after).is_ok());
+  EXPECT_EQ(before, after);
+}
+
+TEST(EngineTest, LiveBudgetSmallerThanAModuleIsAClearError) {
+  RunSetup s;
+  s.max_live = 1000;  // wte + wpe alone is 8704 elements
+  TempDir nvme;
+  Trainer t(s, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  Status st = t.run(0, 1, &r);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(st.message().find("stage3_max_live_parameters"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("wte_wpe"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace zinf::zero3

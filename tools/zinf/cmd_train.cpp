@@ -1,0 +1,249 @@
+// `zinf train`: ZeRO-3 training of a GPT model with state offloaded per ds_config.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "auto_options.h"
+#include "commands.h"
+#include "default_config.h"
+#include "model_options.h"
+#include "zinf/config/ds_config.h"
+#include "zinf/log.h"
+#include "zinf/model/data.h"
+#include "zinf/zero3/comm.h"
+#include "zinf/zero3/engine.h"
+
+namespace zinf::cli {
+namespace {
+
+struct TrainOptions {
+  std::string config_path;
+  ModelOptions model;
+  AutoOptions autos;
+  std::string data;
+  int steps = 50;
+  std::string save_dir;
+  int save_interval = 0;
+  std::string resume_dir;
+  std::uint64_t seed = 1234;
+  std::string json_log;
+  std::string init_from;
+  bool activation_checkpointing = false;
+};
+
+std::uint64_t peak_rss_bytes() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
+}
+
+std::string hms(double seconds) {
+  const auto s = static_cast<long>(std::max(0.0, seconds));
+  return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
+}
+
+// A temporary folder removed at exit (the built-in config's NVMe swap folder).
+struct TempDir {
+  std::string path;
+  ~TempDir() {
+    if (!path.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  }
+};
+
+class Progress {
+ public:
+  Progress(int total, int start, std::int64_t print_every)
+      : total_(total), start_(start), every_(std::max<std::int64_t>(1, print_every)), tty_(::isatty(STDOUT_FILENO) != 0),
+        t0_(std::chrono::steady_clock::now()) {}
+
+  void update(const zero3::StepReport& r, bool breakdown) {
+    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    tokens_ += r.tokens;
+    const int done = static_cast<int>(r.step) - start_;
+    const double tps = static_cast<double>(tokens_) / std::max(elapsed, 1e-9);
+    const double eta = done > 0 ? elapsed / done * (total_ - static_cast<int>(r.step)) : 0.0;
+    const int width = 24;
+    const int filled = total_ > 0 ? static_cast<int>(width * r.step / total_) : width;
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.append(static_cast<std::size_t>(width - filled), '.');
+    std::string line = fmt::format("step {:>5}/{} [{}] loss {:.4f} lr {:.3e} scale {:g} {:.0f} tok/s ETA {}{}",
+                                   r.step, total_, bar, r.loss, r.lr, r.loss_scale, tps, hms(eta),
+                                   r.skipped ? " (overflow: step skipped)" : "");
+    if (breakdown) {
+      line += fmt::format(" | fwd {:.3f}s bwd {:.3f}s optim {:.3f}s io-wait {:.3f}s", r.forward_s, r.backward_s,
+                          r.optimizer_s, r.io_wait_s);
+    }
+    if (tty_) {
+      std::cout << "\r" << line << "\x1b[K" << std::flush;
+      if (r.step == total_) std::cout << "\n";
+    } else if (r.step % every_ == 0 || r.step == total_ || done == 1) {
+      std::cout << line << "\n" << std::flush;
+    }
+  }
+  double tokens_per_s_last(const zero3::StepReport& r) const { return r.tokens / std::max(r.seconds, 1e-9); }
+
+ private:
+  int total_, start_;
+  std::int64_t every_;
+  bool tty_;
+  std::chrono::steady_clock::time_point t0_;
+  std::uint64_t tokens_ = 0;
+};
+
+Status run_train(const TrainOptions& o) {
+  // Data first: it decides the vocabulary.
+  model::TokenDataset data = model::TokenDataset::load_default();
+  if (!o.data.empty()) {
+    auto loaded = model::TokenDataset::load(o.data);
+    if (!loaded.is_ok()) return loaded.status().with_context("--data");
+    data = std::move(loaded).value();
+  }
+  auto mc = o.model.resolve(data.vocab_size());
+  if (!mc.is_ok()) return mc.status();
+  model::GptConfig gpt = mc.value();
+  if (gpt.vocab_size < data.vocab_size()) {
+    return Status::invalid_argument(fmt::format("--vocab {} is smaller than the data's vocabulary {} ({})",
+                                                gpt.vocab_size, data.vocab_size(), data.source()));
+  }
+  gpt.activation_checkpointing = o.activation_checkpointing;
+
+  auto comm = zero3::make_local_communicator();
+  ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(gpt.n_embd));
+  if (!o.autos.total_steps) ctx.total_steps = o.steps;
+  ctx.world_size = comm->world_size();
+  TempDir swap_dir;
+  Result<config::DsConfig> ds = Status::internal("unset");
+  if (o.config_path.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    std::string templ = std::string(base != nullptr ? base : "/tmp") + "/zinf_train_nvme.XXXXXX";
+    if (::mkdtemp(templ.data()) == nullptr) return Status::sys_error("create a temporary NVMe folder " + templ, errno);
+    swap_dir.path = templ;
+    ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);
+    log(LogLevel::kInfo, fmt::format("no --config: built-in ZeRO-3 config with NVMe offload to {}", templ));
+  } else {
+    ds = config::load_ds_config(o.config_path, ctx);
+  }
+  if (!ds.is_ok()) return ds.status();
+  config::log_resolved_config(ds.value());
+
+  zero3::EngineOptions eo{gpt, ds.value(), o.seed, o.init_from};
+  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, *comm));
+  std::cout << engine->describe() << "\n";
+  std::cout << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
+
+  const auto& batch = ds->batch;
+  const int B = static_cast<int>(batch.train_micro_batch_size_per_gpu);
+  const int T = gpt.max_seq;
+  const int gas = static_cast<int>(batch.gradient_accumulation_steps);
+  model::BatchLoaderOptions lo{B, T, comm->rank(), comm->world_size(), o.seed, true};
+  ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(std::move(data), lo));
+
+  if (!o.resume_dir.empty()) {
+    ZINF_ASSIGN_OR_RETURN(std::string client, engine->load_checkpoint(o.resume_dir, ""));
+    const auto j = nlohmann::json::parse(client, nullptr, false);
+    if (j.is_discarded() || !j.contains("epoch") || !j.contains("row")) {
+      return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", o.resume_dir));
+    }
+    ZINF_RETURN_IF_ERROR(loader.restore({j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()}));
+    std::cout << fmt::format("resumed from {} at step {}\n", o.resume_dir, engine->counters().steps);
+  }
+
+  std::ofstream json_log;
+  if (!o.json_log.empty()) {
+    json_log.open(o.json_log, std::ios::app);
+    if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
+  }
+  auto save = [&](std::int64_t step) -> Status {
+    const model::BatchPosition pos = loader.position();
+    const nlohmann::json client = {{"epoch", pos.epoch}, {"row", pos.row}, {"seed", o.seed}};
+    ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client.dump()));
+    std::cout << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
+    return Status::ok();
+  };
+
+  std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(gas)), targets(static_cast<std::size_t>(gas));
+  std::vector<zero3::MicroBatch> micro(static_cast<std::size_t>(gas));
+  const auto start_step = static_cast<int>(engine->counters().steps);
+  Progress progress(o.steps, start_step, ds->steps_per_print);
+  double first_loss = NAN, last_loss = NAN;
+  while (engine->counters().steps < o.steps) {
+    for (int g = 0; g < gas; ++g) {
+      inputs[g].resize(static_cast<std::size_t>(B) * T);
+      targets[g].resize(static_cast<std::size_t>(B) * T);
+      ZINF_RETURN_IF_ERROR(loader.next(inputs[g], targets[g]));
+      micro[g] = zero3::MicroBatch{inputs[g], targets[g], B, T};
+    }
+    ZINF_ASSIGN_OR_RETURN(zero3::StepReport r, engine->train_step(micro));
+    if (std::isnan(first_loss)) first_loss = r.loss;
+    last_loss = r.loss;
+    progress.update(r, ds->wall_clock_breakdown);
+    if (json_log.is_open()) {
+      nlohmann::json line = {{"step", r.step},
+                             {"loss", r.loss},
+                             {"lr", r.lr},
+                             {"loss_scale", r.loss_scale},
+                             {"grad_norm", std::isfinite(r.grad_norm) ? nlohmann::json(r.grad_norm) : nlohmann::json()},
+                             {"skipped", r.skipped},
+                             {"tokens_per_s", progress.tokens_per_s_last(r)},
+                             {"peak_rss_bytes", peak_rss_bytes()},
+                             {"step_s", r.seconds},
+                             {"forward_s", r.forward_s},
+                             {"backward_s", r.backward_s},
+                             {"optimizer_s", r.optimizer_s},
+                             {"io_wait_s", r.io_wait_s},
+                             {"nvme_bytes", engine->bytes_moved()}};
+      json_log << line.dump() << "\n" << std::flush;
+    }
+    if (!o.save_dir.empty() && o.save_interval > 0 && r.step % o.save_interval == 0 && r.step < o.steps) {
+      ZINF_RETURN_IF_ERROR(save(r.step));
+    }
+  }
+  if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
+  std::cout << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
+                           engine->counters().steps, first_loss, last_loss, peak_rss_bytes() / 1048576.0,
+                           engine->bytes_moved() / 1048576.0);
+  return Status::ok();
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("train", "train a GPT model with ZeRO-3 (state in memory, CPU or NVMe per ds_config)");
+  auto o = std::make_shared<TrainOptions>();
+  cmd->add_option("--config", o->config_path, "ds_config.json (default: a built-in ZeRO-3 NVMe-offload config)");
+  o->model.add_to(*cmd, "small");
+  o->autos.add_to(*cmd);
+  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
+  cmd->add_option("--steps", o->steps, "optimizer steps to reach")->check(CLI::PositiveNumber);
+  cmd->add_option("--save", o->save_dir, "checkpoint folder (saved at the end, and every --save-interval steps)");
+  cmd->add_option("--save-interval", o->save_interval, "steps between checkpoints")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--resume", o->resume_dir, "continue from the latest checkpoint in this folder");
+  cmd->add_option("--seed", o->seed, "seed for initialisation and data order");
+  cmd->add_option("--json-log", o->json_log, "append one JSON object per optimizer step to this file");
+  cmd->add_option("--init-from", o->init_from, "start from the weights in this safetensors file");
+  cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
+  cmd->callback([o, exit_code] {
+    Status s = run_train(*o);
+    if (!s.is_ok()) {
+      std::cerr << (::isatty(STDOUT_FILENO) ? "\n" : "") << "zinf train: " << s.message() << "\n";
+      *exit_code = s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? 2 : 1;
+      return;
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace zinf::cli
