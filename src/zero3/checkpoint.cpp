@@ -20,6 +20,8 @@
 
 #include "zero3/engine_impl.h"
 #include "zero3/file_util.h"
+#include "zinf/zero3/checkpoint.h"
+#include "zinf/zero3/safetensors.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -95,6 +97,8 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     j["layout"] = m.layout.fingerprint();
     j["world_size"] = m.comm.world_size();
     j["sub_groups"] = m.layout.subgroups.size();
+    j["sub_group_size"] = m.layout.sub_group_size;
+    j["arrays"] = arrays;
     j["counters"] = {{"steps", m.counters.steps},
                      {"updates", m.counters.updates},
                      {"schedule_k", m.counters.schedule_k},
@@ -203,6 +207,65 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   ZINF_RETURN_IF_ERROR(m.publish_params());
   m.coordinator->invalidate_gathered();
   return j.value("client_state", std::string());
+}
+
+Status consolidate_checkpoint(const std::string& checkpoint, const std::string& out_path) {
+  std::string folder = checkpoint;
+  if (!std::filesystem::exists(folder + "/engine.json")) {
+    auto latest = read_small_file(checkpoint + "/latest");
+    if (!latest.is_ok()) {
+      return Status::not_found(fmt::format("{}: neither a checkpoint folder (engine.json) nor one with 'latest'", checkpoint));
+    }
+    std::string tag = latest.value();
+    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+    folder = checkpoint + "/" + tag;
+  }
+  ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
+  const auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || j.value("format", 0) != kFormatVersion || !j.contains("model") || !j.contains("arrays")) {
+    return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint (format {})", folder, kFormatVersion));
+  }
+  model::GptConfig mc;
+  const auto& jm = j["model"];
+  mc.vocab_size = jm.value("vocab_size", 0);
+  mc.max_seq = jm.value("max_seq", 0);
+  mc.n_layer = jm.value("n_layer", 0);
+  mc.n_head = jm.value("n_head", 0);
+  mc.n_embd = jm.value("n_embd", 0);
+  ZINF_RETURN_IF_ERROR(model::validate_config(mc).with_context(folder + "/engine.json: model"));
+  const model::GptModel gpt(mc);
+  const int world = j.value("world_size", 1);
+  const auto arrays = j.value("arrays", std::uint64_t{1});
+  std::vector<std::size_t> numels;
+  for (const model::ParamSpec& p : gpt.params()) numels.push_back(p.numel);
+  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, PartitionPlan::create(numels, world));
+  std::vector<swap::ParamPartition> parts;
+  for (std::size_t i = 0; i < numels.size(); ++i) parts.push_back({gpt.params()[i].name, plan.slot(i).per_rank});
+  const swap::OptimizerLayout layout = swap::OptimizerLayout::build(parts, j.value("sub_group_size", std::uint64_t{1}));
+  if (layout.fingerprint() != j.value("layout", "")) {
+    return Status::corruption(fmt::format("{}/engine.json: partition layout does not match its model", folder));
+  }
+  // Byte offset of each sub-group's master array in a rank file.
+  std::vector<std::uint64_t> master_offset(layout.subgroups.size(), 0);
+  for (std::size_t sg = 1; sg < layout.subgroups.size(); ++sg) {
+    master_offset[sg] = master_offset[sg - 1] + layout.subgroups[sg - 1].numel * arrays * sizeof(float);
+  }
+  std::vector<TensorToWrite> tensors;
+  for (std::size_t p = 0; p < gpt.params().size(); ++p) {
+    const model::ParamSpec& spec = gpt.params()[p];
+    tensors.push_back({spec.name, spec.shape, [&, p](std::span<float> out) -> Status {
+                         for (int r = 0; r < world; ++r) {
+                           const ElementRange range = plan.owned(p, r);
+                           if (range.size() == 0) continue;
+                           const std::uint64_t at = master_offset[layout.subgroup_of[p]] +
+                                                    layout.offset_in_subgroup[p] * sizeof(float);
+                           ZINF_RETURN_IF_ERROR(read_exact(rank_file(folder, r), at, out.data() + range.begin,
+                                                           range.size() * sizeof(float)));
+                         }
+                         return Status::ok();
+                       }});
+  }
+  return write_safetensors(out_path, tensors, {{"format", "pt"}, {"source", "zinf " + folder}});
 }
 
 }  // namespace zinf::zero3

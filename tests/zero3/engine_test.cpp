@@ -15,6 +15,8 @@
 
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
+#include "zinf/zero3/checkpoint.h"
+#include "zinf/zero3/safetensors.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -232,6 +234,38 @@ TEST(EngineTest, ResumeContinuesBitIdentically) {
     RunResult joined{first.losses, second.weights};
     joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
     expect_identical(full, joined, "resume at step 10, device " + device);
+  }
+}
+
+TEST(EngineTest, ConsolidatedWeightsRestartTraining) {
+  TempDir nvme, ckpt;
+  RunSetup s;
+  Trainer t(s, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 3, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "global_step3", "{}").is_ok());
+  const std::string st = ckpt.path() + "/model.safetensors";
+  Status c = consolidate_checkpoint(ckpt.path(), st);
+  ASSERT_TRUE(c.is_ok()) << c.to_string();
+  auto reader = SafetensorsReader::open(st);
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  ASSERT_EQ(reader->entries().size(), r.weights.size());
+  for (std::size_t p = 0; p < r.weights.size(); ++p) {
+    std::vector<float> w(r.weights[p].size());
+    ASSERT_TRUE(reader->read_f32(t.engine().model().params()[p].name, w).is_ok());
+    EXPECT_EQ(w, r.weights[p]) << t.engine().model().params()[p].name;
+  }
+  // --init-from: a new engine starts from exactly these weights.
+  auto ds = config::parse_ds_config(config_text(s, nvme.path()), "test_config", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok());
+  auto comm = make_local_communicator();
+  auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 99, st}, *comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  for (std::size_t p = 0; p < r.weights.size(); ++p) {
+    std::vector<float> w(r.weights[p].size());
+    ASSERT_TRUE((*engine)->read_full_param(p, w).is_ok());
+    EXPECT_EQ(w, r.weights[p]);
   }
 }
 

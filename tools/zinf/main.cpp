@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   zinf::cli::add_train_command(app, &exit_code);
   zinf::cli::add_estimate_command(app, &exit_code);
+  zinf::cli::add_consolidate_command(app, &exit_code);
   zinf::cli::add_config_command(app, &exit_code);
   try {
     app.parse(argc, argv);
