@@ -1,0 +1,201 @@
+// Optimizer swapper (offload_optimizer with device nvme): the optimizer step over state on NVMe.
+//
+// Parameter partitions are packed, in order, into sub-groups that close once they hold
+// sub_group_size elements (a partition is never split). Each sub-group has flat fp32 tensors in
+// the store: the master weights and the optimizer's states (Adam: exp_avg, exp_avg_sq). In a
+// sub-group every partition starts at a multiple of OptimizerLayout::kAlign elements (the gap
+// is zero padding), so every transfer is 4 KiB aligned; gradients and 16-bit copies in memory
+// use the same padded layout.
+//
+// A step walks the sub-groups in tiles of tile_elements() (the pinned budget decides the tile,
+// not sub_group_size): read (master, states, gradients if swapped) -> optimizer kernel with the
+// 16-bit copy fused -> write the 16-bit copy -> write (master, states). With pipeline_read the
+// next tile's read overlaps this tile's compute; with pipeline_write the previous tile's write
+// does. Each pipeline stage has its own pinned slot, carved from a pool of buffer_count x
+// buffer_size fp32 elements.
+//
+// Failure safety: every state tensor has two slots in the store. A step reads the committed
+// slot and writes the other; only when every tile is written does it commit the manifest that
+// flips the slot. A step that fails (an I/O error, say) returns the error and leaves the
+// previous step's state committed, intact and readable; the step can be retried. The 16-bit
+// copies written by a failed step are not rolled back: write_param_copies() rewrites them from
+// the committed master weights.
+//
+// State creation: init_master() streams the initial fp32 weights tile by tile from a callback;
+// the moments are created on first use (zero tiles in pinned memory during the first step), so
+// no step ever holds more than the pinned budget.
+//
+// Threading: one call at a time (not thread-safe). The aio handle must outlive the swapper.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "zinf/aio/handle.h"
+#include "zinf/optim/isa.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/status.h"
+#include "zinf/swap/pinned_pool.h"
+#include "zinf/swap/swap_store.h"
+#include "zinf/swap/types.h"
+
+namespace zinf::swap {
+
+class ParamSwapper;
+
+// The offload_optimizer block and sub_group_size, resolved.
+struct OptimizerSwapConfig {
+  std::vector<std::string> nvme_paths;  // several: extents striped across them
+  int rank = 0;
+  std::size_t buffer_count = 4;
+  std::size_t buffer_size = 0;  // fp32 elements per pinned buffer; 0: the largest sub-group (reference)
+  bool pipeline_read = false;
+  bool pipeline_write = false;
+  std::uint64_t sub_group_size = 1000000000;
+  bool pin_memory = false;
+  std::size_t stripe_unit = std::size_t{4} << 20;
+  bool durable = true;           // fdatasync before each commit
+  bool swap_gradients = false;   // gradients come from a gradient store (write_gradients)
+  DType gradient_dtype = DType::kF32;
+  optim::ExecOptions exec;       // how the kernels run
+};
+
+struct ParamPartition {
+  std::string key;  // e.g. "h.3.attn.c_attn.weight"; the parameter swapper's key for it
+  std::uint64_t numel = 0;
+};
+
+struct SubGroup {
+  std::size_t first_param = 0;
+  std::size_t param_count = 0;
+  std::uint64_t numel = 0;       // flat length with padding (a multiple of kAlign)
+  std::uint64_t param_numel = 0; // elements of its partitions
+};
+
+struct OptimizerLayout {
+  static constexpr std::uint64_t kAlign = 2048;  // elements: 4 KiB of 16-bit values
+
+  std::vector<ParamPartition> params;
+  std::vector<std::size_t> subgroup_of;  // per partition
+  std::vector<std::uint64_t> offset_in_subgroup;  // per partition, a multiple of kAlign
+  std::vector<SubGroup> subgroups;
+  std::uint64_t sub_group_size = 0;
+
+  static OptimizerLayout build(std::vector<ParamPartition> params, std::uint64_t sub_group_size);
+  std::uint64_t largest_subgroup() const;
+  // Changes when partitions, sizes or sub_group_size do (stored to refuse a mismatched reopen).
+  std::string fingerprint() const;
+};
+
+// Fills `out` with elements [offset, offset + out.size()) of partition `param` (fp32 master).
+using MasterSource = std::function<Status(std::size_t param, std::uint64_t offset, std::span<float> out)>;
+
+struct StepInputs {
+  optim::StepContext ctx;   // step count t (>= 1), lr and beta1 overrides
+  double grad_scale = 1.0;  // applied to every gradient: 1 / (loss scale * clip factor)
+  // Gradients in memory, one view per sub-group of layout().subgroups[i].numel elements in
+  // the padded layout (zero in the padding); their own scale is ignored. Empty when the
+  // gradients are swapped (config.swap_gradients).
+  std::vector<optim::GradView> grads;
+  // Where the updated 16-bit copies go: memory, one pointer per sub-group (padded layout,
+  // copy_dtype)...
+  std::vector<void*> param_copies;
+  DType copy_dtype = DType::kBF16;
+  // ... or the parameter swapper (its dtype), partition by partition. Neither: no copies.
+  ParamSwapper* param_swapper = nullptr;
+};
+
+struct StepStats {
+  double seconds = 0;
+  double compute_seconds = 0;     // in the optimizer kernels
+  double read_wait_seconds = 0;   // blocked on reads
+  double write_wait_seconds = 0;  // blocked on writes (16-bit copies included)
+  std::uint64_t bytes_read = 0;   // optimizer and gradient stores
+  std::uint64_t bytes_written = 0;
+  std::size_t tiles = 0;
+};
+
+class OptimizerSwapper {
+ public:
+  // kCreate starts empty; kOpen continues the committed state of an earlier run, which must
+  // have the same partitions, sub_group_size and optimizer type.
+  static Result<std::unique_ptr<OptimizerSwapper>> create(const OptimizerSwapConfig& config,
+                                                          std::vector<ParamPartition> params,
+                                                          optim::Optimizer optimizer, aio::Handle& handle,
+                                                          OpenMode mode = OpenMode::kCreate);
+  ~OptimizerSwapper();
+  OptimizerSwapper(const OptimizerSwapper&) = delete;
+  OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
+
+  const OptimizerLayout& layout() const { return layout_; }
+  const OptimizerSwapConfig& config() const { return config_; }
+  std::uint64_t tile_elements() const { return tile_; }
+  // Whether the master weights have been written (init_master, or a reopened store).
+  bool initialized() const { return master_written_; }
+  // ctx.step of the last committed step; 0 before the first.
+  std::int64_t committed_step() const { return committed_step_; }
+
+  // Writes the initial fp32 master weights (padding zero) and commits.
+  Status init_master(const MasterSource& source);
+  // Writes sub-group `subgroup`'s gradients (numel elements of gradient_dtype, padded layout)
+  // to the gradient store, for the next step.
+  Status write_gradients(std::size_t subgroup, const void* data);
+  // One optimizer step over every sub-group; commits on success (see failure safety above).
+  Status step(const StepInputs& in);
+  // Rewrites the 16-bit copies (in.param_copies or in.param_swapper) from the committed master.
+  Status write_param_copies(const StepInputs& outputs);
+  // Reads committed state of a sub-group: which 0 is the master weights, 1 + i the
+  // optimizer's state i (optimizer().state_name(i)). out holds subgroups[sg].numel elements.
+  Status read_state(std::size_t subgroup, std::size_t which, std::span<float> out);
+
+  const optim::Optimizer& optimizer() const { return optimizer_; }
+  const StepStats& last_stats() const { return stats_; }
+  PinnedPool& pool() const { return *pool_; }
+  SwapStore& store() const { return *store_; }
+
+ private:
+  struct Slot;
+  struct Tile {
+    std::size_t subgroup;
+    std::uint64_t start;
+    std::uint64_t length;
+  };
+  OptimizerSwapper(OptimizerSwapConfig config, optim::Optimizer optimizer);
+  Status open_stores(aio::Handle& handle, OpenMode mode);
+  Status plan_tiles(aio::Handle& handle);
+  Status load_metadata();
+  Status commit_metadata(int slot, std::int64_t step, bool states_created, bool master_written);
+  std::string state_key(std::size_t subgroup, std::size_t which, int slot) const;
+  std::string grad_key(std::size_t subgroup) const;
+  Status check_inputs(const StepInputs& in) const;
+  Status issue_reads(Slot& s, const Tile& t);
+  Status wait_reads(Slot& s);
+  Status compute(Slot& s, const Tile& t, const StepInputs& in);
+  Status issue_writes(Slot& s, const Tile& t, const StepInputs& in, int slot);
+  Status write_copies(Slot& s, const Tile& t, const StepInputs& in, const void* copy);
+  Status wait_writes(Slot& s);
+  Status run_pipeline(const StepInputs& in);
+  Status drain();
+
+  OptimizerSwapConfig config_;
+  optim::Optimizer optimizer_;
+  OptimizerLayout layout_;
+  std::unique_ptr<SwapStore> store_;
+  std::unique_ptr<SwapStore> grad_store_;
+  std::unique_ptr<PinnedPool> pool_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<Tile> tiles_;
+  std::uint64_t tile_ = 0;
+  int slot_ = 0;  // the committed slot of every state tensor
+  std::int64_t committed_step_ = 0;
+  bool states_created_ = false;
+  bool master_written_ = false;
+  StepStats stats_;
+};
+
+}  // namespace zinf::swap

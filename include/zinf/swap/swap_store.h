@@ -1,0 +1,149 @@
+// Swap store: named tensors in files under one or more nvme_paths, with a manifest to reopen them.
+//
+// Layout (stable; docs/swap.md describes it in full). For rank r, kind k ("parameters",
+// "optimizer", "gradients") and nvme_paths p0..pF-1:
+//   <p_i>/zinf_swap/rank<r>/<k>/stripe<i>.swp     one data file per path
+//   <p0>/zinf_swap/rank<r>/<k>/manifest.json       tensor key -> dtype, numel, extents
+// A tensor's bytes (padded to 4 KiB) are cut into stripe units of `stripe_unit` bytes dealt
+// round-robin over the files: unit u lives in file u mod F, at byte (u div F) * stripe_unit of
+// that tensor's extent in the file. So a tensor has one contiguous, 4 KiB-aligned extent per file
+// it touches, and large transfers go to all drives at once. Space freed by erase() or by a
+// resize is reused; rewriting a tensor of the same size rewrites it in place.
+//
+// The manifest is written by commit() atomically (temporary file, fsync, rename, fsync of the
+// folder), after the data files are fdatasync'ed when `durable` is set. A store reopened with
+// OpenMode::kOpen sees exactly the tensors and metadata of the last commit.
+//
+// I/O contract: offsets into a tensor must be multiples of 4 KiB; lengths must be multiples of
+// 4 KiB unless the range ends at the tensor's end, in which case the transfer is padded to
+// 4 KiB, so the buffer needs align_up(nbytes, 4096) bytes of room. Buffers should be 4 KiB
+// aligned (pinned pool blocks are). Every batch returned by read_async/write_async must be
+// passed to wait() before its buffer is reused or freed.
+//
+// Threading: all members are thread-safe. I/O on one tensor while it is erased or reallocated
+// is a caller error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "zinf/aio/handle.h"
+#include "zinf/status.h"
+#include "zinf/swap/types.h"
+
+namespace zinf::swap {
+
+struct StoreConfig {
+  std::vector<std::string> nvme_paths;  // one data file per path; at least one
+  int rank = 0;
+  StoreKind kind = StoreKind::kParameters;
+  std::size_t stripe_unit = std::size_t{4} << 20;  // bytes; a multiple of 4 KiB
+  bool direct_io = true;  // O_DIRECT data files (buffered, with a notice, where refused)
+  bool durable = true;    // fdatasync the data files before each manifest commit
+};
+
+enum class OpenMode {
+  kCreate,        // start empty; files and manifest of an earlier store are discarded
+  kOpen,          // the manifest must exist; NotFound otherwise
+  kOpenOrCreate,  // open when a manifest exists, else create
+};
+
+// A contiguous byte range of one data file.
+struct Extent {
+  std::uint32_t file = 0;
+  std::uint64_t offset = 0;  // multiple of 4 KiB
+  std::uint64_t length = 0;  // multiple of 4 KiB
+};
+
+struct TensorRecord {
+  std::string key;
+  DType dtype = DType::kF32;
+  std::uint64_t numel = 0;
+  std::uint64_t nbytes = 0;     // numel * dtype_size
+  std::vector<Extent> extents;  // extent i holds the stripe units u with u mod F == extents[i].file
+};
+
+// Requests of one read or write; wait for it with SwapStore::wait().
+struct IoBatch {
+  std::vector<aio::RequestId> ids;
+  std::string what;  // "read optim/sg0/master.s1 bytes [0, 65536)", for error context
+  std::uint64_t bytes = 0;  // bytes transferred when it succeeds (padding included)
+  bool write = false;
+  bool empty() const { return ids.empty(); }
+};
+
+struct StoreStats {
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  std::uint64_t file_bytes = 0;  // sum of the data files' sizes
+};
+
+class SwapStore {
+ public:
+  // `handle` must outlive the store.
+  static Result<std::unique_ptr<SwapStore>> open(const StoreConfig& config, OpenMode mode,
+                                                 aio::Handle& handle);
+  ~SwapStore();
+  SwapStore(const SwapStore&) = delete;
+  SwapStore& operator=(const SwapStore&) = delete;
+
+  const StoreConfig& config() const { return config_; }
+  // The folder of this rank and kind under nvme_paths[0], which holds the manifest.
+  const std::string& folder() const { return folder_; }
+  std::string manifest_path() const;
+  std::vector<std::string> data_files() const;
+  // Commits so far (0 for a new store); read back from the manifest on open.
+  std::uint64_t generation() const;
+
+  bool contains(const std::string& key) const;
+  // NotFound when the key is unknown.
+  Result<TensorRecord> find(const std::string& key) const;
+  std::vector<std::string> keys() const;
+
+  // Gives `key` space for numel elements of dtype. An existing tensor of the same byte size
+  // keeps its extents (its bytes are rewritten in place); another size is moved to new space.
+  // New space reads as zeros until written.
+  Result<TensorRecord> allocate(const std::string& key, DType dtype, std::uint64_t numel);
+  Status erase(const std::string& key);
+
+  // Asynchronous transfer of bytes [offset, offset + nbytes) of a tensor (see the I/O contract).
+  Result<IoBatch> read_async(const std::string& key, std::uint64_t offset, void* buffer,
+                             std::size_t nbytes);
+  Result<IoBatch> write_async(const std::string& key, std::uint64_t offset, const void* buffer,
+                              std::size_t nbytes);
+  // Waits for every request of the batch (all of them, even after a failure) and returns the
+  // first failure, prefixed with batch.what. The batch is emptied.
+  Status wait(IoBatch& batch);
+  Status read(const std::string& key, std::uint64_t offset, void* buffer, std::size_t nbytes);
+  Status write(const std::string& key, std::uint64_t offset, const void* buffer, std::size_t nbytes);
+
+  // Free-form string metadata saved with the manifest (e.g. the optimizer's step and slot).
+  void set_metadata(const std::string& name, const std::string& value);
+  // Empty string when unset.
+  std::string metadata(const std::string& name) const;
+
+  // Makes the current tensors and metadata durable: data files synced (if durable), then the
+  // manifest replaced atomically. Bumps generation().
+  Status commit();
+
+  StoreStats stats() const;
+
+ private:
+  struct State;
+  SwapStore();
+  Status open_files(OpenMode mode, bool existing);
+  Status load_manifest();
+  Result<IoBatch> submit(const std::string& key, std::uint64_t offset, void* buffer,
+                         std::size_t nbytes, bool write);
+
+  StoreConfig config_;
+  aio::Handle* handle_ = nullptr;
+  std::string folder_;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace zinf::swap

@@ -1,0 +1,119 @@
+// OptimizerSwapper: streaming the initial master weights, gradients, 16-bit copies and state reads.
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "swap/optimizer_slot.h"
+#include "zinf/optim/half.h"
+#include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/param_swapper.h"
+
+namespace zinf::swap {
+
+using detail::overlap;
+using detail::Overlap;
+
+Status OptimizerSwapper::init_master(const MasterSource& source) {
+  // Written to the uncommitted slot, then committed: a failure here leaves the old state.
+  const int target = 1 - slot_;
+  const std::size_t n_slots = std::min<std::size_t>(slots_.size(), 2);
+  Status st = [&]() -> Status {
+    for (std::size_t i = 0; i < tiles_.size(); ++i) {
+      const Tile& t = tiles_[i];
+      Slot& s = *slots_[i % n_slots];
+      ZINF_RETURN_IF_ERROR(wait_writes(s));
+      std::memset(s.master, 0, t.length * 4);  // padding between partitions stays zero
+      const SubGroup& g = layout_.subgroups[t.subgroup];
+      for (std::size_t p = g.first_param; p < g.first_param + g.param_count; ++p) {
+        const Overlap o = overlap(layout_, p, t.start, t.start + t.length);
+        if (o.empty()) continue;
+        ZINF_RETURN_IF_ERROR(source(p, o.first - layout_.offset_in_subgroup[p],
+                                    std::span<float>(s.master + (o.first - t.start), o.last - o.first))
+                                 .with_context(fmt::format("master weights of '{}'", layout_.params[p].key)));
+      }
+      ZINF_ASSIGN_OR_RETURN(IoBatch b,
+                            store_->write_async(state_key(t.subgroup, 0, target), t.start * 4, s.master, t.length * 4));
+      s.writes.emplace_back(store_.get(), std::move(b));
+    }
+    return Status::ok();
+  }();
+  const Status drained = drain();
+  if (st.is_ok()) st = drained;
+  if (!st.is_ok()) return st.with_context("writing the initial master weights");
+  return commit_metadata(target, 0, false, true);
+}
+
+Status OptimizerSwapper::write_gradients(std::size_t subgroup, const void* data) {
+  if (!grad_store_) return Status::invalid_argument("write_gradients: gradients are not swapped (swap_gradients)");
+  if (subgroup >= layout_.subgroups.size()) {
+    return Status::invalid_argument(fmt::format("write_gradients: no sub-group {}", subgroup));
+  }
+  const std::size_t esize = dtype_size(config_.gradient_dtype);
+  const std::size_t n_slots = std::min<std::size_t>(slots_.size(), 2);
+  std::size_t i = 0;
+  Status st = [&]() -> Status {
+    for (const Tile& t : tiles_) {
+      if (t.subgroup != subgroup) continue;
+      Slot& s = *slots_[i++ % n_slots];
+      ZINF_RETURN_IF_ERROR(wait_writes(s));
+      std::memcpy(s.grad, static_cast<const std::byte*>(data) + t.start * esize, t.length * esize);
+      ZINF_ASSIGN_OR_RETURN(IoBatch b,
+                            grad_store_->write_async(grad_key(subgroup), t.start * esize, s.grad, t.length * esize));
+      s.writes.emplace_back(grad_store_.get(), std::move(b));
+    }
+    return Status::ok();
+  }();
+  const Status drained = drain();
+  if (st.is_ok()) st = drained;
+  return st.with_context(fmt::format("writing the gradients of sub-group {}", subgroup));
+}
+
+Status OptimizerSwapper::read_state(std::size_t subgroup, std::size_t which, std::span<float> out) {
+  if (subgroup >= layout_.subgroups.size() || which > optimizer_.state_count() ||
+      out.size() != layout_.subgroups[subgroup].numel) {
+    return Status::invalid_argument(fmt::format(
+        "read_state(sub-group {}, tensor {}) with {} elements: {} sub-groups, {} tensors each", subgroup, which,
+        out.size(), layout_.subgroups.size(), 1 + optimizer_.state_count()));
+  }
+  if (!master_written_ || (which > 0 && !states_created_)) {
+    std::fill(out.begin(), out.end(), 0.0f);  // not created yet: zeros, as the first step sees them
+    return Status::ok();
+  }
+  Slot& s = *slots_[0];
+  for (const Tile& t : tiles_) {
+    if (t.subgroup != subgroup) continue;
+    ZINF_RETURN_IF_ERROR(store_->read(state_key(subgroup, which, slot_), t.start * 4, s.master, t.length * 4));
+    std::memcpy(out.data() + t.start, s.master, t.length * 4);
+  }
+  return Status::ok();
+}
+
+Status OptimizerSwapper::write_param_copies(const StepInputs& outputs) {
+  if (outputs.param_copies.empty() == (outputs.param_swapper == nullptr)) {
+    return Status::invalid_argument("write_param_copies: give either param_copies or a param_swapper");
+  }
+  if (!master_written_) return Status::invalid_argument("write_param_copies: no master weights yet");
+  StepInputs check = outputs;
+  check.grads.assign(config_.swap_gradients ? 0 : layout_.subgroups.size(), optim::GradView{});
+  for (std::size_t g = 0; g < check.grads.size(); ++g) {
+    check.grads[g] = optim::GradView{this, DType::kF32, layout_.subgroups[g].numel, 1.0};  // shape only
+  }
+  check.ctx.step = 1;
+  ZINF_RETURN_IF_ERROR(check_inputs(check));
+  Slot& s = *slots_[0];
+  for (const Tile& t : tiles_) {
+    ZINF_RETURN_IF_ERROR(store_->read(state_key(t.subgroup, 0, slot_), t.start * 4, s.master, t.length * 4));
+    const std::span<const float> master(s.master, t.length);
+    if (!outputs.param_copies.empty()) {
+      void* dst = static_cast<std::byte*>(outputs.param_copies[t.subgroup]) + t.start * 2;
+      ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, dst, outputs.copy_dtype, config_.exec));
+      continue;
+    }
+    ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, s.copy, outputs.param_swapper->config().dtype, config_.exec));
+    ZINF_RETURN_IF_ERROR(write_copies(s, t, outputs, s.copy));
+    ZINF_RETURN_IF_ERROR(wait_writes(s));
+  }
+  return Status::ok();
+}
+
+}  // namespace zinf::swap

@@ -1,0 +1,436 @@
+// SwapStore: striped, aligned tensor extents in per-rank, per-kind data files, with a manifest.
+#include "zinf/swap/swap_store.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <filesystem>
+#include <mutex>
+#include <system_error>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "swap/free_list.h"
+#include "swap/store_manifest.h"
+#include "zinf/log.h"
+
+namespace zinf::swap {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct DataFile {
+  std::string path;
+  std::string name;
+  int fd = -1;
+  std::uint64_t end = 0;  // bytes allocated (the logical end of the file)
+  detail::FreeList free;
+};
+
+std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind) {
+  return (fs::path(nvme_path) / "zinf_swap" / fmt::format("rank{}", rank) / std::string(store_kind_name(kind)))
+      .string();
+}
+
+// Opens (creating) a data file, O_DIRECT when asked and allowed.
+Result<int> open_data_file(const std::string& path, bool direct, bool truncate) {
+  const int base = O_RDWR | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : 0);
+  if (direct) {
+    const int fd = ::open(path.c_str(), base | O_DIRECT, 0600);
+    if (fd >= 0) return fd;
+    if (errno != EINVAL) return Status::sys_error("open " + path, errno);
+    log_once(LogLevel::kNotice, "swap.store.nodirect." + fs::path(path).parent_path().string(),
+             fmt::format("O_DIRECT refused for {}; swap files there use buffered I/O", path));
+  }
+  const int fd = ::open(path.c_str(), base, 0600);
+  if (fd < 0) return Status::sys_error("open " + path, errno);
+  return fd;
+}
+
+// Makes [old_end, new_end) of the file exist, reserving the space where the file system can.
+Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end) {
+  if (new_end <= old_end) return Status::ok();
+  const off_t off = static_cast<off_t>(old_end);
+  const off_t len = static_cast<off_t>(new_end - old_end);
+  if (::fallocate(f.fd, 0, off, len) == 0) return Status::ok();
+  const int err = errno;
+  if (err == ENOSPC) {
+    return Status(ErrorCode::kResourceExhausted,
+                  fmt::format("no space left on {} for {} more bytes of swap data", f.path, new_end - old_end),
+                  err);
+  }
+  if (err != EOPNOTSUPP && err != ENOSYS) return Status::io_error("fallocate", f.path, old_end, new_end - old_end, err);
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
+  if (static_cast<std::uint64_t>(st.st_size) >= new_end) return Status::ok();
+  if (::ftruncate(f.fd, static_cast<off_t>(new_end)) != 0) {
+    return Status::io_error("ftruncate", f.path, 0, new_end, errno);
+  }
+  return Status::ok();
+}
+
+// One transfer between a buffer range and a file range.
+struct Piece {
+  std::uint32_t file;
+  std::uint64_t file_offset;
+  std::uint64_t buffer_offset;
+  std::uint64_t length;
+};
+
+// Splits bytes [offset, offset + length) of a tensor into per-file transfers (see the layout
+// in swap_store.h), merging neighbours that are contiguous in the file and the buffer.
+std::vector<Piece> map_range(const TensorRecord& r, std::uint64_t offset, std::uint64_t length,
+                             std::uint64_t files, std::uint64_t unit) {
+  std::vector<Piece> pieces;
+  const std::uint64_t end = offset + length;
+  for (std::uint64_t pos = offset; pos < end;) {
+    const std::uint64_t u = pos / unit;
+    const std::uint64_t unit_end = std::min(end, (u + 1) * unit);
+    const Extent& e = r.extents[u % files];
+    const std::uint64_t file_offset = e.offset + (u / files) * unit + (pos - u * unit);
+    const std::uint64_t buffer_offset = pos - offset;
+    if (!pieces.empty() && pieces.back().file == e.file &&
+        pieces.back().file_offset + pieces.back().length == file_offset &&
+        pieces.back().buffer_offset + pieces.back().length == buffer_offset) {
+      pieces.back().length += unit_end - pos;
+    } else {
+      pieces.push_back(Piece{e.file, file_offset, buffer_offset, unit_end - pos});
+    }
+    pos = unit_end;
+  }
+  return pieces;
+}
+
+}  // namespace
+
+struct SwapStore::State {
+  mutable std::mutex mutex;
+  std::mutex commit_mutex;  // one commit at a time
+  std::vector<DataFile> files;
+  std::map<std::string, TensorRecord> tensors;
+  std::map<std::string, std::string> metadata;
+  std::uint64_t generation = 0;
+  std::atomic<std::uint64_t> bytes_read{0};
+  std::atomic<std::uint64_t> bytes_written{0};
+
+  void free_extents(const TensorRecord& r) {
+    for (const Extent& e : r.extents) files[e.file].free.add(e.offset, e.length);
+  }
+};
+
+SwapStore::SwapStore() : state_(std::make_unique<State>()) {}
+
+SwapStore::~SwapStore() {
+  for (DataFile& f : state_->files) {
+    if (f.fd >= 0) ::close(f.fd);
+  }
+}
+
+std::string SwapStore::manifest_path() const { return (fs::path(folder_) / "manifest.json").string(); }
+
+std::vector<std::string> SwapStore::data_files() const {
+  std::vector<std::string> out;
+  for (const DataFile& f : state_->files) out.push_back(f.path);
+  return out;
+}
+
+std::uint64_t SwapStore::generation() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->generation;
+}
+
+Result<std::unique_ptr<SwapStore>> SwapStore::open(const StoreConfig& config, OpenMode mode,
+                                                   aio::Handle& handle) {
+  if (config.nvme_paths.empty()) {
+    return Status::invalid_argument("swap store: nvme_path is required (no folder given)");
+  }
+  if (config.stripe_unit == 0 || config.stripe_unit % kSwapAlignment != 0) {
+    return Status::invalid_argument(
+        fmt::format("swap store: stripe unit {} must be a positive multiple of {}", config.stripe_unit,
+                    kSwapAlignment));
+  }
+  std::unique_ptr<SwapStore> store(new SwapStore());
+  store->config_ = config;
+  store->handle_ = &handle;
+  store->folder_ = store_folder(config.nvme_paths[0], config.rank, config.kind);
+  for (std::size_t i = 0; i < config.nvme_paths.size(); ++i) {
+    const std::string folder = store_folder(config.nvme_paths[i], config.rank, config.kind);
+    std::error_code ec;
+    fs::create_directories(folder, ec);
+    if (ec) return Status::sys_error("create folder " + folder, ec.value());
+    DataFile f;
+    f.name = fmt::format("stripe{}.swp", i);
+    f.path = (fs::path(folder) / f.name).string();
+    store->state_->files.push_back(std::move(f));
+  }
+  std::error_code ec;
+  const bool have_manifest = fs::exists(store->manifest_path(), ec);
+  if (mode == OpenMode::kOpen && !have_manifest) {
+    return Status::not_found(fmt::format("no swap store manifest at {}", store->manifest_path()));
+  }
+  const bool existing = have_manifest && mode != OpenMode::kCreate;
+  ZINF_RETURN_IF_ERROR(store->open_files(mode, existing));
+  if (existing) ZINF_RETURN_IF_ERROR(store->load_manifest());
+  return store;
+}
+
+Status SwapStore::open_files(OpenMode mode, bool existing) {
+  if (mode == OpenMode::kCreate) {
+    std::error_code ec;
+    fs::remove(manifest_path(), ec);
+    if (ec) return Status::sys_error("remove " + manifest_path(), ec.value());
+  }
+  for (DataFile& f : state_->files) {
+    ZINF_ASSIGN_OR_RETURN(f.fd, open_data_file(f.path, config_.direct_io, !existing));
+  }
+  return Status::ok();
+}
+
+Status SwapStore::load_manifest() {
+  const std::string path = manifest_path();
+  ZINF_ASSIGN_OR_RETURN(std::string text, detail::read_small_file(path));
+  ZINF_ASSIGN_OR_RETURN(detail::Manifest m, detail::manifest_from_json(text, path));
+  State& s = *state_;
+  if (m.rank != config_.rank || m.kind != store_kind_name(config_.kind)) {
+    return Status::corruption(fmt::format("{}: manifest is for rank {} kind {}, expected rank {} kind {}", path,
+                                          m.rank, m.kind, config_.rank, store_kind_name(config_.kind)));
+  }
+  if (m.files.size() != s.files.size()) {
+    return Status::invalid_argument(fmt::format(
+        "{}: the store was written striped over {} nvme_paths but {} were given; give the same folders",
+        path, m.files.size(), s.files.size()));
+  }
+  if (m.stripe_unit != config_.stripe_unit) {
+    log(LogLevel::kNotice, fmt::format("{}: using the stored stripe unit {} (config asked {})", path,
+                                       m.stripe_unit, config_.stripe_unit));
+    config_.stripe_unit = m.stripe_unit;
+  }
+  for (std::size_t i = 0; i < s.files.size(); ++i) {
+    DataFile& f = s.files[i];
+    struct stat st {};
+    if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
+    if (static_cast<std::uint64_t>(st.st_size) < m.files[i].bytes) {
+      return Status::corruption(fmt::format("{} has {} bytes but the manifest {} records {}", f.path,
+                                            st.st_size, path, m.files[i].bytes));
+    }
+    f.end = m.files[i].bytes;
+  }
+  // Free space is every gap between the extents in use.
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> used(s.files.size());
+  for (const auto& [key, r] : m.tensors) {
+    for (const Extent& e : r.extents) {
+      if (e.file >= s.files.size() || e.offset + e.length > s.files[e.file].end) {
+        return Status::corruption(fmt::format("{}: extent of {} lies outside its data file", path, key));
+      }
+      used[e.file].emplace_back(e.offset, e.length);
+    }
+  }
+  for (std::size_t i = 0; i < used.size(); ++i) {
+    std::sort(used[i].begin(), used[i].end());
+    std::uint64_t pos = 0;
+    for (const auto& [offset, length] : used[i]) {
+      if (offset < pos) return Status::corruption(fmt::format("{}: overlapping extents in {}", path, s.files[i].name));
+      s.files[i].free.add(pos, offset - pos);
+      pos = offset + length;
+    }
+    s.files[i].free.add(pos, s.files[i].end - pos);
+  }
+  s.tensors = std::move(m.tensors);
+  s.metadata = std::move(m.metadata);
+  s.generation = m.generation;
+  return Status::ok();
+}
+
+bool SwapStore::contains(const std::string& key) const {
+  std::lock_guard lock(state_->mutex);
+  return state_->tensors.count(key) != 0;
+}
+
+Result<TensorRecord> SwapStore::find(const std::string& key) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->tensors.find(key);
+  if (it == state_->tensors.end()) {
+    return Status::not_found(fmt::format("swap store {}: no tensor '{}'", folder_, key));
+  }
+  return it->second;
+}
+
+std::vector<std::string> SwapStore::keys() const {
+  std::lock_guard lock(state_->mutex);
+  std::vector<std::string> out;
+  for (const auto& [key, r] : state_->tensors) out.push_back(key);
+  return out;
+}
+
+Result<TensorRecord> SwapStore::allocate(const std::string& key, DType dtype, std::uint64_t numel) {
+  State& s = *state_;
+  const std::uint64_t nbytes = numel * dtype_size(dtype);
+  const std::uint64_t padded = align_up(nbytes, kSwapAlignment);
+  std::lock_guard lock(s.mutex);
+  auto it = s.tensors.find(key);
+  if (it != s.tensors.end()) {
+    if (align_up(it->second.nbytes, kSwapAlignment) == padded) {
+      it->second.dtype = dtype;
+      it->second.numel = numel;
+      it->second.nbytes = nbytes;
+      return it->second;
+    }
+    s.free_extents(it->second);
+    s.tensors.erase(it);
+  }
+  const std::uint64_t files = s.files.size();
+  const std::uint64_t unit = config_.stripe_unit;
+  const std::uint64_t units = (padded + unit - 1) / unit;
+  std::vector<std::uint64_t> lengths(std::min(files, units), 0);
+  for (std::uint64_t u = 0; u < units; ++u) lengths[u % files] += std::min(unit, padded - u * unit);
+  TensorRecord r{key, dtype, numel, nbytes, {}};
+  for (std::uint32_t i = 0; i < lengths.size(); ++i) {
+    DataFile& f = s.files[i];
+    std::optional<std::uint64_t> offset = f.free.take(lengths[i]);
+    if (!offset) {
+      const std::uint64_t start = f.free.take_tail(f.end).value_or(f.end);
+      const std::uint64_t new_end = start + lengths[i];
+      const Status st = grow_file(f, f.end, new_end);
+      if (!st.is_ok()) {
+        if (start < f.end) f.free.add(start, f.end - start);
+        s.free_extents(r);
+        return st.with_context(fmt::format("allocating swap space for '{}'", key));
+      }
+      f.end = new_end;
+      offset = start;
+    }
+    r.extents.push_back(Extent{i, *offset, lengths[i]});
+  }
+  s.tensors.emplace(key, r);
+  return r;
+}
+
+Status SwapStore::erase(const std::string& key) {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->tensors.find(key);
+  if (it == state_->tensors.end()) {
+    return Status::not_found(fmt::format("swap store {}: no tensor '{}' to erase", folder_, key));
+  }
+  state_->free_extents(it->second);
+  state_->tensors.erase(it);
+  return Status::ok();
+}
+
+Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, void* buffer,
+                                  std::size_t nbytes, bool write) {
+  ZINF_ASSIGN_OR_RETURN(TensorRecord r, find(key));
+  const char* op = write ? "write" : "read";
+  if (offset % kSwapAlignment != 0 || offset + nbytes > r.nbytes ||
+      (nbytes % kSwapAlignment != 0 && offset + nbytes != r.nbytes)) {
+    return Status::invalid_argument(fmt::format(
+        "swap store: {} of '{}' bytes [{}, {}) of {}: offsets must be multiples of {} and lengths too, "
+        "unless the range ends the tensor", op, key, offset, offset + nbytes, r.nbytes, kSwapAlignment));
+  }
+  IoBatch batch;
+  batch.what = fmt::format("{} '{}' bytes [{}, {}) in {}", op, key, offset, offset + nbytes, folder_);
+  batch.write = write;
+  if (nbytes == 0) return batch;
+  const std::uint64_t length = align_up(nbytes, kSwapAlignment);
+  auto* bytes = static_cast<std::byte*>(buffer);
+  for (const Piece& p : map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
+    const int fd = state_->files[p.file].fd;
+    Result<aio::RequestId> id =
+        write ? handle_->async_pwrite(bytes + p.buffer_offset, p.length, fd, p.file_offset)
+              : handle_->async_pread(bytes + p.buffer_offset, p.length, fd, p.file_offset);
+    if (!id.is_ok()) {
+      const Status failed = id.status().with_context(batch.what);
+      (void)wait(batch);  // the pieces already submitted must finish before the buffer is released
+      return failed;
+    }
+    batch.ids.push_back(*id);
+    batch.bytes += p.length;
+  }
+  return batch;
+}
+
+Result<IoBatch> SwapStore::read_async(const std::string& key, std::uint64_t offset, void* buffer,
+                                      std::size_t nbytes) {
+  return submit(key, offset, buffer, nbytes, false);
+}
+
+Result<IoBatch> SwapStore::write_async(const std::string& key, std::uint64_t offset, const void* buffer,
+                                       std::size_t nbytes) {
+  return submit(key, offset, const_cast<void*>(buffer), nbytes, true);
+}
+
+Status SwapStore::wait(IoBatch& batch) {
+  Status first;
+  for (aio::RequestId id : batch.ids) {
+    Status st = handle_->wait(id);
+    if (!st.is_ok() && first.is_ok()) first = std::move(st);
+  }
+  if (first.is_ok() && !batch.ids.empty()) {
+    (batch.write ? state_->bytes_written : state_->bytes_read).fetch_add(batch.bytes);
+  }
+  batch.ids.clear();
+  batch.bytes = 0;
+  return first.with_context(batch.what);
+}
+
+Status SwapStore::read(const std::string& key, std::uint64_t offset, void* buffer, std::size_t nbytes) {
+  ZINF_ASSIGN_OR_RETURN(IoBatch batch, read_async(key, offset, buffer, nbytes));
+  return wait(batch);
+}
+
+Status SwapStore::write(const std::string& key, std::uint64_t offset, const void* buffer, std::size_t nbytes) {
+  ZINF_ASSIGN_OR_RETURN(IoBatch batch, write_async(key, offset, buffer, nbytes));
+  return wait(batch);
+}
+
+void SwapStore::set_metadata(const std::string& name, const std::string& value) {
+  std::lock_guard lock(state_->mutex);
+  state_->metadata[name] = value;
+}
+
+std::string SwapStore::metadata(const std::string& name) const {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->metadata.find(name);
+  return it == state_->metadata.end() ? std::string() : it->second;
+}
+
+Status SwapStore::commit() {
+  State& s = *state_;
+  std::lock_guard commit_lock(s.commit_mutex);
+  if (config_.durable) {
+    for (const DataFile& f : s.files) {
+      if (::fdatasync(f.fd) != 0) return Status::sys_error("fdatasync " + f.path, errno);
+    }
+  }
+  detail::Manifest m;
+  {
+    std::lock_guard lock(s.mutex);
+    m.rank = config_.rank;
+    m.kind = std::string(store_kind_name(config_.kind));
+    m.stripe_unit = config_.stripe_unit;
+    m.generation = s.generation + 1;
+    for (const DataFile& f : s.files) m.files.push_back(detail::ManifestFile{f.name, f.end});
+    m.tensors = s.tensors;
+    m.metadata = s.metadata;
+  }
+  ZINF_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path(), detail::manifest_to_json(m)));
+  std::lock_guard lock(s.mutex);
+  s.generation = m.generation;
+  return Status::ok();
+}
+
+StoreStats SwapStore::stats() const {
+  StoreStats out;
+  out.bytes_read = state_->bytes_read.load();
+  out.bytes_written = state_->bytes_written.load();
+  std::lock_guard lock(state_->mutex);
+  for (const DataFile& f : state_->files) out.file_bytes += f.end;
+  return out;
+}
+
+}  // namespace zinf::swap
