@@ -1,4 +1,5 @@
 // OptimizerSwapper: streaming the initial master weights, gradients, 16-bit copies and state reads.
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -86,6 +87,27 @@ Status OptimizerSwapper::read_state(std::size_t subgroup, std::size_t which, std
     std::memcpy(out.data() + t.start, s.master, t.length * 4);
   }
   return Status::ok();
+}
+
+Status OptimizerSwapper::load_state(std::size_t subgroup, std::size_t which, std::span<const float> in) {
+  const std::size_t tensors = 1 + optimizer_.state_count();
+  if (subgroup >= layout_.subgroups.size() || which >= tensors || in.size() != layout_.subgroups[subgroup].numel) {
+    return Status::invalid_argument(fmt::format(
+        "load_state(sub-group {}, tensor {}) with {} elements: {} sub-groups, {} tensors each", subgroup, which,
+        in.size(), layout_.subgroups.size(), tensors));
+  }
+  const int target = 1 - slot_;
+  Slot& s = *slots_[0];
+  for (const Tile& t : tiles_) {
+    if (t.subgroup != subgroup) continue;
+    std::memcpy(s.master, in.data() + t.start, t.length * 4);
+    ZINF_RETURN_IF_ERROR(store_->write(state_key(subgroup, which, target), t.start * 4, s.master, t.length * 4)
+                             .with_context("loading optimizer state"));
+  }
+  loaded_.resize(layout_.subgroups.size() * tensors, false);
+  loaded_[subgroup * tensors + which] = true;
+  if (std::find(loaded_.begin(), loaded_.end(), false) != loaded_.end()) return Status::ok();
+  return commit_metadata(target, committed_step_, true, true);
 }
 
 Status OptimizerSwapper::write_param_copies(const StepInputs& outputs) {

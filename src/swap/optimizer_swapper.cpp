@@ -168,6 +168,7 @@ Status OptimizerSwapper::commit_metadata(int slot, std::int64_t step, bool state
     return st.with_context("committing the optimizer state");
   }
   slot_ = slot;
+  loaded_.assign(loaded_.size(), false);  // the uncommitted slot is free again
   committed_step_ = step;
   states_created_ = states_created;
   master_written_ = master_written;

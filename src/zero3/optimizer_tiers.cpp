@@ -150,8 +150,7 @@ class NvmeOptimizerTier final : public OptimizerTier {
     return swapper_->read_state(sg, which, out);
   }
   Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) override {
-    (void)sg, (void)which, (void)in;
-    return Status::unsupported("resuming NVMe-offloaded optimizer state needs OptimizerSwapper::load_state (pending)");
+    return swapper_->load_state(sg, which, in);
   }
   double io_wait_seconds() const override { return io_wait_; }
   std::uint64_t bytes_moved() const override { return bytes_; }

@@ -152,6 +152,12 @@ class OptimizerSwapper {
   // Reads committed state of a sub-group: which 0 is the master weights, 1 + i the
   // optimizer's state i (optimizer().state_name(i)). out holds subgroups[sg].numel elements.
   Status read_state(std::size_t subgroup, std::size_t which, std::span<float> out);
+  // The inverse, for resuming from a checkpoint: loads one tensor (same arguments) into the
+  // uncommitted slot. Once every tensor (each sub-group's master and states) has been loaded
+  // since the last commit, the loaded state is committed as a whole (committed_step() is kept);
+  // until then the previous state stays committed, so a resume that fails half way changes
+  // nothing.
+  Status load_state(std::size_t subgroup, std::size_t which, std::span<const float> in);
 
   const optim::Optimizer& optimizer() const { return optimizer_; }
   const StepStats& last_stats() const { return stats_; }
@@ -195,6 +201,7 @@ class OptimizerSwapper {
   std::int64_t committed_step_ = 0;
   bool states_created_ = false;
   bool master_written_ = false;
+  std::vector<bool> loaded_;  // per (sub-group, tensor): loaded by load_state since the last commit
   StepStats stats_;
 };
 

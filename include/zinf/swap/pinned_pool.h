@@ -13,8 +13,8 @@
 //    as the free space allows. Tensors larger than a buffer are moved through such chunks.
 // The last `streaming_reserve_buffers` buffers of the arena serve only chunks, so streaming
 // always makes progress even when resident blocks fill the rest; while a resident request
-// waits, chunks stay in the reserve so that the resident request is not starved. Waiters of each kind are served
-// first come, first served.
+// waits, chunks stay in the reserve so that the resident request is not starved. Waiters of
+// each kind are served first come, first served.
 //
 // Threading: all members are thread-safe. Blocks may be returned from any thread. The pool must
 // outlive its blocks, and the aio handle it registered with must outlive the pool.

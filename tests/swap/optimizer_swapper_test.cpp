@@ -1,0 +1,398 @@
+// Tests of the optimizer swapper: layout, bit-identity with the in-memory step, failure safety.
+#include "zinf/swap/optimizer_swapper.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "swap_test_util.h"
+#include "zinf/optim/half.h"
+#include "zinf/swap/param_swapper.h"
+
+namespace zinf::swap {
+namespace {
+
+using testing::TempDir;
+
+const std::vector<ParamPartition> kParams = {{"wte", 5000},  {"h.0.attn", 3000}, {"h.0.mlp", 10000}, {"h.0.ln", 1},
+                                             {"h.1.attn", 7000}, {"h.1.mlp", 12000}, {"lm_head", 2500}};
+
+float initial_value(std::size_t p, std::uint64_t i) {
+  std::uint64_t x = (p + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+  x ^= x >> 29;
+  return static_cast<float>(static_cast<std::int64_t>(x % 2000001) - 1000000) * 1e-6f;
+}
+
+MasterSource initial_source() {
+  return [](std::size_t p, std::uint64_t offset, std::span<float> out) {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = initial_value(p, offset + i);
+    return Status::ok();
+  };
+}
+
+TEST(OptimizerLayout, PacksPartitionsIntoAlignedSubGroups) {
+  const OptimizerLayout l = OptimizerLayout::build(kParams, 8000);
+  // {wte, h.0.attn} reach 8000; {h.0.mlp} alone; {h.0.ln, h.1.attn} reach 7001 < 8000, then h.1.mlp...
+  ASSERT_EQ(l.subgroups.size(), 4u);
+  EXPECT_EQ(l.subgroups[0].param_count, 2u);
+  EXPECT_EQ(l.offset_in_subgroup[1], 6144u);  // 5000 rounded up to 2048 elements
+  EXPECT_EQ(l.subgroups[0].numel, 10240u);
+  EXPECT_EQ(l.subgroups[1].first_param, 2u);
+  EXPECT_EQ(l.subgroups[1].param_count, 1u);
+  EXPECT_EQ(l.subgroups[2].param_count, 3u);  // h.0.ln + h.1.attn (7001) + h.1.mlp closes it
+  EXPECT_EQ(l.subgroups[2].param_numel, 19001u);
+  EXPECT_EQ(l.subgroups[3].first_param, 6u);
+  for (std::size_t p = 0; p < kParams.size(); ++p) EXPECT_EQ(l.offset_in_subgroup[p] % OptimizerLayout::kAlign, 0u);
+  EXPECT_NE(l.fingerprint(), OptimizerLayout::build(kParams, 9000).fingerprint());
+}
+
+// The same steps on in-memory arrays with the same kernels: the reference.
+struct InMemory {
+  OptimizerLayout layout;
+  optim::Optimizer opt;
+  std::vector<std::vector<float>> master;
+  std::vector<std::vector<std::vector<float>>> states;  // (sub-group, state)
+  std::vector<std::vector<std::uint16_t>> copies;
+
+  InMemory(const OptimizerLayout& l, const optim::Optimizer& o) : layout(l), opt(o) {
+    for (const SubGroup& g : layout.subgroups) {
+      master.emplace_back(g.numel, 0.0f);
+      states.emplace_back(opt.state_count(), std::vector<float>(g.numel, 0.0f));
+      copies.emplace_back(g.numel, 0);
+    }
+    for (std::size_t p = 0; p < layout.params.size(); ++p) {
+      for (std::uint64_t i = 0; i < layout.params[p].numel; ++i) {
+        master[layout.subgroup_of[p]][layout.offset_in_subgroup[p] + i] = initial_value(p, i);
+      }
+    }
+  }
+  void step(const StepInputs& in) {
+    for (std::size_t g = 0; g < master.size(); ++g) {
+      std::vector<std::span<float>> st(states[g].begin(), states[g].end());
+      optim::GradView grad = in.grads[g];
+      grad.scale = in.grad_scale;
+      ASSERT_TRUE(opt.step(in.ctx, master[g], st, grad, optim::HalfCopy{copies[g].data(), in.copy_dtype}).is_ok());
+    }
+  }
+};
+
+// Gradients for one step: (sub-group,) buffers of dtype in the padded layout, zero in the padding.
+std::vector<std::vector<std::byte>> make_grads(const OptimizerLayout& l, DType dtype, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.01f);
+  std::vector<std::vector<std::byte>> out;
+  for (const SubGroup& g : l.subgroups) out.emplace_back(g.numel * dtype_size(dtype));
+  for (std::size_t p = 0; p < l.params.size(); ++p) {
+    std::byte* base = out[l.subgroup_of[p]].data() + l.offset_in_subgroup[p] * dtype_size(dtype);
+    for (std::uint64_t i = 0; i < l.params[p].numel; ++i) {
+      const float v = normal(rng);
+      if (dtype == DType::kF32) {
+        std::memcpy(base + i * 4, &v, 4);
+      } else {
+        const std::uint16_t h = dtype == DType::kBF16 ? optim::f32_to_bf16_bits(v) : optim::f32_to_f16_bits(v);
+        std::memcpy(base + i * 2, &h, 2);
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<optim::GradView> views(const std::vector<std::vector<std::byte>>& grads, DType dtype) {
+  std::vector<optim::GradView> v;
+  for (const auto& g : grads) v.push_back(optim::GradView{g.data(), dtype, g.size() / dtype_size(dtype), 1.0});
+  return v;
+}
+
+optim::OptimizerConfig adamw() {
+  optim::AdamParams p;
+  p.lr = 1e-2;
+  p.weight_decay = 0.01;
+  return optim::OptimizerConfig{p};
+}
+
+struct Case {
+  const char* name;
+  optim::OptimizerConfig opt;
+  bool pipeline_read, pipeline_write, swap_gradients;
+  DType grad_dtype;
+  bool copies_to_swapper;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+// Compares every committed state tensor with the reference, bit for bit.
+void expect_state_equal(OptimizerSwapper& sw, const InMemory& ref) {
+  for (std::size_t g = 0; g < ref.master.size(); ++g) {
+    std::vector<float> got(ref.master[g].size());
+    for (std::size_t which = 0; which <= ref.opt.state_count(); ++which) {
+      ASSERT_TRUE(sw.read_state(g, which, got).is_ok());
+      const std::vector<float>& want = which == 0 ? ref.master[g] : ref.states[g][which - 1];
+      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "sub-group " << g << " tensor " << which;
+    }
+  }
+}
+
+OptimizerSwapConfig base_config(const TempDir& dir) {
+  OptimizerSwapConfig c;
+  c.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
+  c.buffer_count = 4;
+  c.buffer_size = 8192;  // 128 KiB: tiles of 2048 elements with three stages, smaller than sub-groups
+  c.sub_group_size = 8000;
+  c.pin_memory = false;
+  c.stripe_unit = 8192;
+  return c;
+}
+
+class OptimizerSwapperSteps : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
+  const Case& c = GetParam();
+  TempDir dir;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg = base_config(dir);
+  cfg.pipeline_read = c.pipeline_read;
+  cfg.pipeline_write = c.pipeline_write;
+  cfg.swap_gradients = c.swap_gradients;
+  cfg.gradient_dtype = c.grad_dtype;
+  Result<std::unique_ptr<OptimizerSwapper>> created =
+      OptimizerSwapper::create(cfg, kParams, optim::Optimizer(c.opt), *h);
+  ASSERT_TRUE(created.is_ok()) << created.status().to_string();
+  OptimizerSwapper& sw = **created;
+  EXPECT_LT(sw.tile_elements(), sw.layout().largest_subgroup());
+  InMemory ref(sw.layout(), sw.optimizer());
+  ASSERT_TRUE(sw.init_master(initial_source()).is_ok());
+  expect_state_equal(sw, ref);
+
+  std::unique_ptr<ParamSwapper> params;
+  if (c.copies_to_swapper) {
+    ParamSwapConfig pc;
+    pc.nvme_paths = {dir.sub("params")};
+    pc.buffer_count = 2;
+    pc.buffer_size = 16384;
+    pc.max_in_cpu = 3000;  // a few partitions in the CPU tier, the rest on NVMe
+    pc.pin_memory = false;
+    params = std::move(ParamSwapper::create(pc, *h)).value();
+    for (const ParamPartition& p : kParams) ASSERT_TRUE(params->add(p.key, p.numel).is_ok());
+  }
+  std::vector<std::vector<std::uint16_t>> copies;
+  for (const SubGroup& g : sw.layout().subgroups) copies.emplace_back(g.numel, 0);
+  for (int step = 1; step <= 4; ++step) {
+    const auto grads = make_grads(sw.layout(), c.grad_dtype, 100 + step);
+    StepInputs in;
+    in.ctx.step = step;
+    in.ctx.lr = 1e-2 / step;
+    in.grad_scale = 0.5;
+    in.grads = views(grads, c.grad_dtype);
+    ref.step(in);
+    if (c.swap_gradients) {
+      for (std::size_t g = 0; g < grads.size(); ++g) ASSERT_TRUE(sw.write_gradients(g, grads[g].data()).is_ok());
+      in.grads.clear();
+    }
+    if (c.copies_to_swapper) {
+      in.param_swapper = params.get();
+    } else {
+      for (auto& v : copies) in.param_copies.push_back(v.data());
+    }
+    const Status st = sw.step(in);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(sw.committed_step(), step);
+    EXPECT_GT(sw.last_stats().tiles, sw.layout().subgroups.size());
+  }
+  expect_state_equal(sw, ref);
+  for (std::size_t p = 0; p < kParams.size(); ++p) {
+    const std::size_t g = sw.layout().subgroup_of[p];
+    const std::uint16_t* want = ref.copies[g].data() + sw.layout().offset_in_subgroup[p];
+    std::vector<std::uint16_t> got(kParams[p].numel);
+    if (c.copies_to_swapper) {
+      ASSERT_TRUE(params->fetch_into(kParams[p].key, got.data()).wait().is_ok());
+    } else {
+      std::memcpy(got.data(), copies[g].data() + sw.layout().offset_in_subgroup[p], got.size() * 2);
+    }
+    EXPECT_EQ(std::memcmp(got.data(), want, got.size() * 2), 0) << kParams[p].key;
+  }
+  EXPECT_LE(sw.pool().high_water(), sw.pool().capacity());
+}
+
+optim::OptimizerConfig adam_l2() {
+  optim::AdamParams p;
+  p.weight_decay = 0.1;
+  p.adam_w_mode = false;
+  return optim::OptimizerConfig{p};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, OptimizerSwapperSteps,
+    ::testing::Values(Case{"adamw_serial", adamw(), false, false, false, DType::kF32, false},
+                      Case{"adamw_pipelined", adamw(), true, true, false, DType::kF32, false},
+                      Case{"adamw_read_only", adamw(), true, false, false, DType::kBF16, false},
+                      Case{"adamw_write_only", adamw(), false, true, false, DType::kF32, true},
+                      Case{"adam_l2_swapped_grads", adam_l2(), true, true, true, DType::kBF16, true},
+                      Case{"adagrad", optim::OptimizerConfig{optim::AdagradParams{}}, true, true, true, DType::kF32,
+                           false},
+                      Case{"lion", optim::OptimizerConfig{optim::LionParams{}}, true, true, false, DType::kF16, true}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// One step's worth of write chunks of the optimizer store: tiles x tensors (each tile's tensor
+// is one chunk of at most 64 KiB here).
+std::uint64_t writes_per_step(const OptimizerSwapper& sw) {
+  std::uint64_t tiles = 0;
+  for (const SubGroup& g : sw.layout().subgroups) tiles += (g.numel + sw.tile_elements() - 1) / sw.tile_elements();
+  return tiles * (1 + sw.optimizer().state_count());
+}
+
+class OptimizerSwapperFault : public ::testing::TestWithParam<bool> {};
+
+TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
+  const bool fail_write = GetParam();
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  auto h = testing::make_handle(faults);
+  OptimizerSwapConfig cfg = base_config(dir);
+  cfg.pipeline_read = cfg.pipeline_write = true;
+  auto sw = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+  InMemory ref(sw->layout(), sw->optimizer());
+  ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
+  std::vector<std::vector<std::uint16_t>> copies;
+  for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
+  auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
+    StepInputs in;
+    in.ctx.step = step;
+    in.grads = views(grads, DType::kF32);
+    for (auto& v : copies) in.param_copies.push_back(v.data());
+    return in;
+  };
+  for (int step = 1; step <= 2; ++step) {
+    const auto grads = make_grads(sw->layout(), DType::kF32, step);
+    ref.step(inputs(step, grads));
+    ASSERT_TRUE(sw->step(inputs(step, grads)).is_ok());
+  }
+  // Step 3 fails half way through its writes (or reads).
+  const std::uint64_t half = writes_per_step(*sw) / 2;
+  faults->add(fail_write ? testing::fail_writes(half) : testing::fail_reads(half));
+  const auto grads3 = make_grads(sw->layout(), DType::kF32, 3);
+  const Status st = sw->step(inputs(3, grads3));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(faults->injected(), 1u);
+  EXPECT_EQ(st.sys_errno(), 5) << st.to_string();
+  EXPECT_NE(st.message().find("optimizer step 3 failed (the state of step 2 stays committed and intact)"),
+            std::string::npos)
+      << st.to_string();
+  EXPECT_NE(st.message().find("sub-group"), std::string::npos) << st.to_string();
+  EXPECT_EQ(sw->committed_step(), 2);
+  expect_state_equal(*sw, ref);  // step 2's state, readable and intact
+
+  // The 16-bit copies can be restored from the committed masters...
+  ASSERT_TRUE(sw->write_param_copies(inputs(1, grads3)).is_ok());
+  for (std::size_t g = 0; g < copies.size(); ++g) {
+    std::vector<std::uint16_t> want(ref.master[g].size());
+    ASSERT_TRUE(optim::convert_from_f32(ref.master[g], want.data(), DType::kBF16).is_ok());
+    EXPECT_EQ(want, copies[g]);
+  }
+  // ... the step retried, and a new process (here: a new swapper) continues from the manifest.
+  faults->clear();
+  ref.step(inputs(3, grads3));
+  ASSERT_TRUE(sw->step(inputs(3, grads3)).is_ok());
+  sw.reset();
+  Result<std::unique_ptr<OptimizerSwapper>> reopened =
+      OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h, OpenMode::kOpen);
+  ASSERT_TRUE(reopened.is_ok()) << reopened.status().to_string();
+  EXPECT_EQ((*reopened)->committed_step(), 3);
+  const auto grads4 = make_grads((*reopened)->layout(), DType::kF32, 4);
+  ref.step(inputs(4, grads4));
+  ASSERT_TRUE((*reopened)->step(inputs(4, grads4)).is_ok());
+  expect_state_equal(**reopened, ref);
+}
+
+INSTANTIATE_TEST_SUITE_P(ReadOrWrite, OptimizerSwapperFault, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "write" : "read"; });
+
+TEST(OptimizerSwapper, LoadStateRestoresACheckpointAsAWhole) {
+  TempDir dir_a, dir_b;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg_a = base_config(dir_a), cfg_b = base_config(dir_b);
+  cfg_a.pipeline_read = cfg_a.pipeline_write = true;
+  auto a = std::move(OptimizerSwapper::create(cfg_a, kParams, optim::Optimizer(adamw()), *h)).value();
+  auto b = std::move(OptimizerSwapper::create(cfg_b, kParams, optim::Optimizer(adamw()), *h)).value();
+  ASSERT_TRUE(a->init_master(initial_source()).is_ok());
+  ASSERT_TRUE(b->init_master(initial_source()).is_ok());
+  auto step = [&](OptimizerSwapper& sw, int t) {
+    const auto grads = make_grads(sw.layout(), DType::kF32, 40 + t);
+    StepInputs in;
+    in.ctx.step = t;
+    in.grads = views(grads, DType::kF32);
+    return sw.step(in);
+  };
+  ASSERT_TRUE(step(*a, 1).is_ok());
+  ASSERT_TRUE(step(*a, 2).is_ok());
+  // "Checkpoint" a, and load it into b tensor by tensor.
+  const std::size_t tensors = 1 + a->optimizer().state_count();
+  std::vector<std::vector<std::vector<float>>> saved(a->layout().subgroups.size());
+  for (std::size_t g = 0; g < saved.size(); ++g) {
+    for (std::size_t w = 0; w < tensors; ++w) {
+      saved[g].emplace_back(a->layout().subgroups[g].numel);
+      ASSERT_TRUE(a->read_state(g, w, saved[g][w]).is_ok());
+    }
+  }
+  std::vector<float> before(b->layout().subgroups[0].numel), got(before.size());
+  ASSERT_TRUE(b->read_state(0, 0, before).is_ok());
+  for (std::size_t g = 0; g < saved.size(); ++g) {
+    for (std::size_t w = 0; w < tensors; ++w) {
+      if (g + 1 == saved.size() && w + 1 == tensors) continue;  // all but the last one
+      ASSERT_TRUE(b->load_state(g, w, saved[g][w]).is_ok());
+    }
+  }
+  ASSERT_TRUE(b->read_state(0, 0, got).is_ok());
+  EXPECT_EQ(got, before) << "a partial load must not replace the committed state";
+  ASSERT_TRUE(b->load_state(saved.size() - 1, tensors - 1, saved.back().back()).is_ok());
+  for (std::size_t g = 0; g < saved.size(); ++g) {
+    for (std::size_t w = 0; w < tensors; ++w) {
+      std::vector<float> out(saved[g][w].size());
+      ASSERT_TRUE(b->read_state(g, w, out).is_ok());
+      EXPECT_EQ(std::memcmp(out.data(), saved[g][w].data(), out.size() * 4), 0) << g << " " << w;
+    }
+  }
+  ASSERT_TRUE(step(*a, 3).is_ok());
+  ASSERT_TRUE(step(*b, 3).is_ok());
+  for (std::size_t g = 0; g < saved.size(); ++g) {
+    for (std::size_t w = 0; w < tensors; ++w) {
+      std::vector<float> x(saved[g][w].size()), y(x.size());
+      ASSERT_TRUE(a->read_state(g, w, x).is_ok());
+      ASSERT_TRUE(b->read_state(g, w, y).is_ok());
+      EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * 4), 0) << g << " " << w;
+    }
+  }
+  EXPECT_EQ(b->load_state(0, tensors, saved[0][0]).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(OptimizerSwapper, RefusesMismatchedReopenAndTooSmallBudgets) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg = base_config(dir);
+  {
+    auto sw = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+    ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
+  }
+  std::vector<ParamPartition> other = kParams;
+  other[2].numel += 1;
+  Result<std::unique_ptr<OptimizerSwapper>> bad =
+      OptimizerSwapper::create(cfg, other, optim::Optimizer(adamw()), *h, OpenMode::kOpen);
+  ASSERT_FALSE(bad.is_ok());
+  EXPECT_NE(bad.status().message().find("another layout"), std::string::npos) << bad.status().to_string();
+  cfg.buffer_size = 1000;
+  cfg.pipeline_read = cfg.pipeline_write = true;
+  Result<std::unique_ptr<OptimizerSwapper>> tiny =
+      OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h, OpenMode::kCreate);
+  ASSERT_FALSE(tiny.is_ok());
+  EXPECT_EQ(tiny.status().code(), ErrorCode::kResourceExhausted);
+  EXPECT_NE(tiny.status().message().find("raise offload_optimizer.buffer_size"), std::string::npos);
+  cfg.buffer_size = 8192;
+  auto fresh = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+  StepInputs in;
+  in.ctx.step = 1;
+  EXPECT_EQ(fresh->step(in).code(), ErrorCode::kInvalidArgument);  // no gradients, no master weights
+}
+
+}  // namespace
+}  // namespace zinf::swap

@@ -1,0 +1,176 @@
+// Tests of the pinned staging pool: budget, resident blocks, streaming chunks, waits, high-water.
+#include "zinf/swap/pinned_pool.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "swap_test_util.h"
+#include "zinf/swap/types.h"
+
+namespace zinf::swap {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::unique_ptr<PinnedPool> make_pool(std::size_t count, std::size_t size, std::size_t elem,
+                                      std::size_t reserve = 0) {
+  PinnedPoolOptions o;
+  o.budget = PoolBudget{"offload_param", count, size, elem};
+  o.pin_memory = false;
+  o.streaming_reserve_buffers = reserve;
+  Result<std::unique_ptr<PinnedPool>> p = PinnedPool::create(o);
+  EXPECT_TRUE(p.is_ok()) << p.status().to_string();
+  return p.is_ok() ? std::move(p).value() : nullptr;
+}
+
+TEST(PinnedPool, CapacityIsCountTimesAlignedBuffer) {
+  auto pool = make_pool(5, 10000, 2);  // 20000 bytes -> 20480 per buffer
+  ASSERT_TRUE(pool);
+  EXPECT_EQ(pool->budget().buffer_bytes(), 20480u);
+  EXPECT_EQ(pool->capacity(), 5u * 20480u);
+  EXPECT_EQ(pool->resident_capacity(), pool->capacity());
+  EXPECT_EQ(pool->in_use(), 0u);
+  // buffer_count blocks of buffer_size elements always fit at once.
+  std::vector<PinnedBlock> blocks;
+  for (int i = 0; i < 5; ++i) {
+    Result<PinnedBlock> b = pool->try_acquire(20000);
+    ASSERT_TRUE(b.is_ok() && *b);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b->data()) % kSwapAlignment, 0u);
+    EXPECT_EQ(b->size(), 20000u);
+    EXPECT_EQ(b->capacity(), 20480u);
+    blocks.push_back(std::move(b).value());
+  }
+  EXPECT_EQ(pool->in_use(), pool->capacity());
+  Result<PinnedBlock> none = pool->try_acquire(1);
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_FALSE(*none);
+  blocks.clear();
+  EXPECT_EQ(pool->in_use(), 0u);
+  EXPECT_EQ(pool->high_water(), pool->capacity());
+}
+
+TEST(PinnedPool, RejectsZeroBudget) {
+  PinnedPoolOptions o;
+  o.budget = PoolBudget{"offload_param", 0, 100, 2};
+  Result<std::unique_ptr<PinnedPool>> p = PinnedPool::create(o);
+  ASSERT_FALSE(p.is_ok());
+  EXPECT_NE(p.status().message().find("offload_param.buffer_count"), std::string::npos);
+}
+
+TEST(PinnedPool, NeverFittingRequestFailsAtOnceNamingTheBudget) {
+  auto pool = make_pool(2, 1 << 20, 2);  // 2 x 2 MiB
+  ASSERT_TRUE(pool);
+  Result<PinnedBlock> b = pool->acquire(5u << 20);  // would block forever if it waited
+  ASSERT_FALSE(b.is_ok());
+  EXPECT_EQ(b.status().code(), ErrorCode::kResourceExhausted);
+  const std::string& m = b.status().message();
+  EXPECT_NE(m.find("offload_param.buffer_count x offload_param.buffer_size = 2 x 1048576"), std::string::npos) << m;
+  // 5 MiB over 2 buffers: 2.5 MiB each = 1310720 elements of 2 bytes, i.e. 262144 more.
+  EXPECT_NE(m.find("raise offload_param.buffer_size by 262144 elements (to 1310720)"), std::string::npos) << m;
+  EXPECT_NE(m.find("offload_param.buffer_count to 3"), std::string::npos) << m;
+  Result<PinnedBlock> c = pool->acquire_chunk(8u << 20, 5u << 20);
+  ASSERT_FALSE(c.is_ok());
+  EXPECT_EQ(c.status().code(), ErrorCode::kResourceExhausted);
+}
+
+TEST(PinnedPool, ReserveIsForStreamingOnly) {
+  auto pool = make_pool(3, 4096, 4, /*reserve=*/1);  // 3 x 16 KiB, the last one for chunks
+  ASSERT_TRUE(pool);
+  EXPECT_EQ(pool->resident_capacity(), 2u * 16384u);
+  Result<PinnedBlock> big = pool->acquire(3 * 16384);
+  ASSERT_FALSE(big.is_ok());
+  EXPECT_NE(big.status().message().find("1 buffer kept for streaming"), std::string::npos);
+  Result<PinnedBlock> a = pool->acquire(2 * 16384);
+  ASSERT_TRUE(a.is_ok() && *a);
+  // Resident space is full, but a chunk is still served from the reserve.
+  Result<PinnedBlock> c = pool->try_acquire_chunk(1 << 20, 4096);
+  ASSERT_TRUE(c.is_ok() && *c);
+  EXPECT_EQ(c->size(), 16384u);  // as much as there is
+  EXPECT_LE(pool->high_water(), pool->capacity());
+}
+
+TEST(PinnedPool, ChunksTakeWhatIsFree) {
+  auto pool = make_pool(4, 4096, 4);  // 64 KiB
+  ASSERT_TRUE(pool);
+  Result<PinnedBlock> a = pool->acquire(40960);
+  ASSERT_TRUE(a.is_ok() && *a);
+  Result<PinnedBlock> c = pool->acquire_chunk(65536, 4096);
+  ASSERT_TRUE(c.is_ok() && *c);
+  EXPECT_EQ(c->size(), 65536u - 40960u);
+  Result<PinnedBlock> d = pool->try_acquire_chunk(65536, 4096);
+  ASSERT_TRUE(d.is_ok());
+  EXPECT_FALSE(*d);
+}
+
+TEST(PinnedPool, WaitingRequestIsServedByARelease) {
+  auto pool = make_pool(2, 4096, 4);
+  ASSERT_TRUE(pool);
+  Result<PinnedBlock> a = pool->acquire(32768);
+  ASSERT_TRUE(a.is_ok() && *a);
+  auto waiter = std::async(std::launch::async, [&] { return pool->acquire(8192); });
+  EXPECT_EQ(waiter.wait_for(50ms), std::future_status::timeout);
+  a->reset();
+  Result<PinnedBlock> b = waiter.get();
+  ASSERT_TRUE(b.is_ok() && *b);
+  EXPECT_EQ(b->size(), 8192u);
+}
+
+TEST(PinnedPool, TimedOutWaiterGivesUpItsPlace) {
+  auto pool = make_pool(2, 4096, 4);
+  ASSERT_TRUE(pool);
+  Result<PinnedBlock> a = pool->acquire(32768);
+  ASSERT_TRUE(a.is_ok() && *a);
+  Result<PinnedBlock> t = pool->acquire_for(4096, 10ms);
+  ASSERT_TRUE(t.is_ok());
+  EXPECT_FALSE(*t);
+  // A request queued behind the cancelled one must still be served.
+  auto first = std::async(std::launch::async, [&] { return pool->acquire_for(4096, 20ms); });
+  auto second = std::async(std::launch::async, [&] { return pool->acquire(4096); });
+  Result<PinnedBlock> f = first.get();
+  ASSERT_TRUE(f.is_ok());
+  EXPECT_FALSE(*f);
+  a->reset();
+  Result<PinnedBlock> s = second.get();
+  ASSERT_TRUE(s.is_ok() && *s);
+}
+
+TEST(PinnedPool, ConcurrentUseStaysWithinBudgetWithoutOverlap) {
+  auto pool = make_pool(4, 16384, 4, /*reserve=*/1);  // 4 x 64 KiB
+  ASSERT_TRUE(pool);
+  std::atomic<int> errors{0};
+  auto body = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    for (int i = 0; i < 300; ++i) {
+      const bool chunk = rng() % 2 == 0;
+      const std::size_t bytes = 1 + rng() % (chunk ? 3 * 65536 : 2 * 65536);
+      Result<PinnedBlock> b = chunk ? pool->acquire_chunk(bytes, std::min<std::size_t>(bytes, 4096))
+                                    : pool->acquire(bytes);
+      if (!b.is_ok() || !*b) {
+        ++errors;
+        continue;
+      }
+      // Our own bytes must survive while we hold the block: blocks never overlap.
+      testing::fill_pattern(b->data(), b->capacity(), 0, seed * 1000 + i);
+      std::this_thread::yield();
+      if (testing::first_mismatch(b->data(), b->capacity(), 0, seed * 1000 + i) >= 0) ++errors;
+      if (pool->in_use() > pool->capacity()) ++errors;
+    }
+  };
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < 4; ++t) threads.emplace_back(body, t + 1);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_LE(pool->high_water(), pool->capacity());
+  EXPECT_GT(pool->high_water(), 0u);
+  EXPECT_EQ(pool->in_use(), 0u);
+}
+
+}  // namespace
+}  // namespace zinf::swap

@@ -1,0 +1,274 @@
+// Tests of the swap store: striped layout, alignment, space reuse, manifest and reopening.
+#include "zinf/swap/swap_store.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "swap/host_buffer.h"
+#include "swap_test_util.h"
+
+namespace zinf::swap {
+namespace {
+
+using testing::TempDir;
+
+struct Tensor {
+  std::string key;
+  DType dtype;
+  std::uint64_t numel;
+  std::uint64_t seed;
+};
+
+const std::vector<Tensor>& sample_tensors() {
+  static const std::vector<Tensor> t = {
+      {"param/h.0.attn.c_attn.weight", DType::kBF16, 3 * 64 * 1024 + 77, 11},
+      {"param/h.0.ln_1.bias", DType::kBF16, 5, 12},
+      {"optim/subgroup0/exp_avg", DType::kF32, 100000, 13},
+      {"optim/subgroup0/master", DType::kF32, 65536, 14},
+      {"grad/empty", DType::kF16, 0, 15},
+  };
+  return t;
+}
+
+std::unique_ptr<SwapStore> open_store(aio::Handle& h, std::vector<std::string> paths, OpenMode mode,
+                                      std::size_t stripe = 64 << 10) {
+  StoreConfig c;
+  c.nvme_paths = std::move(paths);
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  c.stripe_unit = stripe;
+  Result<std::unique_ptr<SwapStore>> s = SwapStore::open(c, mode, h);
+  EXPECT_TRUE(s.is_ok()) << s.status().to_string();
+  return s.is_ok() ? std::move(s).value() : nullptr;
+}
+
+void write_tensor(SwapStore& s, const Tensor& t) {
+  ASSERT_TRUE(s.allocate(t.key, t.dtype, t.numel).is_ok());
+  const std::size_t n = t.numel * dtype_size(t.dtype);
+  Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(n, false);
+  ASSERT_TRUE(buf.is_ok());
+  testing::fill_pattern(buf->data(), n, 0, t.seed);
+  const Status st = s.write(t.key, 0, buf->data(), n);
+  ASSERT_TRUE(st.is_ok()) << st.to_string();
+}
+
+// Empty string when the tensor reads back exactly.
+std::string verify_tensor(SwapStore& s, const Tensor& t) {
+  Result<TensorRecord> r = s.find(t.key);
+  if (!r.is_ok()) return r.status().to_string();
+  if (r->dtype != t.dtype || r->numel != t.numel) return "shape differs for " + t.key;
+  const std::size_t n = t.numel * dtype_size(t.dtype);
+  Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(n, false);
+  if (!buf.is_ok()) return buf.status().to_string();
+  const Status st = s.read(t.key, 0, buf->data(), n);
+  if (!st.is_ok()) return st.to_string();
+  const std::int64_t bad = testing::first_mismatch(buf->data(), n, 0, t.seed);
+  return bad < 0 ? "" : t.key + " differs at byte " + std::to_string(bad);
+}
+
+class SwapStoreStripes : public ::testing::TestWithParam<int> {};
+
+TEST_P(SwapStoreStripes, RoundTripsAlignedStripedExtents) {
+  TempDir dir;
+  std::vector<std::string> paths;
+  for (int i = 0; i < GetParam(); ++i) paths.push_back(dir.sub("nvme" + std::to_string(i)));
+  auto h = testing::make_handle();
+  auto s = open_store(*h, paths, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  for (const Tensor& t : sample_tensors()) write_tensor(*s, t);
+  for (const Tensor& t : sample_tensors()) EXPECT_EQ(verify_tensor(*s, t), "");
+  for (int i = 0; i < GetParam(); ++i) {
+    EXPECT_TRUE(std::filesystem::exists(paths[i] + "/zinf_swap/rank3/optimizer/stripe" + std::to_string(i) + ".swp"));
+  }
+  Result<TensorRecord> big = s->find(sample_tensors()[0].key);
+  ASSERT_TRUE(big.is_ok());
+  // 393370 bytes -> 397312 padded -> 7 units of 64 KiB (the last 4 KiB): min(7, F) extents.
+  EXPECT_EQ(big->extents.size(), static_cast<std::size_t>(std::min(7, GetParam())));
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < big->extents.size(); ++i) {
+    EXPECT_EQ(big->extents[i].file, i);
+    EXPECT_EQ(big->extents[i].offset % kSwapAlignment, 0u);
+    EXPECT_EQ(big->extents[i].length % kSwapAlignment, 0u);
+    total += big->extents[i].length;
+  }
+  EXPECT_EQ(total, align_up(big->nbytes, kSwapAlignment));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, SwapStoreStripes, ::testing::Values(1, 3));
+
+TEST(SwapStore, FilesFollowTheDocumentedStripeLayout) {
+  TempDir dir;
+  const std::vector<std::string> paths = {dir.sub("a"), dir.sub("b")};
+  auto h = testing::make_handle();
+  auto s = open_store(*h, paths, OpenMode::kCreate, 8192);
+  ASSERT_TRUE(s);
+  const Tensor t{"t", DType::kF32, 9000, 77};  // 36000 bytes, padded to 36864: 5 units of 8 KiB
+  write_tensor(*s, t);
+  ASSERT_TRUE(s->commit().is_ok());
+  Result<TensorRecord> r = s->find("t");
+  ASSERT_TRUE(r.is_ok());
+  // Unit u lives in file u % 2 at extent offset + (u / 2) * 8192.
+  for (std::uint64_t pos = 0; pos < r->nbytes; pos += 997) {
+    const std::uint64_t u = pos / 8192;
+    const Extent& e = r->extents[u % 2];
+    std::ifstream f(s->data_files()[u % 2], std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(e.offset + (u / 2) * 8192 + pos % 8192));
+    char c = 0;
+    f.read(&c, 1);
+    ASSERT_EQ(static_cast<std::uint8_t>(c), testing::pattern_byte(pos, t.seed)) << "byte " << pos;
+  }
+}
+
+TEST(SwapStore, SameSizeRewritesInPlaceAndFreedSpaceIsReused) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  Result<TensorRecord> a = s->allocate("a", DType::kF32, 50000);
+  Result<TensorRecord> b = s->allocate("b", DType::kF32, 50000);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  Result<TensorRecord> a2 = s->allocate("a", DType::kF32, 50001);  // same padded size
+  ASSERT_TRUE(a2.is_ok());
+  EXPECT_EQ(a2->extents[0].offset, a->extents[0].offset);
+  const std::uint64_t size_before = s->stats().file_bytes;
+  ASSERT_TRUE(s->erase("a").is_ok());
+  Result<TensorRecord> c = s->allocate("c", DType::kBF16, 100000);  // fits a's old space
+  ASSERT_TRUE(c.is_ok());
+  EXPECT_EQ(c->extents[0].offset, a->extents[0].offset);
+  EXPECT_EQ(s->stats().file_bytes, size_before);
+  EXPECT_EQ(s->erase("a").code(), ErrorCode::kNotFound);
+}
+
+TEST(SwapStore, RejectsMisalignedRanges) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->allocate("t", DType::kF32, 10000).is_ok());
+  Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(40000, false);
+  ASSERT_TRUE(buf.is_ok());
+  EXPECT_EQ(s->read("t", 100, buf->data(), 4096).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->read("t", 0, buf->data(), 5000).code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(s->read("t", 36864, buf->data(), 8192).code(), ErrorCode::kInvalidArgument);  // past the end
+  EXPECT_TRUE(s->write("t", 36864, buf->data(), 40000 - 36864).is_ok());                  // ends the tensor
+  EXPECT_EQ(s->read("nope", 0, buf->data(), 4096).code(), ErrorCode::kNotFound);
+}
+
+TEST(SwapStore, ReopensFromTheManifest) {
+  TempDir dir;
+  const std::vector<std::string> paths = {dir.sub("a"), dir.sub("b"), dir.sub("c")};
+  auto h = testing::make_handle();
+  {
+    auto s = open_store(*h, paths, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    for (const Tensor& t : sample_tensors()) write_tensor(*s, t);
+    s->set_metadata("optimizer.step", "7");
+    ASSERT_TRUE(s->commit().is_ok());
+    // Tensors added after the last commit are not in the manifest.
+    ASSERT_TRUE(s->allocate("uncommitted", DType::kF32, 10).is_ok());
+    EXPECT_EQ(s->generation(), 1u);
+  }
+  auto s = open_store(*h, paths, OpenMode::kOpen);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->generation(), 1u);
+  EXPECT_EQ(s->metadata("optimizer.step"), "7");
+  EXPECT_FALSE(s->contains("uncommitted"));
+  EXPECT_EQ(s->keys().size(), sample_tensors().size());
+  for (const Tensor& t : sample_tensors()) EXPECT_EQ(verify_tensor(*s, t), "");
+  // New space does not overlap the reopened tensors.
+  write_tensor(*s, Tensor{"new", DType::kF32, 70000, 99});
+  for (const Tensor& t : sample_tensors()) EXPECT_EQ(verify_tensor(*s, t), "");
+}
+
+TEST(SwapStore, OpenErrorsSayWhatIsWrong) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  Result<std::unique_ptr<SwapStore>> missing = SwapStore::open(c, OpenMode::kOpen, *h);
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_EQ(missing.status().code(), ErrorCode::kNotFound);
+  c.nvme_paths = {};
+  EXPECT_EQ(SwapStore::open(c, OpenMode::kCreate, *h).status().code(), ErrorCode::kInvalidArgument);
+  c.nvme_paths = {dir.sub("x"), dir.sub("y")};
+  {
+    Result<std::unique_ptr<SwapStore>> s = SwapStore::open(c, OpenMode::kCreate, *h);
+    ASSERT_TRUE(s.is_ok());
+    ASSERT_TRUE((*s)->commit().is_ok());
+  }
+  StoreConfig fewer = c;
+  fewer.nvme_paths.pop_back();
+  Result<std::unique_ptr<SwapStore>> wrong = SwapStore::open(fewer, OpenMode::kOpen, *h);
+  ASSERT_FALSE(wrong.is_ok());
+  EXPECT_NE(wrong.status().message().find("striped over 2 nvme_paths but 1"), std::string::npos);
+  std::ofstream(dir.path() + "/x/zinf_swap/rank0/parameters/manifest.json") << "{not json";
+  EXPECT_EQ(SwapStore::open(c, OpenMode::kOpen, *h).status().code(), ErrorCode::kCorruption);
+}
+
+TEST(SwapStore, ReadErrorNamesTheTensor) {
+  TempDir dir;
+  auto faults = std::make_shared<aio::FaultInjector>();
+  auto h = testing::make_handle(faults);
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  const Tensor t{"optim/sg1/exp_avg", DType::kF32, 70000, 5};
+  write_tensor(*s, t);
+  faults->add(testing::fail_reads());
+  Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(280000, false);
+  ASSERT_TRUE(buf.is_ok());
+  const Status st = s->read(t.key, 0, buf->data(), 280000);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("read 'optim/sg1/exp_avg'"), std::string::npos) << st.to_string();
+  EXPECT_EQ(verify_tensor(*s, t), "");  // the fault was one chunk; the data is intact
+}
+
+// Reopening in a new process: the test binary runs itself with a filter selecting the child
+// test below, which opens the store from its manifest and checks every tensor.
+constexpr const char* kChildEnv = "ZINF_SWAP_REOPEN_CHILD_DIR";
+
+TEST(SwapStoreReopenChild, VerifiesStoreWrittenByParent) {
+  const char* dir = std::getenv(kChildEnv);
+  if (dir == nullptr) GTEST_SKIP() << "runs only as the child of SwapStore.ReopensInANewProcess";
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {std::string(dir) + "/a", std::string(dir) + "/b"}, OpenMode::kOpen);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->metadata("who"), "parent");
+  for (const Tensor& t : sample_tensors()) ASSERT_EQ(verify_tensor(*s, t), "");
+  std::ofstream(std::string(dir) + "/child_verified") << "ok";
+}
+
+TEST(SwapStore, ReopensInANewProcess) {
+  TempDir dir;
+  {
+    auto h = testing::make_handle();
+    auto s = open_store(*h, {dir.sub("a"), dir.sub("b")}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    for (const Tensor& t : sample_tensors()) write_tensor(*s, t);
+    s->set_metadata("who", "parent");
+    ASSERT_TRUE(s->commit().is_ok());
+  }
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv(kChildEnv, dir.path().c_str(), 1);
+    const char* argv[] = {"swap_store_test", "--gtest_filter=SwapStoreReopenChild.*", nullptr};
+    execv("/proc/self/exe", const_cast<char* const*>(argv));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(std::filesystem::exists(dir.path() + "/child_verified"));
+}
+
+}  // namespace
+}  // namespace zinf::swap
