@@ -295,6 +295,34 @@ TEST(EngineTest, CorruptCheckpointIsRefused) {
   EXPECT_EQ(before, after);
 }
 
+TEST(EngineTest, TrainingOnTheDefaultCorpusLowersTheLoss) {
+  TempDir nvme;
+  RunSetup s;
+  s.param_device = "nvme";
+  s.optim_device = "nvme";
+  s.gas = 1;
+  auto ds = config::parse_ds_config(config_text(s, nvme.path()), "test_config", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  auto comm = make_local_communicator();
+  auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 3, ""}, *comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  auto loader = model::BatchLoader::create(model::TokenDataset::load_default(), {2, 16, 0, 1, 5, true});
+  ASSERT_TRUE(loader.is_ok());
+  std::vector<std::int32_t> in(32), tg(32);
+  double first = 0, last = 0;
+  const int steps = 40;
+  for (int step = 0; step < steps; ++step) {
+    // Average a few steps at each end: single-batch losses are noisy.
+    ASSERT_TRUE(loader->next(in, tg).is_ok());
+    const MicroBatch mb{in, tg, 2, 16};
+    auto r = (*engine)->train_step(std::span<const MicroBatch>(&mb, 1));
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    if (step < 5) first += r->loss / 5;
+    if (step >= steps - 5) last += r->loss / 5;
+  }
+  EXPECT_LT(last, first - 0.5) << "loss " << first << " -> " << last;
+}
+
 TEST(EngineTest, LiveBudgetSmallerThanAModuleIsAClearError) {
   RunSetup s;
   s.max_live = 1000;  // wte + wpe alone is 8704 elements
