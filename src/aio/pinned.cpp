@@ -34,6 +34,9 @@ Result<PinnedBuffer> PinnedBuffer::allocate(std::size_t bytes, std::size_t align
   }
   buffer.data_ = ptr;
   buffer.size_ = bytes;
+  // Ask for transparent huge pages (a no-op where THP is off): fewer, larger segments per
+  // O_DIRECT request and fewer TLB misses when the device or the CPU streams the buffer.
+  if (rounded >= (std::size_t{2} << 20)) (void)madvise(ptr, rounded, MADV_HUGEPAGE);
   // Pre-fault: touch every page now so timed I/O never pays for first-touch faults.
   std::memset(ptr, 0, rounded);
   if (mlock(ptr, rounded) == 0) {

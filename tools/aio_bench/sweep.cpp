@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 
@@ -125,6 +127,12 @@ Result<double> Bench::run(const Point& point, Op op, const Timing& timing) {
   }
   const double elapsed = seconds_since(start);
   ::close(fd);
+  if (std::getenv("ZINF_AIO_BENCH_STATS") != nullptr) {
+    const aio::HandleStats st = handle->stats();
+    std::fprintf(stderr, "stats: requests %lu ops %lu fixed %lu bounced %lu edge %lu retries %lu\n",
+                 (unsigned long)st.requests, (unsigned long)st.ops, (unsigned long)st.fixed_ops,
+                 (unsigned long)st.bounced_bytes, (unsigned long)st.edge_ops, (unsigned long)st.retries);
+  }
   ZINF_RETURN_IF_ERROR(status.with_context(describe(point)));
   return static_cast<double>(bytes) / elapsed / 1e9;
 }
