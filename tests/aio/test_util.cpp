@@ -12,20 +12,6 @@
 
 namespace zinf::aio::testing {
 
-TempDir::TempDir() {
-  const char* root_env = std::getenv("ZINF_TEST_TMPDIR");
-  const std::string root = root_env != nullptr && *root_env != '\0' ? root_env : "/tmp";
-  std::filesystem::create_directories(root);
-  std::string templ = root + "/zinf-aio-XXXXXX";
-  if (::mkdtemp(templ.data()) == nullptr) throw std::runtime_error("mkdtemp " + templ + ": " + std::strerror(errno));
-  path_ = templ;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
 namespace {
 
 // The 8 pattern bytes of the aligned 8-byte group `group` (positions 8*group .. 8*group+7).

@@ -7,23 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.h"
 #include "zinf/aio/handle.h"
 
 namespace zinf::aio::testing {
 
-// A fresh folder under $ZINF_TEST_TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+// Per-test folders: the shared helper.
+using TempDir = zinf::testing::TempDir;
 
 // The byte that position `pos` of a file written with `seed` holds: every position differs
 // from its neighbours, so shifted, dropped or duplicated bytes are caught.

@@ -23,36 +23,6 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-TempDir::TempDir() {
-  const char* base = std::getenv("ZINF_TEST_TMPDIR");
-  std::string root = base != nullptr && *base != '\0' ? base : "/tmp";
-  std::filesystem::create_directories(root);
-  std::string pattern = root + "/zinf_config_XXXXXX";
-  std::vector<char> buf(pattern.begin(), pattern.end());
-  buf.push_back('\0');
-  char* made = ::mkdtemp(buf.data());
-  EXPECT_NE(made, nullptr) << "mkdtemp " << pattern;
-  path_ = made != nullptr ? made : root;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  // Restore write permission on anything a test locked, then remove.
-  for (auto it = std::filesystem::recursive_directory_iterator(path_, ec);
-       it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
-    std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
-                                 std::filesystem::perm_options::add, ec);
-  }
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::write(std::string_view name, std::string_view text) const {
-  std::string file = path_ + "/" + std::string(name);
-  std::ofstream out(file, std::ios::binary | std::ios::trunc);
-  out << text;
-  return file;
-}
-
 Result<DsConfig> parse(std::string_view text, const AutoContext& ctx) {
   return parse_ds_config(text, "ds_config.json", ctx);
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "temp_dir.h"
 #include "zinf/config/ds_config.h"
 
 namespace zinf::config::testing {
@@ -12,20 +13,8 @@ namespace zinf::config::testing {
 std::string data_path(std::string_view name);
 std::string read_text(const std::string& path);
 
-// A fresh folder under $ZINF_TEST_TMPDIR (or /tmp), removed with its contents on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  // Creates (or overwrites) a file in the folder and returns its path.
-  std::string write(std::string_view name, std::string_view text) const;
-
- private:
-  std::string path_;
-};
+// Per-test folders: the shared helper.
+using TempDir = zinf::testing::TempDir;
 
 // Parses `text` as "ds_config.json".
 Result<DsConfig> parse(std::string_view text, const AutoContext& ctx = {});

@@ -10,25 +10,6 @@
 
 namespace zinf::swap::testing {
 
-TempDir::TempDir() {
-  const char* base = std::getenv("ZINF_TEST_TMPDIR");
-  std::string tmpl = std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/zinf_swap_XXXXXX";
-  std::filesystem::create_directories(std::filesystem::path(tmpl).parent_path());
-  if (mkdtemp(tmpl.data()) == nullptr) ADD_FAILURE() << "mkdtemp " << tmpl << " failed";
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
-
-std::string TempDir::sub(const std::string& name) const {
-  const std::string p = path_ + "/" + name;
-  std::filesystem::create_directories(p);
-  return p;
-}
-
 std::uint8_t pattern_byte(std::uint64_t pos, std::uint64_t seed) {
   std::uint64_t x = (pos / 8) * 0x9E3779B97F4A7C15ull + seed * 0xBF58476D1CE4E5B9ull + 1;
   x ^= x >> 31;

@@ -7,23 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "temp_dir.h"
 #include "zinf/aio/handle.h"
 
 namespace zinf::swap::testing {
 
-// A fresh folder under $ZINF_TEST_TMPDIR (or /tmp), removed with everything in it.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string sub(const std::string& name) const;  // creates path()/name
-
- private:
-  std::string path_;
-};
+// Per-test folders: the shared helper.
+using TempDir = zinf::testing::TempDir;
 
 // Byte `pos` of content version `seed`: neighbours differ, so shifted or mixed bytes are caught.
 std::uint8_t pattern_byte(std::uint64_t pos, std::uint64_t seed);

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
 #include "zinf/zero3/checkpoint.h"
@@ -21,22 +22,7 @@
 namespace zinf::zero3 {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("ZINF_TEST_TMPDIR");
-    std::string templ = std::string(base != nullptr ? base : "/tmp") + "/engine_test.XXXXXX";
-    if (::mkdtemp(templ.data()) != nullptr) path_ = templ;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using zinf::testing::TempDir;
 
 struct RunSetup {
   std::string param_device = "none";
