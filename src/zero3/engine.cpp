@@ -151,6 +151,9 @@ Status Engine::Impl::init() {
     sc.pipeline_write = oo.pipeline_write;
     sc.sub_group_size = static_cast<std::uint64_t>(ds.zero.sub_group_size);
     sc.pin_memory = oo.pin_memory;
+    // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so
+    // steps need not fdatasync (failure safety against I/O errors stays: two slots).
+    sc.durable = false;
     ZINF_ASSIGN_OR_RETURN(this->optimizer, make_nvme_optimizer_tier(sc, partitions, optimizer, *handle,
                                                                     swap::OpenMode::kCreate));
   } else {
@@ -165,6 +168,7 @@ Status Engine::Impl::init() {
     pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
     pc.pin_memory = op.pin_memory;
     pc.dtype = dtype;
+    pc.durable = false;
     ZINF_ASSIGN_OR_RETURN(params, make_nvme_param_tier(layout, pc, *handle));
   } else {
     ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype, op.pin_memory));
