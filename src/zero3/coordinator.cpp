@@ -291,7 +291,8 @@ Status Coordinator::grads_ready(int module) {
     bucket_.push_back(p);
     bucket_elements_ += model_.params()[static_cast<std::size_t>(p)].numel;
   }
-  if (bucket_elements_ >= opt_.reduce_bucket_size) return flush_bucket();
+  // One rank has nothing to reduce: add each gradient in as soon as it is complete.
+  if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1) return flush_bucket();
   return Status::ok();
 }
 
@@ -300,33 +301,39 @@ Status Coordinator::flush_bucket() {
   const int world = comm_.world_size();
   std::size_t total = 0;
   for (int p : bucket_) total += plan_.slot(static_cast<std::size_t>(p)).per_rank;
-  // send: W blocks of `total`, block r holding every bucket gradient's rank-r slice (padded).
-  const std::size_t send_n = total * static_cast<std::size_t>(world);
-  if (send_.size() < send_n) send_ = model::FloatBuffer::allocate(send_n);
-  if (recv_.size() < total) recv_ = model::FloatBuffer::allocate(total);
-  if ((send_.data() == nullptr || recv_.data() == nullptr) && total > 0) {
-    return Status::resource_exhausted(fmt::format("cannot allocate a {}-element gradient bucket", send_n));
-  }
-  for (int r = 0; r < world; ++r) {
-    float* block = send_.data() + total * static_cast<std::size_t>(r);
-    std::size_t off = 0;
-    for (int p : bucket_) {
-      const auto idx = static_cast<std::size_t>(p);
-      const ElementRange range = plan_.owned(idx, r);
-      const std::size_t per_rank = plan_.slot(idx).per_rank;
-      std::memcpy(block + off, grads_[idx].data() + range.begin, range.size() * sizeof(float));
-      std::memset(block + off + range.size(), 0, (per_rank - range.size()) * sizeof(float));
-      off += per_rank;
+  // Where each bucket gradient's reduced slice is read from: straight from the full gradient
+  // with one rank (nothing to reduce), else from the reduce-scatter's output.
+  const float* reduced = nullptr;
+  if (world > 1) {
+    // send: W blocks of `total`, block r holding every bucket gradient's rank-r slice (padded).
+    const std::size_t send_n = total * static_cast<std::size_t>(world);
+    if (send_.size() < send_n) send_ = model::FloatBuffer::allocate(send_n);
+    if (recv_.size() < total) recv_ = model::FloatBuffer::allocate(total);
+    if ((send_.data() == nullptr || recv_.data() == nullptr) && total > 0) {
+      return Status::resource_exhausted(fmt::format("cannot allocate a {}-element gradient bucket", send_n));
     }
+    for (int r = 0; r < world; ++r) {
+      float* block = send_.data() + total * static_cast<std::size_t>(r);
+      std::size_t off = 0;
+      for (int p : bucket_) {
+        const auto idx = static_cast<std::size_t>(p);
+        const ElementRange range = plan_.owned(idx, r);
+        const std::size_t per_rank = plan_.slot(idx).per_rank;
+        std::memcpy(block + off, grads_[idx].data() + range.begin, range.size() * sizeof(float));
+        std::memset(block + off + range.size(), 0, (per_rank - range.size()) * sizeof(float));
+        off += per_rank;
+      }
+    }
+    ZINF_RETURN_IF_ERROR(comm_.reduce_scatter(std::span<const float>(send_.data(), send_n),
+                                              std::span<float>(recv_.data(), total)));
+    reduced = recv_.data();
   }
-  ZINF_RETURN_IF_ERROR(comm_.reduce_scatter(std::span<const float>(send_.data(), send_n),
-                                            std::span<float>(recv_.data(), total)));
   std::size_t off = 0;
   for (int p : bucket_) {
     const auto idx = static_cast<std::size_t>(p);
     const std::size_t per_rank = plan_.slot(idx).per_rank;
     float* acc = grad_acc_[layout_.subgroup_of[idx]].data() + layout_.offset_in_subgroup[idx];
-    const float* in = recv_.data() + off;
+    const float* in = reduced != nullptr ? reduced + off : grads_[idx].data();
     for (std::size_t i = 0; i < per_rank; ++i) acc[i] += in[i];
     off += per_rank;
     grads_[idx] = model::FloatBuffer();

@@ -86,9 +86,14 @@ class NvmeParamTier final : public ParamTier {
   }
 
   // Only partitions that fit one staging buffer are staged ahead; larger ones stream at use.
+  // At most buffer_count - 1 are staged at once (one buffer stays for streaming), so every
+  // staged copy fits in the pool together: a prefetch never waits for memory that only a
+  // later prefetch's consumer would free (which would deadlock the reader of the earlier one).
   void prefetch(std::size_t p) override {
-    if (layout_.params[p].numel > swapper_->config().buffer_size) return;
+    const swap::ParamSwapConfig& c = swapper_->config();
+    if (layout_.params[p].numel > c.buffer_size) return;
     std::lock_guard lock(mutex_);
+    if (staged_.size() + 1 >= c.buffer_count) return;
     if (staged_.insert(p).second) (void)swapper_->fetch(layout_.params[p].key);
   }
 

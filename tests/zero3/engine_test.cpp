@@ -32,6 +32,8 @@ struct RunSetup {
   std::int64_t sub_group = 3000;
   std::string precision = "bf16";  // or "fp32"
   int gas = 2;
+  int param_buffer_count = 3;       // offload_param nvme staging buffers of 4096 elements
+  std::int64_t prefetch_bucket = 4000;
 };
 
 model::GptConfig tiny_model() {
@@ -51,7 +53,9 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
     if (device == "nvme" && optimizer) {
       block += fmt::format(R"(, "pipeline_read": {0}, "pipeline_write": {0})", s.pipeline ? "true" : "false");
     }
-    if (device == "nvme" && !optimizer) block += R"(, "buffer_count": 3, "buffer_size": 4096, "max_in_cpu": 0)";
+    if (device == "nvme" && !optimizer) {
+      block += fmt::format(R"(, "buffer_count": {}, "buffer_size": 4096, "max_in_cpu": 0)", s.param_buffer_count);
+    }
     return block + "}";
   };
   return fmt::format(R"({{
@@ -63,7 +67,7 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
     "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 3e-3, "warmup_num_steps": 5, "warmup_type": "linear"}}}},
     "zero_optimization": {{
       "stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 5000,
-      "stage3_prefetch_bucket_size": 4000, "stage3_param_persistence_threshold": 64,
+      "stage3_prefetch_bucket_size": {prefetch}, "stage3_param_persistence_threshold": 64,
       "stage3_max_live_parameters": {live}, "stage3_max_reuse_distance": 3000,
       "offload_param": {op}, "offload_optimizer": {oo}
     }},
@@ -71,7 +75,7 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
   }})",
                      fmt::arg("gas", s.gas),
                      fmt::arg("precision", s.precision == "bf16" ? R"("bf16": {"enabled": true},)" : ""),
-                     fmt::arg("sg", s.sub_group), fmt::arg("live", s.max_live),
+                     fmt::arg("sg", s.sub_group), fmt::arg("live", s.max_live), fmt::arg("prefetch", s.prefetch_bucket),
                      fmt::arg("op", offload(s.param_device, false)), fmt::arg("oo", offload(s.optim_device, true)));
 }
 
@@ -184,6 +188,12 @@ TEST(EngineTest, PipeliningAndLiveBudgetDoNotChangeResults) {
   tight.pipeline = true;
   tight.max_live = 256 * 32 + 16 * 32 + 64;
   expect_identical(base, train(tight, kSteps), "small max_live_parameters");
+  // Prefetch wants far more than the two staging buffers hold: it must stage only what fits
+  // (staging more deadlocks: a reader waits for a prefetch parked behind later ones).
+  RunSetup small_pool = unpipelined;
+  small_pool.param_buffer_count = 2;
+  small_pool.prefetch_bucket = 1000000;
+  expect_identical(base, train(small_pool, kSteps), "two staging buffers, large prefetch bucket");
 }
 
 TEST(EngineTest, Fp32TrainingMatchesAcrossOptimizerDevices) {
