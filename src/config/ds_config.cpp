@@ -265,8 +265,8 @@ Status parse_activation_checkpointing(ParseState& st, const Json* obj,
   ZINF_ASSIGN_OR_RETURN(auto n, r.integer("number_checkpoints", detail::kPositive));
   if (n.has_value()) ac->number_checkpoints = n.value;
   ZINF_RETURN_IF_ERROR(r.finish());
-  st.warn("activation_checkpointing", "is validated but not implemented by zinf yet; the block "
-                                      "has no effect");
+  st.warn("activation_checkpointing", "turns on zinf's own scheme (each transformer block is "
+                                      "recomputed in backward); the block's options are ignored");
   return Status::ok();
 }
 

@@ -451,7 +451,7 @@ TEST(DsConfigTest, ActivationCheckpointingIsValidatedAndWarned) {
   EXPECT_TRUE(r->activation_checkpointing.partition_activations);
   EXPECT_TRUE(r->activation_checkpointing.cpu_checkpointing);
   EXPECT_EQ(r->activation_checkpointing.number_checkpoints, 4);
-  EXPECT_TRUE(has_warning(*r, "activation_checkpointing: is validated but not implemented"));
+  EXPECT_TRUE(has_warning(*r, "activation_checkpointing: turns on zinf's own scheme"));
 }
 
 TEST(DsConfigTest, CommunicationDataTypeIsCaseInsensitive) {

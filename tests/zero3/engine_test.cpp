@@ -74,7 +74,9 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
     "aio": {{"block_size": 65536, "queue_depth": 4}}
   }})",
                      fmt::arg("gas", s.gas),
-                     fmt::arg("precision", s.precision == "bf16" ? R"("bf16": {"enabled": true},)" : ""),
+                     fmt::arg("precision", s.precision == "bf16"   ? R"("bf16": {"enabled": true},)"
+                                           : s.precision == "fp16" ? R"("fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 4},)"
+                                                                   : ""),
                      fmt::arg("sg", s.sub_group), fmt::arg("live", s.max_live), fmt::arg("prefetch", s.prefetch_bucket),
                      fmt::arg("op", offload(s.param_device, false)), fmt::arg("oo", offload(s.optim_device, true)));
 }
@@ -203,6 +205,18 @@ TEST(EngineTest, Fp32TrainingMatchesAcrossOptimizerDevices) {
   b.optim_device = "nvme";
   b.param_device = "cpu";
   expect_identical(train(a, 8), train(b, 8), "fp32, optimizer on nvme");
+}
+
+TEST(EngineTest, Fp16WithDynamicLossScalingMatchesAcrossDevices) {
+  RunSetup a;
+  a.precision = "fp16";
+  RunSetup b = a;
+  b.param_device = "nvme";
+  b.optim_device = "nvme";
+  const RunResult ra = train(a, 12);
+  expect_identical(ra, train(b, 12), "fp16, nvme");
+  ASSERT_EQ(ra.losses.size(), 12u);
+  EXPECT_LT(ra.losses.back(), ra.losses.front());
 }
 
 TEST(EngineTest, ResumeContinuesBitIdentically) {

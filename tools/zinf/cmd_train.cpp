@@ -139,6 +139,8 @@ Status run_train(const TrainOptions& o) {
   if (!ds.is_ok()) return ds.status();
   config::log_resolved_config(ds.value());
 
+  // The ds_config block, like the flag, turns on block recompute in backward.
+  gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
   zero3::EngineOptions eo{gpt, ds.value(), o.seed, o.init_from};
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, *comm));
   std::cout << engine->describe() << "\n";

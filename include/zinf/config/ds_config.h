@@ -179,8 +179,9 @@ struct CheckpointSection {
   bool use_node_local_storage = false;
 };
 
-// The reference's activation_checkpointing block: validated and kept, but zinf does not
-// implement it yet, so a present block also adds a warning.
+// The reference's activation_checkpointing block: validated and kept. A present block turns on
+// zinf's own scheme (whole transformer blocks recomputed in backward); its options are ignored,
+// which a warning says.
 struct ActivationCheckpointingSection {
   bool present = false;  // the file had the block
   bool partition_activations = false;
