@@ -212,19 +212,26 @@ const Json* ObjectReader::lookup(std::string_view key) {
   return &*it;
 }
 
+template <typename T>
+const Json* ObjectReader::start(std::string_view key, Field<T>& f) {
+  const Json* v = lookup(key);
+  if (v == nullptr) return nullptr;
+  f.present = true;
+  if (is_auto(*v)) {
+    f.is_auto = true;
+    return nullptr;
+  }
+  return v;
+}
+
 bool ObjectReader::has(std::string_view key) { return lookup(key) != nullptr; }
 
 const Json* ObjectReader::raw(std::string_view key) { return lookup(key); }
 
 Result<Field<std::int64_t>> ObjectReader::integer(std::string_view key, IntRange range) {
   Field<std::int64_t> f;
-  const Json* v = lookup(key);
+  const Json* v = start(key, f);
   if (v == nullptr) return f;
-  f.present = true;
-  if (is_auto(*v)) {
-    f.is_auto = true;
-    return f;
-  }
   std::string expected = describe_int_range(range);
   bool ok = false;
   if (v->is_number_integer()) {
@@ -256,13 +263,8 @@ Result<Field<std::int64_t>> ObjectReader::integer(std::string_view key, IntRange
 
 Result<Field<double>> ObjectReader::number(std::string_view key, NumberRange range) {
   Field<double> f;
-  const Json* v = lookup(key);
+  const Json* v = start(key, f);
   if (v == nullptr) return f;
-  f.present = true;
-  if (is_auto(*v)) {
-    f.is_auto = true;
-    return f;
-  }
   std::string expected = describe_number_range(range);
   if (!v->is_number()) return error(key, fmt::format("expected {}, got {}", expected, describe_value(*v)));
   f.value = v->get<double>();
@@ -274,13 +276,8 @@ Result<Field<double>> ObjectReader::number(std::string_view key, NumberRange ran
 
 Result<Field<bool>> ObjectReader::boolean(std::string_view key) {
   Field<bool> f;
-  const Json* v = lookup(key);
+  const Json* v = start(key, f);
   if (v == nullptr) return f;
-  f.present = true;
-  if (is_auto(*v)) {
-    f.is_auto = true;
-    return f;
-  }
   if (!v->is_boolean()) {
     return error(key, fmt::format("expected a boolean (true/false), got {}", describe_value(*v)));
   }
@@ -290,13 +287,8 @@ Result<Field<bool>> ObjectReader::boolean(std::string_view key) {
 
 Result<Field<std::string>> ObjectReader::string(std::string_view key) {
   Field<std::string> f;
-  const Json* v = lookup(key);
+  const Json* v = start(key, f);
   if (v == nullptr) return f;
-  f.present = true;
-  if (is_auto(*v)) {
-    f.is_auto = true;
-    return f;
-  }
   if (!v->is_string()) return error(key, fmt::format("expected a string, got {}", describe_value(*v)));
   f.value = v->get<std::string>();
   return f;
@@ -319,13 +311,8 @@ Result<Field<std::string>> ObjectReader::choice(std::string_view key,
 Result<Field<std::vector<double>>> ObjectReader::numbers(std::string_view key, std::size_t count,
                                                          NumberRange range) {
   Field<std::vector<double>> f;
-  const Json* v = lookup(key);
+  const Json* v = start(key, f);
   if (v == nullptr) return f;
-  f.present = true;
-  if (is_auto(*v)) {
-    f.is_auto = true;
-    return f;
-  }
   std::string expected = fmt::format("a list of {} numbers, each {}", count,
                                      describe_number_range(range).substr(2));
   if (!v->is_array() || v->size() != count) {

@@ -124,6 +124,10 @@ class ObjectReader {
 
  private:
   const Json* lookup(std::string_view key);
+  // Looks `key` up and sets f.present / f.is_auto; returns the value still to be read, or
+  // nullptr when the key is absent or "auto" (then f is complete).
+  template <typename T>
+  const Json* start(std::string_view key, Field<T>& f);  // defined (and used) in reader.cpp
 
   ParseState& state_;
   const Json* obj_;
