@@ -1,5 +1,6 @@
 // Tests for every config error: the message names the file, line:column, the full key and the fix.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -240,20 +241,29 @@ TEST(ConfigErrorTest, MultiLineErrorPointsAtTheLine) {
 
 TEST(ConfigErrorTest, NvmePathNotWritable) {
   TempDir dir;
-  std::string locked = dir.path() + "/locked";
-  if (::geteuid() == 0) {
-    // Root passes permission checks; a read-only file system still refuses it.
-    if (::access("/sys", W_OK) == 0 || errno != EROFS) GTEST_SKIP() << "root, and no read-only folder";
-    locked = "/sys";
-  } else {
-    ASSERT_EQ(::mkdir(locked.c_str(), 0500), 0);
-  }
-  std::string m = error_of(testing::replace_all(
+  const std::string locked = dir.path() + "/locked";
+  const std::string config = testing::replace_all(
       R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "DIR"}}})",
-      "DIR", locked));
-  EXPECT_NE(m.find("zero_optimization.offload_param.nvme_path: \"" + locked + "\" is not writable"),
-            std::string::npos)
-      << m;
+      "DIR", locked);
+  const std::string expected = "zero_optimization.offload_param.nvme_path: \"" + locked + "\" is not writable";
+  ASSERT_EQ(::mkdir(locked.c_str(), 0555), 0);
+  if (::geteuid() != 0) {
+    const std::string m = error_of(config);
+    EXPECT_NE(m.find(expected), std::string::npos) << m;
+    return;
+  }
+  // Root passes permission checks: check in a child that drops to nobody (uid 65534).
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    ::_exit(error_of(config).find(expected) != std::string::npos ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child (uid 65534) did not get the not-writable error (3: setuid failed)";
 }
 
 TEST(ConfigErrorTest, DocumentationConfigWithAMissingCommaNamesItsLine) {
