@@ -256,9 +256,10 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
   for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
-  // Gradients of loss * scale / gas, summed over micro-batches: scale x the mean gradient.
+  // Gradients of loss * scale / (gas * W), summed over micro-batches and (by the reduce-scatter)
+  // over ranks: scale x the mean gradient of the global batch.
   const double scale = scaler->scale();
-  const auto grad_loss_scale = static_cast<float>(scale / gas);
+  const auto grad_loss_scale = static_cast<float>(scale / (gas * comm.world_size()));
   double loss_sum = 0;
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();

@@ -21,6 +21,7 @@
 #include "zinf/log.h"
 #include "zinf/model/data.h"
 #include "zinf/zero3/comm.h"
+#include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/engine.h"
 
 namespace zinf::cli {
@@ -40,6 +41,12 @@ struct TrainOptions {
   std::string init_from;
   bool activation_checkpointing = false;
 };
+
+// Where ranks other than 0 send their progress output.
+std::ostream& null_stream() {
+  static std::ostream null(nullptr);
+  return null;
+}
 
 std::uint64_t peak_rss_bytes() {
   struct rusage u {};
@@ -120,7 +127,17 @@ Status run_train(const TrainOptions& o) {
   }
   gpt.activation_checkpointing = o.activation_checkpointing;
 
-  auto comm = zero3::make_local_communicator();
+  // Under mpirun (OpenMPI sets OMPI_COMM_WORLD_SIZE) every process is one rank.
+  std::unique_ptr<zero3::Communicator> comm;
+  const char* mpi_world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (mpi_world != nullptr && std::atoi(mpi_world) > 1) {
+    ZINF_ASSIGN_OR_RETURN(comm, zero3::make_mpi_communicator());
+  } else {
+    comm = zero3::make_local_communicator();
+  }
+  // Rank 0 speaks for the job; the other ranks log only warnings and errors.
+  if (comm->rank() != 0) set_log_level(LogLevel::kWarning);
+  std::ostream& out = comm->rank() == 0 ? std::cout : null_stream();
   ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(gpt.n_embd));
   if (!o.autos.total_steps) ctx.total_steps = o.steps;
   ctx.world_size = comm->world_size();
@@ -143,8 +160,8 @@ Status run_train(const TrainOptions& o) {
   gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
   zero3::EngineOptions eo{gpt, ds.value(), o.seed, o.init_from};
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, *comm));
-  std::cout << engine->describe() << "\n";
-  std::cout << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
+  out << engine->describe() << "\n";
+  out << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
 
   const auto& batch = ds->batch;
   const int B = static_cast<int>(batch.train_micro_batch_size_per_gpu);
@@ -160,11 +177,11 @@ Status run_train(const TrainOptions& o) {
       return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", o.resume_dir));
     }
     ZINF_RETURN_IF_ERROR(loader.restore({j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()}));
-    std::cout << fmt::format("resumed from {} at step {}\n", o.resume_dir, engine->counters().steps);
+    out << fmt::format("resumed from {} at step {}\n", o.resume_dir, engine->counters().steps);
   }
 
   std::ofstream json_log;
-  if (!o.json_log.empty()) {
+  if (!o.json_log.empty() && comm->rank() == 0) {
     json_log.open(o.json_log, std::ios::app);
     if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
   }
@@ -172,7 +189,7 @@ Status run_train(const TrainOptions& o) {
     const model::BatchPosition pos = loader.position();
     const nlohmann::json client = {{"epoch", pos.epoch}, {"row", pos.row}, {"seed", o.seed}};
     ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client.dump()));
-    std::cout << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
+    out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
     return Status::ok();
   };
 
@@ -191,7 +208,7 @@ Status run_train(const TrainOptions& o) {
     ZINF_ASSIGN_OR_RETURN(zero3::StepReport r, engine->train_step(micro));
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
-    progress.update(r, ds->wall_clock_breakdown);
+    if (comm->rank() == 0) progress.update(r, ds->wall_clock_breakdown);
     if (json_log.is_open()) {
       nlohmann::json line = {{"step", r.step},
                              {"loss", r.loss},
@@ -214,7 +231,7 @@ Status run_train(const TrainOptions& o) {
     }
   }
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
-  std::cout << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
+  out << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
                            engine->counters().steps, first_loss, last_loss, peak_rss_bytes() / 1048576.0,
                            engine->bytes_moved() / 1048576.0);
   return Status::ok();
