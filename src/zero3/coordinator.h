@@ -108,7 +108,6 @@ class Coordinator final : public model::ParamAccess {
   std::multimap<std::size_t, model::FloatBuffer> spare_;  // freed buffers for reuse, by size
   std::uint64_t spare_elements_ = 0;
   std::uint64_t live_ = 0;
-  std::uint64_t prefetch_inflight_ = 0;
   bool train_ = true;
   Trace train_trace_, eval_trace_;
   std::size_t position_ = 0;  // next event index in the current pass

@@ -171,7 +171,7 @@ Status Engine::Impl::init() {
     pc.durable = false;
     ZINF_ASSIGN_OR_RETURN(params, make_nvme_param_tier(layout, pc, *handle));
   } else {
-    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype, op.pin_memory));
+    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype));
   }
 
   for (const swap::SubGroup& sg : layout.subgroups) {

@@ -21,9 +21,11 @@ class MemoryParamTier final : public ParamTier {
  public:
   MemoryParamTier(const swap::OptimizerLayout& layout, swap::DType dtype) : layout_(layout), dtype_(dtype) {}
 
-  Status allocate(bool pin_memory) {
+  // Pinned (page-locked where RLIMIT_MEMLOCK allows, huge-page backed, pre-faulted) whatever
+  // pin_memory says: the partitions are read at every gather, so they should never page out.
+  Status allocate() {
     for (const swap::SubGroup& sg : layout_.subgroups) {
-      ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, allocate_one(sg.numel * swap::dtype_size(dtype_), pin_memory));
+      ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, aio::PinnedBuffer::allocate(sg.numel * swap::dtype_size(dtype_), 64));
       buffers_.push_back(std::move(b));
       pointers_.push_back(buffers_.back().data());
     }
@@ -57,11 +59,6 @@ class MemoryParamTier final : public ParamTier {
   double io_wait_seconds() const override { return 0.0; }
 
  private:
-  // cpu offload with pin_memory page-locks; otherwise an ordinary (pre-faulted) allocation.
-  static Result<aio::PinnedBuffer> allocate_one(std::size_t bytes, bool pin) {
-    (void)pin;  // PinnedBuffer locks when it can; unpinned memory would only differ in mlock.
-    return aio::PinnedBuffer::allocate(bytes, 64);
-  }
   const swap::OptimizerLayout& layout_;
   swap::DType dtype_;
   std::vector<aio::PinnedBuffer> buffers_;
@@ -147,10 +144,9 @@ class NvmeParamTier final : public ParamTier {
 
 }  // namespace
 
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
-                                                          bool pin_memory) {
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype) {
   auto tier = std::make_unique<MemoryParamTier>(layout, dtype);
-  ZINF_RETURN_IF_ERROR(tier->allocate(pin_memory).with_context("parameter partitions in memory"));
+  ZINF_RETURN_IF_ERROR(tier->allocate().with_context("parameter partitions in memory"));
   return std::unique_ptr<ParamTier>(std::move(tier));
 }
 

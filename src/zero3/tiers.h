@@ -4,7 +4,7 @@
 // sub-groups, each partition at a kAlign-aligned offset. The parameter tier holds the copy the
 // model computes with (bf16/fp16, or fp32 when training in fp32); the optimizer tier holds the
 // fp32 master weights and the optimizer's states. "memory" tiers are host arrays (offload
-// device none or cpu: on a CPU-only engine both are host memory; cpu pins when pin_memory);
+// device none or cpu: on a CPU-only engine both are host memory, the parameter partitions pinned);
 // "nvme" tiers are the swap layer's ParamSwapper / OptimizerSwapper.
 #pragma once
 
@@ -46,8 +46,7 @@ class ParamTier {
 };
 
 // device none / cpu. dtype fp32, bf16 or fp16.
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
-                                                          bool pin_memory);
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype);
 // device nvme (bf16 or fp16).
 Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle);

@@ -12,19 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include "temp_dir.h"
+
 namespace zinf::zero3 {
 namespace {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const char* base = std::getenv("ZINF_TEST_TMPDIR");
-    std::string templ = std::string(base != nullptr ? base : "/tmp") + "/st_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(templ.data()), nullptr);
-    dir_ = templ;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
-  std::string dir_;
+  zinf::testing::TempDir tmp_{"st_test."};
+  const std::string dir_ = tmp_.path();
 };
 
 TEST_F(SafetensorsTest, RoundTripsTensorsAndMetadata) {
