@@ -14,6 +14,8 @@ class LocalCommunicator final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string name() const override { return "local"; }
+  int local_rank() const override { return 0; }
+  int local_size() const override { return 1; }
 
   Status all_gather(std::span<const float> send, std::span<float> recv) override {
     if (recv.size() != send.size()) return size_error("all_gather", send.size(), recv.size());
@@ -31,6 +33,7 @@ class LocalCommunicator final : public Communicator {
     return Status::ok();
   }
   Status barrier() override { return Status::ok(); }
+  void abort(int) noexcept override {}
 
  private:
   static Status size_error(const char* op, std::size_t send, std::size_t recv) {

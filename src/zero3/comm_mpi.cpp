@@ -29,6 +29,13 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(bool owns_mpi, std::chrono::seconds timeout) : owns_mpi_(owns_mpi), timeout_(timeout) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &world_);
+    // The ranks sharing this node's memory are the ranks of this node.
+    MPI_Comm node;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+      MPI_Comm_rank(node, &local_rank_);
+      MPI_Comm_size(node, &local_size_);
+      MPI_Comm_free(&node);
+    }
   }
   ~MpiCommunicator() override {
     int finalized = 0;
@@ -39,6 +46,9 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string name() const override { return "mpi"; }
+  int local_rank() const override { return local_rank_; }
+  int local_size() const override { return local_size_; }
+  void abort(int exit_code) noexcept override { MPI_Abort(MPI_COMM_WORLD, exit_code); }
 
   Status all_gather(std::span<const float> send, std::span<float> recv) override {
     const std::size_t n = send.size();
@@ -134,6 +144,8 @@ class MpiCommunicator final : public Communicator {
   std::chrono::seconds timeout_;
   int rank_ = 0;
   int world_ = 1;
+  int local_rank_ = 0;
+  int local_size_ = 1;
   std::vector<float> scratch_;
   std::vector<double> gathered_;
 };

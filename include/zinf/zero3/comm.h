@@ -20,6 +20,10 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual std::string name() const = 0;  // "local", "mpi", "nccl"
+  // This rank among the ranks on its node (0 .. local_size() - 1): node-local checkpoint
+  // storage (one writer per node) and the GPU a rank uses.
+  virtual int local_rank() const = 0;
+  virtual int local_size() const = 0;
 
   // recv (W * send.size() elements) = every rank's send, in rank order. recv may be used in
   // place: send may alias recv[rank * n, (rank + 1) * n).
@@ -32,6 +36,11 @@ class Communicator {
   // data = root's data.
   virtual Status broadcast(std::span<std::byte> data, int root) = 0;
   virtual Status barrier() = 0;
+
+  // Ends every rank of the job now, with `exit_code`: a tool calls it after a fatal error so
+  // that the other ranks stop at once instead of at their collective deadline. Library code
+  // never calls it. World size 1: returns (the caller exits as it would anyway).
+  virtual void abort(int exit_code) noexcept = 0;
 };
 
 // World size 1: every collective is a copy (or nothing).
