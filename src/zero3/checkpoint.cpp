@@ -8,6 +8,13 @@
 //                                and the caller's client_state
 //   <tag>/rank<r>.state          for each sub-group, for which in (master, state 0, ...):
 //                                that sub-group's padded fp32 array, back to back
+// With checkpoint.use_node_local_storage each node's first rank writes engine.json and `latest`
+// into its own <dir>, which holds only that node's rank files; otherwise rank 0 does, once.
+//
+// Loading re-partitions: every array is elementwise, so a rank's new slice of each partition
+// group is read from the saved ranks whose old slices overlap it. The same world size and
+// sub_group_size read each rank's own file; another world size (or sub_group_size) reads pieces
+// of several.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,13 +27,14 @@
 
 #include "zero3/engine_impl.h"
 #include "zero3/file_util.h"
+#include "zinf/log.h"
 #include "zinf/zero3/checkpoint.h"
 #include "zinf/zero3/safetensors.h"
 
 namespace zinf::zero3 {
 namespace {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;  // 2: partition groups per module
 
 // FNV-1a, 64-bit: cheap and enough to catch truncation and bit rot in a state file.
 struct Fnv64 {
@@ -49,6 +57,84 @@ Status make_dir(const std::string& path) {
   return Status::ok();
 }
 
+Status check_format(const nlohmann::json& j, const std::string& folder) {
+  if (j.is_discarded() || !j.is_object() || !j.contains("model")) {
+    return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint", folder));
+  }
+  if (j.value("format", 0) != kFormatVersion) {
+    return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads format {} (format 1 "
+                                           "partitioned each parameter on its own)",
+                                           folder, j.value("format", 0), kFormatVersion));
+  }
+  return Status::ok();
+}
+
+// How a checkpoint's ranks laid out their state: its plan and layout, rebuilt from engine.json
+// and checked against the stored fingerprint.
+struct SavedLayout {
+  PartitionPlan plan;
+  swap::OptimizerLayout layout;
+  std::size_t arrays = 1;
+  std::vector<std::uint64_t> subgroup_bytes_at;  // where each sub-group's arrays start in a rank file
+
+  // Byte offset in a rank file of element `element` of group g's slice in array `which`.
+  std::uint64_t element_offset(std::size_t g, std::size_t which, std::size_t element) const {
+    const std::size_t sg = layout.subgroup_of[g];
+    return subgroup_bytes_at[sg] + (which * layout.subgroups[sg].numel + layout.offset_in_subgroup[g] + element) * sizeof(float);
+  }
+};
+
+Result<SavedLayout> saved_layout(const model::GptModel& gpt, const nlohmann::json& j, const std::string& folder) {
+  const int world = j.value("world_size", 0);
+  if (world < 1 || !j.contains("sub_group_size") || !j.contains("arrays") || !j.contains("ranks") ||
+      !j["ranks"].is_array() || j["ranks"].size() != static_cast<std::size_t>(world)) {
+    return Status::corruption(fmt::format("{}/engine.json: world_size, sub_group_size, arrays or ranks missing or wrong",
+                                          folder));
+  }
+  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(gpt, world));
+  SavedLayout s{std::move(plan), {}, j.value("arrays", std::size_t{1}), {}};
+  s.layout = swap::OptimizerLayout::build(layout_partitions(gpt, s.plan), j.value("sub_group_size", std::uint64_t{1}));
+  if (s.layout.fingerprint() != j.value("layout", "")) {
+    return Status::corruption(fmt::format("{}/engine.json: partition layout '{}' does not match its model and {} ranks ('{}')",
+                                          folder, j.value("layout", ""), world, s.layout.fingerprint()));
+  }
+  std::uint64_t at = 0;
+  for (const swap::SubGroup& sg : s.layout.subgroups) {
+    s.subgroup_bytes_at.push_back(at);
+    at += sg.numel * s.arrays * sizeof(float);
+  }
+  return s;
+}
+
+// Size and checksum of saved rank r's file against engine.json.
+Status verify_rank_file(const nlohmann::json& j, const std::string& folder, int r) {
+  const std::string path = rank_file(folder, r);
+  const auto& info = j["ranks"][static_cast<std::size_t>(r)];
+  auto size = file_size_of(path);
+  if (!size.is_ok()) {
+    return size.status().with_context(
+        j.value("node_local", false)
+            ? fmt::format("{} was saved with checkpoint.use_node_local_storage: each node holds only its own ranks' "
+                          "files; copy every rank<r>.state of the {} ranks into one folder to resume with another "
+                          "world size", folder, j.value("world_size", 0))
+            : folder);
+  }
+  if (size.value() != info.value("bytes", std::uint64_t{0})) {
+    return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size.value(), info.value("bytes", 0)));
+  }
+  Fnv64 sum;
+  std::vector<char> chunk(std::size_t{1} << 20);
+  for (std::uint64_t off = 0; off < size.value(); off += chunk.size()) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), size.value() - off));
+    ZINF_RETURN_IF_ERROR(read_exact(path, off, chunk.data(), n));
+    sum.add(chunk.data(), n);
+  }
+  if ((sum.h >> 11) != info.value("checksum", std::uint64_t{0})) {
+    return Status::corruption(fmt::format("{}: checksum mismatch; the file is damaged", path));
+  }
+  return Status::ok();
+}
+
 }  // namespace
 
 Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
@@ -59,7 +145,9 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   const int rank = m.comm.rank();
   const std::string final_dir = dir + "/" + tag;
   const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
-  if (rank == 0) {
+  // Who writes the shared files: rank 0, or each node's first rank for node-local storage.
+  const bool writer = m.options.ds.checkpoint.use_node_local_storage ? m.comm.local_rank() == 0 : rank == 0;
+  if (writer) {
     ZINF_RETURN_IF_ERROR(make_dir(dir));
     std::error_code ec;
     std::filesystem::remove_all(tmp_dir, ec);
@@ -87,7 +175,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   sizes[static_cast<std::size_t>(rank) * 2] = static_cast<double>(bytes);
   sizes[static_cast<std::size_t>(rank) * 2 + 1] = static_cast<double>(sum.h >> 11);  // exact in a double
   ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(sizes));
-  if (rank == 0) {
+  if (writer) {
     nlohmann::json j;
     j["format"] = kFormatVersion;
     j["tag"] = tag;
@@ -96,6 +184,8 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     j["optimizer"] = m.optimizer->optimizer().config().name();
     j["layout"] = m.layout.fingerprint();
     j["world_size"] = m.comm.world_size();
+    j["partition"] = "one group per module, split in W contiguous slices";
+    j["node_local"] = m.options.ds.checkpoint.use_node_local_storage;
     j["sub_groups"] = m.layout.subgroups.size();
     j["sub_group_size"] = m.layout.sub_group_size;
     j["arrays"] = arrays;
@@ -145,9 +235,7 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   const std::string folder = dir + "/" + tag;
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   const auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("format", 0) != kFormatVersion) {
-    return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint (format {})", folder, kFormatVersion));
-  }
+  ZINF_RETURN_IF_ERROR(check_format(j, folder));
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return Status::invalid_argument(fmt::format("{}: checkpoint has {} {}, this run has {}", folder, what, saved, now));
   };
@@ -158,40 +246,50 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   if (j.value("optimizer", "") != m.optimizer->optimizer().config().name()) {
     return mismatch("optimizer", j.value("optimizer", ""), std::string(m.optimizer->optimizer().config().name()));
   }
-  if (j.value("world_size", 0) != m.comm.world_size() || j.value("layout", "") != m.layout.fingerprint()) {
-    return mismatch("world size / partition layout",
-                    fmt::format("{} ranks ({})", j.value("world_size", 0), j.value("layout", "")),
-                    fmt::format("{} ranks ({})", m.comm.world_size(), m.layout.fingerprint()));
-  }
-  const int rank = m.comm.rank();
-  const std::string path = rank_file(folder, rank);
-  const auto& rank_info = j["ranks"][static_cast<std::size_t>(rank)];
-  ZINF_ASSIGN_OR_RETURN(std::uint64_t size, file_size_of(path));
-  if (size != rank_info.value("bytes", std::uint64_t{0})) {
-    return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size, rank_info.value("bytes", 0)));
-  }
-  // Verify the whole file before touching any state, then load it.
-  std::vector<float> buf;
-  Fnv64 sum;
+  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(m.model, j, folder));
   const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
-  for (int pass = 0; pass < 2; ++pass) {
-    std::uint64_t offset = 0;
-    for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
-      buf.resize(m.layout.subgroups[sg].numel);
-      for (std::size_t which = 0; which < arrays; ++which) {
-        const std::size_t n = buf.size() * sizeof(float);
-        ZINF_RETURN_IF_ERROR(read_exact(path, offset, buf.data(), n));
-        offset += n;
-        if (pass == 0) {
-          sum.add(buf.data(), n);
-        } else {
-          ZINF_RETURN_IF_ERROR(m.optimizer->load_state(sg, which, buf).with_context(path));
+  if (j.value("arrays", std::size_t{0}) != arrays) {
+    return Status::corruption(fmt::format("{}/engine.json: {} arrays per sub-group, the optimizer has {}", folder,
+                                          j.value("arrays", 0), arrays));
+  }
+  // The saved ranks whose slices overlap this rank's: verify each whole file before any state
+  // is touched.
+  const int rank = m.comm.rank();
+  const int old_world = saved.plan.world_size();
+  std::vector<bool> needed(static_cast<std::size_t>(old_world), false);
+  for (std::size_t g = 0; g < m.plan.num_groups(); ++g) {
+    const ElementRange mine = m.plan.owned_in_group(g, rank);
+    for (int q = 0; q < old_world; ++q) {
+      const ElementRange theirs = saved.plan.owned_in_group(g, q);
+      if (std::max(mine.begin, theirs.begin) < std::min(mine.end, theirs.end)) needed[static_cast<std::size_t>(q)] = true;
+    }
+  }
+  for (int q = 0; q < old_world; ++q) {
+    if (needed[static_cast<std::size_t>(q)]) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, q));
+  }
+  std::vector<float> buf;
+  for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
+    buf.resize(m.layout.subgroups[sg].numel);
+    for (std::size_t which = 0; which < arrays; ++which) {
+      std::fill(buf.begin(), buf.end(), 0.0f);
+      for (std::size_t g = m.layout.subgroups[sg].first_param;
+           g < m.layout.subgroups[sg].first_param + m.layout.subgroups[sg].param_count; ++g) {
+        const ElementRange mine = m.plan.owned_in_group(g, rank);
+        for (int q = 0; q < old_world; ++q) {
+          const ElementRange theirs = saved.plan.owned_in_group(g, q);
+          const std::size_t lo = std::max(mine.begin, theirs.begin), hi = std::min(mine.end, theirs.end);
+          if (lo >= hi) continue;
+          float* to = buf.data() + m.layout.offset_in_subgroup[g] + (lo - mine.begin);
+          ZINF_RETURN_IF_ERROR(read_exact(rank_file(folder, q), saved.element_offset(g, which, lo - theirs.begin), to,
+                                          (hi - lo) * sizeof(float)));
         }
       }
+      ZINF_RETURN_IF_ERROR(m.optimizer->load_state(sg, which, buf).with_context(folder));
     }
-    if (pass == 0 && (sum.h >> 11) != rank_info.value("checksum", std::uint64_t{0})) {
-      return Status::corruption(fmt::format("{}: checksum mismatch; the file is damaged", path));
-    }
+  }
+  if (old_world != m.comm.world_size() || saved.layout.fingerprint() != m.layout.fingerprint()) {
+    log(LogLevel::kInfo, fmt::format("{}: re-partitioned from {} to {} ranks ({} -> {})", folder, old_world,
+                                     m.comm.world_size(), saved.layout.fingerprint(), m.layout.fingerprint()));
   }
   const auto& c = j["counters"];
   m.counters.steps = c.value("steps", std::int64_t{0});
@@ -222,9 +320,7 @@ Status consolidate_checkpoint(const std::string& checkpoint, const std::string& 
   }
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   const auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || j.value("format", 0) != kFormatVersion || !j.contains("model") || !j.contains("arrays")) {
-    return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint (format {})", folder, kFormatVersion));
-  }
+  ZINF_RETURN_IF_ERROR(check_format(j, folder));
   model::GptConfig mc;
   const auto& jm = j["model"];
   mc.vocab_size = jm.value("vocab_size", 0);
@@ -234,31 +330,17 @@ Status consolidate_checkpoint(const std::string& checkpoint, const std::string& 
   mc.n_embd = jm.value("n_embd", 0);
   ZINF_RETURN_IF_ERROR(model::validate_config(mc).with_context(folder + "/engine.json: model"));
   const model::GptModel gpt(mc);
-  const int world = j.value("world_size", 1);
-  const auto arrays = j.value("arrays", std::uint64_t{1});
-  std::vector<std::size_t> numels;
-  for (const model::ParamSpec& p : gpt.params()) numels.push_back(p.numel);
-  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, PartitionPlan::create(numels, world));
-  std::vector<swap::ParamPartition> parts;
-  for (std::size_t i = 0; i < numels.size(); ++i) parts.push_back({gpt.params()[i].name, plan.slot(i).per_rank});
-  const swap::OptimizerLayout layout = swap::OptimizerLayout::build(parts, j.value("sub_group_size", std::uint64_t{1}));
-  if (layout.fingerprint() != j.value("layout", "")) {
-    return Status::corruption(fmt::format("{}/engine.json: partition layout does not match its model", folder));
-  }
-  // Byte offset of each sub-group's master array in a rank file.
-  std::vector<std::uint64_t> master_offset(layout.subgroups.size(), 0);
-  for (std::size_t sg = 1; sg < layout.subgroups.size(); ++sg) {
-    master_offset[sg] = master_offset[sg - 1] + layout.subgroups[sg - 1].numel * arrays * sizeof(float);
-  }
+  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(gpt, j, folder));
+  for (int r = 0; r < saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, r));
   std::vector<TensorToWrite> tensors;
   for (std::size_t p = 0; p < gpt.params().size(); ++p) {
     const model::ParamSpec& spec = gpt.params()[p];
     tensors.push_back({spec.name, spec.shape, [&, p](std::span<float> out) -> Status {
-                         for (int r = 0; r < world; ++r) {
-                           const ElementRange range = plan.owned(p, r);
+                         for (int r = 0; r < saved.plan.world_size(); ++r) {
+                           const ElementRange range = saved.plan.owned(p, r);
                            if (range.size() == 0) continue;
-                           const std::uint64_t at = master_offset[layout.subgroup_of[p]] +
-                                                    layout.offset_in_subgroup[p] * sizeof(float);
+                           const std::uint64_t at =
+                               saved.element_offset(saved.plan.place(p).group, 0, saved.plan.slice_offset(p, r));
                            ZINF_RETURN_IF_ERROR(read_exact(rank_file(folder, r), at, out.data() + range.begin,
                                                            range.size() * sizeof(float)));
                          }

@@ -1,5 +1,5 @@
-// Parameter coordinator: trace-driven gather/prefetch under a hard live budget, and bucketed
-// gradient reduce-scatter into fp32 partitions.
+// Parameter coordinator: trace-driven gather/prefetch of partition groups under a hard live
+// budget, a cross-rank trace check, and bucketed gradient reduce-scatter into fp32 partitions.
 #include "zero3/coordinator.h"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 namespace zinf::zero3 {
 namespace {
 constexpr std::uint64_t kFar = std::numeric_limits<std::uint64_t>::max();
+constexpr double kEndOfPass = -1.0;  // the trace check's code for "this rank's pass ended"
 }  // namespace
 
 Coordinator::Coordinator(const model::GptModel& model, const PartitionPlan& plan,
@@ -18,18 +19,33 @@ Coordinator::Coordinator(const model::GptModel& model, const PartitionPlan& plan
                          const CoordinatorOptions& options, std::vector<model::FloatBuffer>& grad_acc)
     : model_(model), plan_(plan), layout_(layout), tier_(tier), comm_(comm), opt_(options), grad_acc_(grad_acc) {
   const auto params = model.params();
-  gathered_.resize(params.size());
-  grads_.resize(params.size());
-  // Small parameters stay gathered, first come first served up to the model-wide cap.
+  gathered_.resize(plan.num_groups());
+  grads_.resize(plan.num_groups());
+  for (const model::ModuleSpec& m : model.modules()) {
+    std::vector<int> groups;
+    for (int p : m.params) {
+      const auto g = static_cast<int>(plan.place(static_cast<std::size_t>(p)).group);
+      if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+    }
+    module_groups_.push_back(std::move(groups));
+  }
+  // Groups of small parameters stay gathered, first come first served up to the model-wide cap.
   std::uint64_t persistent = 0;
-  for (std::size_t p = 0; p < params.size(); ++p) {
-    const std::uint64_t n = params[p].numel;
-    if (n <= opt_.param_persistence_threshold && persistent + n <= opt_.model_persistence_threshold) {
-      gathered_[p].persistent = true;
-      persistent += n;
+  for (std::size_t g = 0; g < plan.num_groups(); ++g) {
+    const GroupSlot& slot = plan.group(g);
+    const bool small = std::all_of(slot.params.begin(), slot.params.end(), [&](std::size_t p) {
+      return params[p].numel <= opt_.param_persistence_threshold;
+    });
+    if (small && persistent + slot.numel <= opt_.model_persistence_threshold) {
+      gathered_[g].persistent = true;
+      persistent += slot.numel;
     }
   }
   stats_.persistent_elements = persistent;
+}
+
+std::size_t Coordinator::gathered_size(std::size_t group) const {
+  return plan_.group(group).per_rank * static_cast<std::size_t>(comm_.world_size());
 }
 
 void Coordinator::begin_pass(bool train) {
@@ -46,48 +62,85 @@ void Coordinator::begin_pass(bool train) {
 
 Status Coordinator::end_pass() {
   Trace& t = trace();
-  if (t.recording) finish_trace(t);
-  for (std::size_t p = 0; p < gathered_.size(); ++p) {
-    if (gathered_[p].prefetched) {
-      tier_.drop_prefetch(p);
-      gathered_[p].prefetched = false;
+  if (t.recording) {
+    ZINF_RETURN_IF_ERROR(check_agreement(kEndOfPass, "ends its pass"));
+    finish_trace(t);
+    ZINF_RETURN_IF_ERROR(check_trace_hash(t));
+    if (train_) stats_.train_trace_hash = t.hash;
+  }
+  for (std::size_t g = 0; g < gathered_.size(); ++g) {
+    if (gathered_[g].prefetched) {
+      tier_.drop_prefetch(g);
+      gathered_[g].prefetched = false;
     }
   }
   ZINF_RETURN_IF_ERROR(flush_bucket());
-  for (std::size_t p = 0; p < gathered_.size(); ++p) {
-    if (gathered_[p].users != 0) {
-      return Status::internal(fmt::format("parameter {} still acquired at the end of a pass", model_.params()[p].name));
-    }
-    if (grads_[p].data() != nullptr) {
-      return Status::internal(fmt::format("gradient of {} never completed in backward", model_.params()[p].name));
+  for (std::size_t g = 0; g < gathered_.size(); ++g) {
+    const std::string& name = model_.params()[plan_.group(g).params.front()].name;
+    if (gathered_[g].users != 0) return Status::internal(fmt::format("{} still acquired at the end of a pass", name));
+    if (grads_[g].data() != nullptr) {
+      return Status::internal(fmt::format("gradient of {} never completed in backward", name));
     }
   }
   return Status::ok();
 }
 
+// Every rank contributes `code` (the event it is at); all equal <=> sum = W*code and
+// sum of squares = W*code^2. Run only while recording, which every rank does on the same passes.
+Status Coordinator::check_agreement(double code, const char* what) {
+  const double w = comm_.world_size();
+  if (w == 1) return Status::ok();
+  std::vector<double> v = {code, code * code};
+  ZINF_RETURN_IF_ERROR(comm_.all_reduce_sum(v));
+  if (v[0] == w * code && v[1] == w * code * code) return Status::ok();
+  const Trace& t = trace();
+  std::string here = "ends its pass";
+  if (code != kEndOfPass) {
+    const auto module = static_cast<std::size_t>(code) / 4;
+    here = fmt::format("acquires {} for {}", model_.modules()[module].name,
+                       model::phase_name(static_cast<model::Phase>(static_cast<int>(code) % 4)));
+  }
+  return Status::aborted(fmt::format(
+      "ranks disagree on the module trace at event {} of the recorded {} pass: rank {} {} ({}), another rank does "
+      "not; every rank must run the same model, config and code path (activation checkpointing included)",
+      t.events.size(), train_ ? "train" : "eval", comm_.rank(), here, what));
+}
+
+Status Coordinator::check_trace_hash(const Trace& t) {
+  if (comm_.world_size() == 1) return Status::ok();
+  std::uint64_t root_hash = t.hash;
+  ZINF_RETURN_IF_ERROR(comm_.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root_hash, 1)), 0));
+  std::vector<double> differ = {root_hash != t.hash ? 1.0 : 0.0};
+  ZINF_RETURN_IF_ERROR(comm_.all_reduce_sum(differ));
+  if (differ[0] == 0.0) return Status::ok();
+  return Status::aborted(fmt::format(
+      "ranks recorded different module traces: rank {} has hash {:016x}, rank 0 {:016x} ({} rank(s) differ); every "
+      "rank must run the same model, config and code path",
+      comm_.rank(), t.hash, root_hash, differ[0]));
+}
+
 void Coordinator::invalidate_gathered() {
-  for (std::size_t p = 0; p < gathered_.size(); ++p) {
-    if (gathered_[p].valid) drop(static_cast<int>(p));
+  for (std::size_t g = 0; g < gathered_.size(); ++g) {
+    if (gathered_[g].valid) drop(static_cast<int>(g));
   }
 }
 
 void Coordinator::finish_trace(Trace& t) {
   t.recording = false;
   t.complete = true;
-  const auto params = model_.params();
-  t.traffic.assign(t.params.size() + 1, 0);
-  for (std::size_t i = 0; i < t.params.size(); ++i) {
-    t.traffic[i + 1] = t.traffic[i] + params[static_cast<std::size_t>(t.params[i])].numel;
+  t.traffic.assign(t.groups.size() + 1, 0);
+  for (std::size_t i = 0; i < t.groups.size(); ++i) {
+    t.traffic[i + 1] = t.traffic[i] + gathered_size(static_cast<std::size_t>(t.groups[i]));
   }
 }
 
-std::uint64_t Coordinator::next_use_distance(int p) const {
+std::uint64_t Coordinator::next_use_distance(int g) const {
   const Trace& t = trace();
   if (!on_trace_ || !t.complete) return kFar;
-  // Elements of parameter traffic from the current event boundary to p's next use.
-  const std::size_t boundary = position_ < t.event_first.size() ? t.event_first[position_] : t.params.size();
-  for (std::size_t i = boundary; i < t.params.size(); ++i) {
-    if (t.params[i] == p) return t.traffic[i] - t.traffic[boundary];
+  // Elements of parameter traffic from the current event boundary to g's next use.
+  const std::size_t boundary = position_ < t.event_first.size() ? t.event_first[position_] : t.groups.size();
+  for (std::size_t i = boundary; i < t.groups.size(); ++i) {
+    if (t.groups[i] == g) return t.traffic[i] - t.traffic[boundary];
   }
   return kFar;
 }
@@ -113,13 +166,13 @@ void Coordinator::give_buffer(model::FloatBuffer b) {
   }
 }
 
-void Coordinator::drop(int p) {
-  Gathered& g = gathered_[static_cast<std::size_t>(p)];
-  if (!g.valid) return;
-  g.valid = false;
-  if (!g.persistent) live_ -= g.buf.size();
-  give_buffer(std::move(g.buf));
-  g.buf = model::FloatBuffer();
+void Coordinator::drop(int g) {
+  Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
+  if (!gathered.valid) return;
+  gathered.valid = false;
+  if (!gathered.persistent) live_ -= gathered.buf.size();
+  give_buffer(std::move(gathered.buf));
+  gathered.buf = model::FloatBuffer();
 }
 
 Status Coordinator::make_room(std::uint64_t need, int module) {
@@ -127,12 +180,12 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
     // Evict the released copy whose next use is farthest away.
     int victim = -1;
     std::uint64_t farthest = 0;
-    for (std::size_t p = 0; p < gathered_.size(); ++p) {
-      const Gathered& g = gathered_[p];
-      if (!g.valid || g.persistent || g.users > 0) continue;
-      const std::uint64_t d = next_use_distance(static_cast<int>(p));
+    for (std::size_t g = 0; g < gathered_.size(); ++g) {
+      const Gathered& gathered = gathered_[g];
+      if (!gathered.valid || gathered.persistent || gathered.users > 0) continue;
+      const std::uint64_t d = next_use_distance(static_cast<int>(g));
       if (victim < 0 || d > farthest) {
-        victim = static_cast<int>(p);
+        victim = static_cast<int>(g);
         farthest = d;
       }
     }
@@ -153,40 +206,34 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
   return Status::ok();
 }
 
-Status Coordinator::ensure_gathered(int p) {
-  Gathered& g = gathered_[static_cast<std::size_t>(p)];
-  if (g.valid) {
-    if (!g.persistent) ++stats_.reuse_hits;
+// Reads this rank's slice into its place in the gathered buffer and all-gathers in place: the
+// buffer then holds the group's parameters back to back (plus padding at the end).
+Status Coordinator::ensure_gathered(int g) {
+  Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
+  if (gathered.valid) {
+    if (!gathered.persistent) ++stats_.reuse_hits;
     return Status::ok();
   }
-  const auto idx = static_cast<std::size_t>(p);
-  const std::size_t numel = model_.params()[idx].numel;
-  const std::size_t per_rank = plan_.slot(idx).per_rank;
-  const int world = comm_.world_size();
-  model::FloatBuffer full = take_buffer(numel);
-  if (full.data() == nullptr && numel > 0) {
-    return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements to gather {}", numel,
-                                                  model_.params()[idx].name));
+  const auto idx = static_cast<std::size_t>(g);
+  const std::size_t per_rank = plan_.group(idx).per_rank;
+  const std::size_t size = gathered_size(idx);
+  model::FloatBuffer full = take_buffer(size);
+  if (full.data() == nullptr && size > 0) {
+    return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements to gather {}", size,
+                                                  model_.params()[plan_.group(idx).params.front()].name));
   }
-  if (world == 1) {
-    ZINF_RETURN_IF_ERROR(tier_.read_f32(idx, full.span()));
-  } else {
-    // All-gather the padded slices into a scratch buffer, then cut the padding off.
-    if (recv_.size() < per_rank * static_cast<std::size_t>(world)) recv_ = model::FloatBuffer::allocate(per_rank * world);
-    std::span<float> mine(recv_.data() + per_rank * static_cast<std::size_t>(comm_.rank()), per_rank);
-    ZINF_RETURN_IF_ERROR(tier_.read_f32(idx, mine));
-    ZINF_RETURN_IF_ERROR(comm_.all_gather(mine, std::span<float>(recv_.data(), per_rank * world)));
-    std::memcpy(full.data(), recv_.data(), numel * sizeof(float));  // slices are back to back
-  }
-  g.buf = std::move(full);
-  g.valid = true;
-  g.prefetched = false;
-  if (!g.persistent) {
-    live_ += numel;
+  std::span<float> mine(full.data() + per_rank * static_cast<std::size_t>(comm_.rank()), per_rank);
+  ZINF_RETURN_IF_ERROR(tier_.read_f32(idx, mine));
+  ZINF_RETURN_IF_ERROR(comm_.all_gather(mine, full.span()));
+  gathered.buf = std::move(full);
+  gathered.valid = true;
+  gathered.prefetched = false;
+  if (!gathered.persistent) {
+    live_ += size;
     stats_.live_high_water = std::max(stats_.live_high_water, live_);
   }
   ++stats_.gathers;
-  stats_.gathered_elements += numel;
+  stats_.gathered_elements += plan_.group(idx).numel;
   return Status::ok();
 }
 
@@ -196,15 +243,15 @@ void Coordinator::prefetch_after(std::size_t event) {
   const std::uint64_t room = live_ < opt_.max_live_parameters ? opt_.max_live_parameters - live_ : 0;
   const std::uint64_t budget = std::min(room, opt_.prefetch_bucket_size);
   std::uint64_t planned = 0;
-  const std::size_t first = event + 1 < t.event_first.size() ? t.event_first[event + 1] : t.params.size();
-  for (std::size_t i = first; i < t.params.size(); ++i) {
-    const auto p = static_cast<std::size_t>(t.params[i]);
-    Gathered& g = gathered_[p];
-    if (g.valid || g.prefetched) continue;
-    const std::uint64_t n = plan_.slot(p).per_rank;
+  const std::size_t first = event + 1 < t.event_first.size() ? t.event_first[event + 1] : t.groups.size();
+  for (std::size_t i = first; i < t.groups.size(); ++i) {
+    const auto g = static_cast<std::size_t>(t.groups[i]);
+    Gathered& gathered = gathered_[g];
+    if (gathered.valid || gathered.prefetched) continue;
+    const std::uint64_t n = plan_.group(g).per_rank;
     if (planned + n > budget) break;
-    tier_.prefetch(p);
-    g.prefetched = true;
+    tier_.prefetch(g);
+    gathered.prefetched = true;
     planned += n;
     ++stats_.prefetches;
   }
@@ -216,11 +263,17 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
     stats_.backward_start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_start_).count();
   }
   const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
+  const std::vector<int>& groups = groups_of(module);
   Trace& t = trace();
   if (t.recording) {
+    const int code = module * 4 + static_cast<int>(phase);
+    ZINF_RETURN_IF_ERROR(check_agreement(code, "records it"));
+    for (int v : {module, static_cast<int>(phase)}) {
+      t.hash = (t.hash ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
+    }
     t.events.push_back(module);
-    t.event_first.push_back(t.params.size());
-    t.params.insert(t.params.end(), spec.params.begin(), spec.params.end());
+    t.event_first.push_back(t.groups.size());
+    t.groups.insert(t.groups.end(), groups.begin(), groups.end());
   } else if (on_trace_ && (position_ >= t.events.size() || t.events[position_] != module)) {
     // The pass left the recorded order: stop prefetching and record it again next pass.
     on_trace_ = false;
@@ -228,20 +281,21 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
     ++stats_.trace_invalidations;
   }
   std::uint64_t need = 0;
-  for (int p : spec.params) {
-    const Gathered& g = gathered_[static_cast<std::size_t>(p)];
-    if (!g.valid && !g.persistent) need += model_.params()[static_cast<std::size_t>(p)].numel;
+  for (int g : groups) {
+    const Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
+    if (!gathered.valid && !gathered.persistent) need += gathered_size(static_cast<std::size_t>(g));
   }
   // Pin what the module already has so eviction cannot take it.
-  for (int p : spec.params) ++gathered_[static_cast<std::size_t>(p)].users;
+  for (int g : groups) ++gathered_[static_cast<std::size_t>(g)].users;
   Status s = make_room(need, module);
-  for (std::size_t k = 0; s.is_ok() && k < spec.params.size(); ++k) {
-    s = ensure_gathered(spec.params[k]);
-    if (s.is_ok()) values[k] = gathered_[static_cast<std::size_t>(spec.params[k])].buf.data();
-  }
+  for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = ensure_gathered(groups[k]);
   if (!s.is_ok()) {
-    for (int p : spec.params) --gathered_[static_cast<std::size_t>(p)].users;
+    for (int g : groups) --gathered_[static_cast<std::size_t>(g)].users;
     return s;
+  }
+  for (std::size_t k = 0; k < spec.params.size(); ++k) {
+    const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
+    values[k] = gathered_[place.group].buf.data() + place.offset;
   }
   ++position_;
   prefetch_after(position_ - 1);
@@ -249,16 +303,15 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
 }
 
 Status Coordinator::release(int module, model::Phase) {
-  const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
-  for (int p : spec.params) {
-    Gathered& g = gathered_[static_cast<std::size_t>(p)];
-    if (g.users <= 0) {
-      return Status::internal(fmt::format("release of {} which module {} does not hold",
-                                          model_.params()[static_cast<std::size_t>(p)].name, spec.name));
+  for (int g : groups_of(module)) {
+    Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
+    if (gathered.users <= 0) {
+      return Status::internal(fmt::format("release of a group that module {} does not hold",
+                                          model_.modules()[static_cast<std::size_t>(module)].name));
     }
-    if (--g.users > 0 || g.persistent) continue;
+    if (--gathered.users > 0 || gathered.persistent) continue;
     // Keep the copy if the trace says it is needed again soon; free it otherwise.
-    if (next_use_distance(p) > opt_.max_reuse_distance) drop(p);
+    if (next_use_distance(g) > opt_.max_reuse_distance) drop(g);
   }
   return Status::ok();
 }
@@ -270,26 +323,30 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
   }
   const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
-    const auto p = static_cast<std::size_t>(spec.params[k]);
-    if (grads_[p].data() == nullptr) {
-      const std::size_t n = model_.params()[p].numel;
-      grads_[p] = model::FloatBuffer::allocate(n);
-      if (grads_[p].data() == nullptr && n > 0) {
-        return Status::resource_exhausted(fmt::format("cannot allocate the gradient of {}", model_.params()[p].name));
+    const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
+    model::FloatBuffer& buf = grads_[place.group];
+    if (buf.data() == nullptr) {
+      // Gathered size, zero: the padding past the group's end is reduced as zeros.
+      const std::size_t n = gathered_size(place.group);
+      buf = model::FloatBuffer::allocate(n);
+      if (buf.data() == nullptr && n > 0) {
+        return Status::resource_exhausted(
+            fmt::format("cannot allocate the gradient of {}", model_.params()[static_cast<std::size_t>(spec.params[k])].name));
       }
-      std::memset(grads_[p].data(), 0, n * sizeof(float));
+      std::memset(buf.data(), 0, n * sizeof(float));
     }
-    grads[k] = grads_[p].data();
+    grads[k] = buf.data() + place.offset;
   }
   return Status::ok();
 }
 
 Status Coordinator::grads_ready(int module) {
-  const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
-  for (int p : spec.params) {
-    if (model_.params()[static_cast<std::size_t>(p)].module != module) continue;  // completes later
-    bucket_.push_back(p);
-    bucket_elements_ += model_.params()[static_cast<std::size_t>(p)].numel;
+  // A group is the parameters one module owns: complete when that module's backward is done.
+  for (int g : groups_of(module)) {
+    const std::size_t first = plan_.group(static_cast<std::size_t>(g)).params.front();
+    if (model_.params()[first].module != module) continue;  // another module's group: completes later
+    bucket_.push_back(g);
+    bucket_elements_ += plan_.group(static_cast<std::size_t>(g)).numel;
   }
   // One rank has nothing to reduce: add each gradient in as soon as it is complete.
   if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1) return flush_bucket();
@@ -300,38 +357,43 @@ Status Coordinator::flush_bucket() {
   if (bucket_.empty()) return Status::ok();
   const int world = comm_.world_size();
   std::size_t total = 0;
-  for (int p : bucket_) total += plan_.slot(static_cast<std::size_t>(p)).per_rank;
-  // Where each bucket gradient's reduced slice is read from: straight from the full gradient
-  // with one rank (nothing to reduce), else from the reduce-scatter's output.
+  for (int g : bucket_) total += plan_.group(static_cast<std::size_t>(g)).per_rank;
+  // Where each group's reduced slice is read from: its own gradient with one rank (nothing to
+  // reduce), else the reduce-scatter's output.
   const float* reduced = nullptr;
   if (world > 1) {
-    // send: W blocks of `total`, block r holding every bucket gradient's rank-r slice (padded).
+    // send: W blocks of `total`, block r holding every bucket group's rank-r slice. A bucket of
+    // one group is already laid out so (its gradient has the gathered layout): no packing.
     const std::size_t send_n = total * static_cast<std::size_t>(world);
-    if (send_.size() < send_n) send_ = model::FloatBuffer::allocate(send_n);
     if (recv_.size() < total) recv_ = model::FloatBuffer::allocate(total);
-    if ((send_.data() == nullptr || recv_.data() == nullptr) && total > 0) {
-      return Status::resource_exhausted(fmt::format("cannot allocate a {}-element gradient bucket", send_n));
-    }
-    for (int r = 0; r < world; ++r) {
-      float* block = send_.data() + total * static_cast<std::size_t>(r);
-      std::size_t off = 0;
-      for (int p : bucket_) {
-        const auto idx = static_cast<std::size_t>(p);
-        const ElementRange range = plan_.owned(idx, r);
-        const std::size_t per_rank = plan_.slot(idx).per_rank;
-        std::memcpy(block + off, grads_[idx].data() + range.begin, range.size() * sizeof(float));
-        std::memset(block + off + range.size(), 0, (per_rank - range.size()) * sizeof(float));
-        off += per_rank;
+    const float* send = grads_[static_cast<std::size_t>(bucket_.front())].data();
+    if (bucket_.size() > 1) {
+      if (send_.size() < send_n) send_ = model::FloatBuffer::allocate(send_n);
+      if (send_.data() == nullptr && total > 0) {
+        return Status::resource_exhausted(fmt::format("cannot allocate a {}-element gradient bucket", send_n));
       }
+      for (int r = 0; r < world; ++r) {
+        float* block = send_.data() + total * static_cast<std::size_t>(r);
+        for (int g : bucket_) {
+          const std::size_t per_rank = plan_.group(static_cast<std::size_t>(g)).per_rank;
+          std::memcpy(block, grads_[static_cast<std::size_t>(g)].data() + per_rank * static_cast<std::size_t>(r),
+                      per_rank * sizeof(float));
+          block += per_rank;
+        }
+      }
+      send = send_.data();
     }
-    ZINF_RETURN_IF_ERROR(comm_.reduce_scatter(std::span<const float>(send_.data(), send_n),
-                                              std::span<float>(recv_.data(), total)));
+    if (recv_.data() == nullptr && total > 0) {
+      return Status::resource_exhausted(fmt::format("cannot allocate a {}-element gradient bucket", total));
+    }
+    ZINF_RETURN_IF_ERROR(
+        comm_.reduce_scatter(std::span<const float>(send, send_n), std::span<float>(recv_.data(), total)));
     reduced = recv_.data();
   }
   std::size_t off = 0;
-  for (int p : bucket_) {
-    const auto idx = static_cast<std::size_t>(p);
-    const std::size_t per_rank = plan_.slot(idx).per_rank;
+  for (int g : bucket_) {
+    const auto idx = static_cast<std::size_t>(g);
+    const std::size_t per_rank = plan_.group(idx).per_rank;
     float* acc = grad_acc_[layout_.subgroup_of[idx]].data() + layout_.offset_in_subgroup[idx];
     const float* in = reduced != nullptr ? reduced + off : grads_[idx].data();
     for (std::size_t i = 0; i < per_rank; ++i) acc[i] += in[i];

@@ -1,7 +1,8 @@
-// Internal: the ZeRO-3 parameter coordinator: gathers partitions into full fp32 parameters for
-// the model module by module, prefetches along the recorded trace, holds gathered elements
-// under a hard max_live_parameters budget, and reduce-scatters gradients into the rank's fp32
-// gradient partitions in reduce_bucket_size buckets.
+// Internal: the ZeRO-3 parameter coordinator: gathers partition groups (the parameters a module
+// owns, one flat array) into full fp32 values for the model module by module, one in-place
+// all-gather per group; prefetches along the recorded trace, holds gathered elements under a hard
+// max_live_parameters budget, checks that all ranks record the same trace, and reduce-scatters
+// gradients into the rank's fp32 gradient partitions in reduce_bucket_size buckets.
 #pragma once
 
 #include <chrono>
@@ -31,16 +32,18 @@ struct CoordinatorOptions {
 };
 
 struct CoordinatorStats {
-  std::uint64_t gathers = 0;            // partitions gathered into full parameters
+  std::uint64_t gathers = 0;            // partition groups gathered into full values
   std::uint64_t gathered_elements = 0;
   std::uint64_t prefetches = 0;         // partitions prefetched along the trace
   std::uint64_t reuse_hits = 0;         // acquires served by a kept (released) copy
   std::uint64_t evictions = 0;          // kept copies dropped to stay under the budget
-  std::uint64_t live_high_water = 0;    // most non-persistent gathered elements at once
+  std::uint64_t live_high_water = 0;    // most non-persistent gathered elements at once (buffers,
+                                        // W * ceil(n / W) a group)
   std::uint64_t persistent_elements = 0;
   std::uint64_t trace_invalidations = 0;
   std::uint64_t buckets = 0;            // gradient reduce-scatters
   double backward_start_s = 0;          // seconds into the micro-step when backward began
+  std::uint64_t train_trace_hash = 0;   // FNV-1a of the recorded train trace (module, phase)
 };
 
 class Coordinator final : public model::ParamAccess {
@@ -73,17 +76,23 @@ class Coordinator final : public model::ParamAccess {
     bool prefetched = false;
     int users = 0;
   };
-  // The order in which modules acquired parameters in one pass, flattened to parameters.
+  // The order in which modules acquired parameters in one pass, flattened to groups.
   struct Trace {
     bool complete = false;            // recorded over a whole pass and not invalidated since
     bool recording = true;
     std::vector<int> events;          // module per acquire
-    std::vector<std::size_t> event_first;  // first index into params for each event
-    std::vector<int> params;          // parameter per use, in order
-    std::vector<std::uint64_t> traffic;    // prefix sums of elements over params
+    std::vector<std::size_t> event_first;  // first index into groups for each event
+    std::vector<int> groups;          // partition group per use, in order
+    std::vector<std::uint64_t> traffic;    // prefix sums of gathered elements over groups
+    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over (module, phase) per event
   };
 
-  Status ensure_gathered(int p);
+  // The distinct groups module's parameters belong to, in parameter order.
+  const std::vector<int>& groups_of(int module) const { return module_groups_[static_cast<std::size_t>(module)]; }
+  std::size_t gathered_size(std::size_t group) const;  // W * ceil(n / W)
+  Status check_agreement(double code, const char* what);
+  Status check_trace_hash(const Trace& t);
+  Status ensure_gathered(int g);
   Status make_room(std::uint64_t need, int module);
   void drop(int p);
   void prefetch_after(std::size_t event);
@@ -103,8 +112,9 @@ class Coordinator final : public model::ParamAccess {
   CoordinatorOptions opt_;
   std::vector<model::FloatBuffer>& grad_acc_;
 
-  std::vector<Gathered> gathered_;
-  std::vector<model::FloatBuffer> grads_;  // full-size gradients of this pass, per parameter
+  std::vector<std::vector<int>> module_groups_;
+  std::vector<Gathered> gathered_;         // per group
+  std::vector<model::FloatBuffer> grads_;  // gathered-size gradients of this pass, per group
   std::multimap<std::size_t, model::FloatBuffer> spare_;  // freed buffers for reuse, by size
   std::uint64_t spare_elements_ = 0;
   std::uint64_t live_ = 0;
@@ -112,9 +122,9 @@ class Coordinator final : public model::ParamAccess {
   Trace train_trace_, eval_trace_;
   std::size_t position_ = 0;  // next event index in the current pass
   bool on_trace_ = true;      // the pass so far matches the recorded trace
-  std::vector<int> bucket_;
+  std::vector<int> bucket_;  // groups
   std::uint64_t bucket_elements_ = 0;
-  model::FloatBuffer send_, recv_;
+  model::FloatBuffer send_, recv_;  // gradient bucket packing and reduce-scatter output
   std::chrono::steady_clock::time_point pass_start_;
   bool backward_seen_ = false;
   CoordinatorStats stats_;

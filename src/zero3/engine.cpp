@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -99,15 +101,32 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(const EngineOptions& o
 Engine::Impl::Impl(const EngineOptions& opts, Communicator& c)
     : options(opts), comm(c), model(opts.model), dtype(compute_dtype(opts.ds)) {}
 
+Result<PartitionPlan> model_partition_plan(const model::GptModel& model, int world_size) {
+  std::vector<std::size_t> numels, group_of;
+  std::vector<int> group_of_module(model.modules().size(), -1);
+  int groups = 0;
+  for (const model::ParamSpec& p : model.params()) {
+    int& g = group_of_module[static_cast<std::size_t>(p.module)];
+    if (g < 0) g = groups++;
+    numels.push_back(p.numel);
+    group_of.push_back(static_cast<std::size_t>(g));
+  }
+  return PartitionPlan::create(numels, group_of, world_size);
+}
+
+std::vector<swap::ParamPartition> layout_partitions(const model::GptModel& model, const PartitionPlan& plan) {
+  std::vector<swap::ParamPartition> partitions;
+  for (std::size_t g = 0; g < plan.num_groups(); ++g) {
+    const model::ParamSpec& first = model.params()[plan.group(g).params.front()];
+    partitions.push_back({model.modules()[static_cast<std::size_t>(first.module)].name, plan.group(g).per_rank});
+  }
+  return partitions;
+}
+
 Status Engine::Impl::init() {
   const config::DsConfig& ds = options.ds;
-  std::vector<std::size_t> numels;
-  for (const model::ParamSpec& p : model.params()) numels.push_back(p.numel);
-  ZINF_ASSIGN_OR_RETURN(plan, PartitionPlan::create(numels, comm.world_size()));
-  std::vector<swap::ParamPartition> partitions;
-  for (std::size_t i = 0; i < numels.size(); ++i) {
-    partitions.push_back({model.params()[i].name, plan.slot(i).per_rank});
-  }
+  ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model, comm.world_size()));
+  std::vector<swap::ParamPartition> partitions = layout_partitions(model, plan);
   layout = swap::OptimizerLayout::build(partitions, static_cast<std::uint64_t>(ds.zero.sub_group_size));
 
   // Optimizer, schedule, loss scaler.
@@ -198,33 +217,35 @@ Status Engine::Impl::init() {
 
 Status Engine::Impl::init_master_weights() {
   const int rank = comm.rank();
-  if (options.init_from.empty()) {
-    return optimizer->init_master([&](std::size_t p, std::uint64_t offset, std::span<float> out) {
-      const model::ParamSpec& spec = model.params()[p];
-      const ElementRange owned = plan.owned(p, rank);
-      // Elements past the owned range are partition padding: zero.
-      const std::uint64_t real = offset < owned.size() ? std::min<std::uint64_t>(out.size(), owned.size() - offset) : 0;
-      if (real > 0) model::init_param(spec, options.seed, out.first(real), owned.begin + offset);
-      std::fill(out.begin() + static_cast<std::ptrdiff_t>(real), out.end(), 0.0f);
-      return Status::ok();
-    });
-  }
-  ZINF_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(options.init_from));
+  std::function<Status(std::size_t p, std::size_t first, std::span<float> out)> values;
+  std::optional<SafetensorsReader> reader;
   std::vector<float> full;
   std::size_t loaded_param = SIZE_MAX;
-  return optimizer->init_master([&](std::size_t p, std::uint64_t offset, std::span<float> out) -> Status {
-    const model::ParamSpec& spec = model.params()[p];
-    if (loaded_param != p) {
-      full.assign(spec.numel, 0.0f);
-      ZINF_RETURN_IF_ERROR(reader.read_f32(spec.name, full).with_context("--init-from"));
-      loaded_param = p;
-    }
-    const ElementRange owned = plan.owned(p, rank);
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      const std::uint64_t e = offset + i;
-      out[i] = e < owned.size() ? full[owned.begin + e] : 0.0f;
-    }
-    return Status::ok();
+  if (options.init_from.empty()) {
+    values = [&](std::size_t p, std::size_t first, std::span<float> out) {
+      model::init_param(model.params()[p], options.seed, out, first);
+      return Status::ok();
+    };
+  } else {
+    ZINF_ASSIGN_OR_RETURN(reader, SafetensorsReader::open(options.init_from));
+    values = [&](std::size_t p, std::size_t first, std::span<float> out) -> Status {
+      const model::ParamSpec& spec = model.params()[p];
+      if (loaded_param != p) {
+        full.assign(spec.numel, 0.0f);
+        ZINF_RETURN_IF_ERROR(reader->read_f32(spec.name, full).with_context("--init-from"));
+        loaded_param = p;
+      }
+      std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());
+      return Status::ok();
+    };
+  }
+  // Elements of the rank's slice that no parameter covers are partition padding: zero.
+  return optimizer->init_master([&](std::size_t g, std::uint64_t offset, std::span<float> out) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return for_each_param_piece(plan, g, rank, offset, out.size(),
+                                [&](std::size_t p, std::size_t first, std::size_t n, std::size_t at) {
+                                  return values(p, first, out.subspan(at, n));
+                                });
   });
 }
 
@@ -347,14 +368,15 @@ Status Engine::read_full_param(std::size_t index, std::span<float> out) {
   if (index >= m.model.params().size() || out.size() != m.model.params()[index].numel) {
     return Status::invalid_argument(fmt::format("read_full_param({}) with {} elements", index, out.size()));
   }
-  const std::size_t sg = m.layout.subgroup_of[index];
+  const ParamPlace& place = m.plan.place(index);
+  const std::size_t sg = m.layout.subgroup_of[place.group];
   std::vector<float> master(m.layout.subgroups[sg].numel);
   ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, 0, master));
-  const std::size_t per_rank = m.plan.slot(index).per_rank;
-  const float* mine = master.data() + m.layout.offset_in_subgroup[index];
+  const std::size_t per_rank = m.plan.group(place.group).per_rank;
+  const float* mine = master.data() + m.layout.offset_in_subgroup[place.group];
   std::vector<float> all(per_rank * static_cast<std::size_t>(m.comm.world_size()));
   ZINF_RETURN_IF_ERROR(m.comm.all_gather(std::span<const float>(mine, per_rank), all));
-  std::memcpy(out.data(), all.data(), out.size_bytes());
+  std::memcpy(out.data(), all.data() + place.offset, out.size_bytes());
   return Status::ok();
 }
 
