@@ -247,6 +247,32 @@ TEST(EngineTest, ResumeContinuesBitIdentically) {
   }
 }
 
+// A checkpoint saved with one sub_group_size loads into another layout (the re-partitioning
+// path that also serves another world size): training continues bit for bit.
+TEST(EngineTest, ResumeIntoAnotherSubGroupSizeContinuesBitIdentically) {
+  RunSetup s;
+  const RunResult full = train(s, 12);
+  TempDir nvme, ckpt;
+  RunResult first, second;
+  {
+    Trainer t(s, nvme.path());
+    ASSERT_TRUE(t.status().is_ok());
+    ASSERT_TRUE(t.run(0, 6, &first).is_ok());
+    ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "global_step6", "{}").is_ok());
+  }
+  RunSetup other = s;
+  other.sub_group = 50000;  // one sub-group instead of several
+  other.optim_device = "nvme";
+  Trainer t(other, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  auto client = t.engine().load_checkpoint(ckpt.path(), "");
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  ASSERT_TRUE(t.run(6, 12, &second).is_ok());
+  RunResult joined{first.losses, second.weights};
+  joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
+  expect_identical(full, joined, "resume at step 6 with sub_group_size 50000");
+}
+
 TEST(EngineTest, ConsolidatedWeightsRestartTraining) {
   TempDir nvme, ckpt;
   RunSetup s;
