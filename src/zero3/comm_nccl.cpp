@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "zero3/rank_order_sum.h"
 #include "zinf/zero3/comm_nccl.h"
 
 namespace zinf::zero3 {
@@ -113,11 +114,7 @@ class NcclCommunicator final : public Communicator {
     ZINF_RETURN_IF_ERROR(nccl_check("ncclGroupEnd (reduce_scatter)", end));
     host_floats_.resize(send.size());
     ZINF_RETURN_IF_ERROR(to_host("reduce_scatter", host_floats_.data(), in, send.size_bytes()));
-    std::copy(host_floats_.begin(), host_floats_.begin() + static_cast<std::ptrdiff_t>(n), recv.begin());
-    for (int p = 1; p < world_; ++p) {
-      const float* block = host_floats_.data() + n * static_cast<std::size_t>(p);
-      for (std::size_t i = 0; i < n; ++i) recv[i] += block[i];
-    }
+    sum_in_rank_order(host_floats_.data(), world_, recv);
     return Status::ok();
   }
 
@@ -135,11 +132,7 @@ class NcclCommunicator final : public Communicator {
                                     ncclAllGather(mine, dev, n, ncclDouble, comm_.get(), stream_.get())));
     host_doubles_.resize(n * world());
     ZINF_RETURN_IF_ERROR(to_host("all_reduce_sum", host_doubles_.data(), dev, all_bytes));
-    for (std::size_t i = 0; i < n; ++i) {
-      double sum = 0.0;
-      for (int p = 0; p < world_; ++p) sum += host_doubles_[n * static_cast<std::size_t>(p) + i];
-      data[i] = sum;
-    }
+    sum_in_rank_order(host_doubles_.data(), world_, data);
     return Status::ok();
   }
 
