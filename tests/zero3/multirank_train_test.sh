@@ -12,8 +12,9 @@ zinf=$1
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/multirank.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export ZINF_LOG_LEVEL=warning OMPI_MCA_rmaps_base_oversubscribe=1
+steps=20
 
-for device in none nvme; do
+for device in none cpu nvme; do
   mkdir -p "$tmp/nvme"
   cat > "$tmp/ds_$device.json" <<JSON
 {"train_batch_size": 12, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
@@ -23,18 +24,18 @@ for device in none nvme; do
    "offload_param": {"device": "$device" $( [ $device = nvme ] && echo ", \"nvme_path\": \"$tmp/nvme\"" )},
    "offload_optimizer": {"device": "$device" $( [ $device = nvme ] && echo ", \"nvme_path\": \"$tmp/nvme\"" )}}}
 JSON
-  "$zinf" train --config "$tmp/ds_$device.json" --model tiny --steps 8 --json-log "$tmp/w1_$device.jsonl" > "$tmp/out1" 2>&1 \
+  "$zinf" train --config "$tmp/ds_$device.json" --model tiny --steps $steps --json-log "$tmp/w1_$device.jsonl" > "$tmp/out1" 2>&1 \
     || { cat "$tmp/out1"; exit 1; }
   for np in 2 3; do
     timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
-      "$zinf" train --config "$tmp/ds_$device.json" --model tiny --steps 8 --json-log "$tmp/w${np}_$device.jsonl" \
+      "$zinf" train --config "$tmp/ds_$device.json" --model tiny --steps $steps --json-log "$tmp/w${np}_$device.jsonl" \
       > "$tmp/out$np" 2>&1 || { echo "mpirun -np $np failed:"; cat "$tmp/out$np"; exit 1; }
-    python3 - "$tmp/w1_$device.jsonl" "$tmp/w${np}_$device.jsonl" "$np" "$device" <<'PY'
+    python3 - "$tmp/w1_$device.jsonl" "$tmp/w${np}_$device.jsonl" "$np" "$device" "$steps" <<'PY'
 import json, sys
 rows1 = [json.loads(l) for l in open(sys.argv[1])]
 rowsn = [json.loads(l) for l in open(sys.argv[2])]
-np_, device = sys.argv[3], sys.argv[4]
-assert len(rows1) == len(rowsn) == 8, (rows1, rowsn)
+np_, device, steps = sys.argv[3], sys.argv[4], int(sys.argv[5])
+assert len(rows1) == len(rowsn) == steps, (rows1, rowsn)
 def worst(key):
     return max(abs(a[key] - b[key]) / abs(a[key]) for a, b in zip(rows1, rowsn))
 many = [r["loss"] for r in rowsn]
