@@ -9,11 +9,12 @@
 # Tolerances. Losses: 2e-5 relative, as in multirank_train_test.sh (each rank sums its own rows
 # first, so float sums run in another order; a wrong partition, a missing 1/W or rows from the
 # wrong data position give > 1e-2). Weights: the same summation-order differences reach the
-# weights through Adam, whose update is lr * m / (sqrt(v) + eps): a bf16 copy that rounds the
-# other way, or a gradient element near zero whose sign differs, moves one element by up to
-# ~2 lr per step, so single elements may differ by a few 1e-3 (lr 2e-3); the test bounds the
-# largest difference by 1e-2 and the mean by 1e-5. A consolidation that misplaces slices, or a
-# rank's state that is lost, moves whole tensors by the weights' own size (~2e-2).
+# weights through Adam, whose update is lr * m / (sqrt(v) + eps) and so can amplify a tiny
+# gradient difference on an element whose gradient is near zero, up to one opposite step of lr
+# (2e-3) each way: the largest difference is held to 2 lr = 4e-3, and the mean to 3e-6, ten
+# times the 2.9e-7 measured (largest 1.4e-5 measured, 2026-11-23). A consolidation that
+# misplaces slices, or a rank's state that is lost, moves whole tensors by the weights' own size
+# (~2e-2), far above both.
 set -euo pipefail
 zinf=$1
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/multirank_ckpt.XXXXXX")
@@ -81,8 +82,8 @@ for name in sorted(a):
 mean = total / count
 print(f"(a) {len(a)} tensors, {count} weights: 1 rank against 2 ranks after 10 steps: "
       f"largest difference {worst:.2e}, mean {mean:.2e}")
-assert worst < 1e-2, f"weights differ by up to {worst:.2e}"
-assert mean < 1e-5, f"weights differ by {mean:.2e} on average"
+assert worst < 4e-3, f"weights differ by up to {worst:.2e}"
+assert mean < 3e-6, f"weights differ by {mean:.2e} on average"
 PY
 
 # (b) Resume the 2-rank checkpoint on 2 ranks (the reference), 3 ranks and 1 rank.
