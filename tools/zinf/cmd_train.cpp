@@ -131,7 +131,7 @@ Result<std::unique_ptr<zero3::Communicator>> make_communicator(const TrainOption
     if (world > 1) {
       // N independent one-rank runs would share one --save folder and log: never what is meant.
       return Status::invalid_argument(fmt::format(
-          "--comm local runs one rank, but mpirun started {} (OMPI_COMM_WORLD_SIZE); use --comm auto or mpi", world));
+          "runs one rank, but mpirun started {} (OMPI_COMM_WORLD_SIZE); use --comm auto or mpi", world));
     }
     return zero3::make_local_communicator();
   }
