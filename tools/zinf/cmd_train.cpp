@@ -22,6 +22,7 @@
 #include "zinf/model/data.h"
 #include "zinf/zero3/comm.h"
 #include "zinf/zero3/comm_mpi.h"
+#include "zinf/zero3/comm_nccl.h"
 #include "zinf/zero3/engine.h"
 
 namespace zinf::cli {
@@ -40,6 +41,8 @@ struct TrainOptions {
   std::string json_log;
   std::string init_from;
   bool activation_checkpointing = false;
+  std::string comm = "auto";  // auto | local | mpi | nccl
+  int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
 };
 
 // Where ranks other than 0 send their progress output.
@@ -110,7 +113,79 @@ class Progress {
   std::uint64_t tokens_ = 0;
 };
 
-Status run_train(const TrainOptions& o) {
+// The rank and world size mpirun gave this process (OpenMPI's variables; 0 and 1 without it).
+int launcher_env(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : fallback;
+}
+int launcher_world_size() { return launcher_env("OMPI_COMM_WORLD_SIZE", 1); }
+int launcher_rank() { return launcher_env("OMPI_COMM_WORLD_RANK", 0); }
+
+// --comm: auto is MPI under mpirun with more than one rank, else local. NCCL is bootstrapped
+// over MPI (local for one rank) and fails with the build's reason when it has no NCCL.
+Result<std::unique_ptr<zero3::Communicator>> make_communicator(const TrainOptions& o) {
+  const int world = launcher_world_size();
+  const std::chrono::seconds timeout(o.comm_timeout_s);
+  const std::string kind = o.comm == "auto" ? (world > 1 ? "mpi" : "local") : o.comm;
+  if (kind == "local") {
+    if (world > 1) {
+      // N independent one-rank runs would share one --save folder and log: never what is meant.
+      return Status::invalid_argument(fmt::format(
+          "runs one rank, but mpirun started {} (OMPI_COMM_WORLD_SIZE); use --comm auto or mpi", world));
+    }
+    return zero3::make_local_communicator();
+  }
+  if (kind == "mpi") return zero3::make_mpi_communicator(timeout);
+  std::unique_ptr<zero3::Communicator> bootstrap;
+  if (world > 1) {
+    ZINF_ASSIGN_OR_RETURN(bootstrap, zero3::make_mpi_communicator(timeout));
+  } else {
+    bootstrap = zero3::make_local_communicator();
+  }
+  return zero3::make_nccl_communicator(std::move(bootstrap), timeout);
+}
+
+// The data loader's position counts rows of the global batch (B * W rows per micro-batch, the
+// same on every rank), so it means the same thing at any world size: resumed on W' ranks with
+// the same train_batch_size, the run sees exactly the rows an uninterrupted one would have.
+// The checkpoint also records the world size and rows per step so that a resume with another
+// global batch or seed can say that the order differs from an uninterrupted run.
+nlohmann::json data_position_state(const model::BatchLoader& loader, std::uint64_t seed, std::uint64_t rows_per_step,
+                                   int world_size) {
+  const model::BatchPosition pos = loader.position();
+  return {{"epoch", pos.epoch},
+          {"row", pos.row},
+          {"seed", seed},
+          {"rows_per_step", rows_per_step},
+          {"world_size", world_size}};
+}
+
+// Restores the position from a checkpoint's client state; returns the world size that saved it.
+Result<int> restore_data_position(const std::string& client, const std::string& resume_dir, std::uint64_t seed,
+                                  std::uint64_t rows_per_step, bool speaker, model::BatchLoader& loader) {
+  const auto j = nlohmann::json::parse(client, nullptr, false);
+  if (j.is_discarded() || !j.contains("epoch") || !j.contains("row")) {
+    return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", resume_dir));
+  }
+  ZINF_RETURN_IF_ERROR(loader.restore({j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()}));
+  const auto saved_seed = j.value("seed", seed);
+  const auto saved_rows = j.value("rows_per_step", rows_per_step);  // older checkpoints lack it
+  if (speaker && saved_seed != seed) {
+    log(LogLevel::kWarning, fmt::format("--resume {}: saved with --seed {}, resumed with {}: the rest of this epoch "
+                                        "follows another order (rows may repeat or be missed)",
+                                        resume_dir, saved_seed, seed));
+  }
+  if (speaker && saved_rows != rows_per_step) {
+    log(LogLevel::kWarning, fmt::format("--resume {}: saved with {} rows per step, resumed with {}: the data continues "
+                                        "where it stopped, but steps no longer see the batches of an uninterrupted run",
+                                        resume_dir, saved_rows, rows_per_step));
+  }
+  return j.value("world_size", 1);
+}
+
+// Runs the training loop on `comm`, which the caller owns so that it can end the job when this
+// fails on one rank. Everything this creates (engine, swap files) is released before it returns.
+Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   // Data first: it decides the vocabulary.
   model::TokenDataset data = model::TokenDataset::load_default();
   if (!o.data.empty()) {
@@ -127,20 +202,12 @@ Status run_train(const TrainOptions& o) {
   }
   gpt.activation_checkpointing = o.activation_checkpointing;
 
-  // Under mpirun (OpenMPI sets OMPI_COMM_WORLD_SIZE) every process is one rank.
-  std::unique_ptr<zero3::Communicator> comm;
-  const char* mpi_world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (mpi_world != nullptr && std::atoi(mpi_world) > 1) {
-    ZINF_ASSIGN_OR_RETURN(comm, zero3::make_mpi_communicator());
-  } else {
-    comm = zero3::make_local_communicator();
-  }
   // Rank 0 speaks for the job; the other ranks log only warnings and errors.
-  if (comm->rank() != 0) set_log_level(LogLevel::kWarning);
-  std::ostream& out = comm->rank() == 0 ? std::cout : null_stream();
+  if (comm.rank() != 0) set_log_level(LogLevel::kWarning);
+  std::ostream& out = comm.rank() == 0 ? std::cout : null_stream();
   ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(gpt.n_embd));
   if (!o.autos.total_steps) ctx.total_steps = o.steps;
-  ctx.world_size = comm->world_size();
+  ctx.world_size = comm.world_size();
   TempDir swap_dir;
   Result<config::DsConfig> ds = Status::internal("unset");
   if (o.config_path.empty()) {
@@ -159,7 +226,7 @@ Status run_train(const TrainOptions& o) {
   // The ds_config block, like the flag, turns on block recompute in backward.
   gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
   zero3::EngineOptions eo{gpt, ds.value(), o.seed, o.init_from};
-  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, *comm));
+  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, comm));
   out << engine->describe() << "\n";
   out << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
 
@@ -167,27 +234,26 @@ Status run_train(const TrainOptions& o) {
   const int B = static_cast<int>(batch.train_micro_batch_size_per_gpu);
   const int T = gpt.max_seq;
   const int gas = static_cast<int>(batch.gradient_accumulation_steps);
-  model::BatchLoaderOptions lo{B, T, comm->rank(), comm->world_size(), o.seed, true};
+  model::BatchLoaderOptions lo{B, T, comm.rank(), comm.world_size(), o.seed, true};
   ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(std::move(data), lo));
 
+  const auto rows_per_step = static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(gas) *
+                             static_cast<std::uint64_t>(comm.world_size());
   if (!o.resume_dir.empty()) {
     ZINF_ASSIGN_OR_RETURN(std::string client, engine->load_checkpoint(o.resume_dir, ""));
-    const auto j = nlohmann::json::parse(client, nullptr, false);
-    if (j.is_discarded() || !j.contains("epoch") || !j.contains("row")) {
-      return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", o.resume_dir));
-    }
-    ZINF_RETURN_IF_ERROR(loader.restore({j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()}));
-    out << fmt::format("resumed from {} at step {}\n", o.resume_dir, engine->counters().steps);
+    ZINF_ASSIGN_OR_RETURN(const int saved_world, restore_data_position(client, o.resume_dir, o.seed, rows_per_step,
+                                                                       comm.rank() == 0, loader));
+    out << fmt::format("resumed from {} at step {}{}\n", o.resume_dir, engine->counters().steps,
+                       saved_world != comm.world_size() ? fmt::format(" (saved by {} ranks)", saved_world) : "");
   }
 
   std::ofstream json_log;
-  if (!o.json_log.empty() && comm->rank() == 0) {
+  if (!o.json_log.empty() && comm.rank() == 0) {
     json_log.open(o.json_log, std::ios::app);
     if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
   }
   auto save = [&](std::int64_t step) -> Status {
-    const model::BatchPosition pos = loader.position();
-    const nlohmann::json client = {{"epoch", pos.epoch}, {"row", pos.row}, {"seed", o.seed}};
+    const nlohmann::json client = data_position_state(loader, o.seed, rows_per_step, comm.world_size());
     ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client.dump()));
     out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
     return Status::ok();
@@ -208,7 +274,7 @@ Status run_train(const TrainOptions& o) {
     ZINF_ASSIGN_OR_RETURN(zero3::StepReport r, engine->train_step(micro));
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
-    if (comm->rank() == 0) progress.update(r, ds->wall_clock_breakdown);
+    if (comm.rank() == 0) progress.update(r, ds->wall_clock_breakdown);
     if (json_log.is_open()) {
       nlohmann::json line = {{"step", r.step},
                              {"loss", r.loss},
@@ -254,14 +320,28 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--json-log", o->json_log, "append one JSON object per optimizer step to this file");
   cmd->add_option("--init-from", o->init_from, "start from the weights in this safetensors file");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
+  cmd->add_option("--comm", o->comm, "communicator: auto (mpi under mpirun with > 1 rank, else local), local, mpi, nccl")
+      ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}));
+  cmd->add_option("--comm-timeout", o->comm_timeout_s,
+                  "seconds any collective waits for the other ranks before failing (default 300)")
+      ->check(CLI::Range(1, 7 * 24 * 3600));
   cmd->callback([o, exit_code] {
-    Status s = run_train(*o);
-    if (!s.is_ok()) {
-      std::cerr << (::isatty(STDOUT_FILENO) ? "\n" : "") << "zinf train: " << s.message() << "\n";
-      *exit_code = s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? 2 : 1;
+    Result<std::unique_ptr<zero3::Communicator>> comm = make_communicator(*o);
+    const Status s = comm.is_ok() ? run_train(*o, *comm.value()) : comm.status().with_context("--comm " + o->comm);
+    if (s.is_ok()) {
+      *exit_code = 0;
       return;
     }
-    *exit_code = 0;
+    const int world = comm.is_ok() ? comm.value()->world_size() : launcher_world_size();
+    const int rank = comm.is_ok() ? comm.value()->rank() : launcher_rank();
+    std::cout << std::flush;
+    std::cerr << (::isatty(STDOUT_FILENO) ? "\n" : "") << "zinf train: "
+              << (world > 1 ? fmt::format("rank {}: ", rank) : "") << s.message() << "\n"
+              << std::flush;
+    *exit_code = s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? 2 : 1;
+    // One failed rank ends the job now; the others would otherwise sit in their next collective
+    // until --comm-timeout. run_train has already released its engine and swap files.
+    if (comm.is_ok() && world > 1) comm.value()->abort(*exit_code);
   });
 }
 
