@@ -7,25 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include "mpi_test_env.h"
 #include "zinf/zero3/comm_mpi.h"
 
 namespace zinf::zero3 {
 namespace {
 
-// One communicator for the whole run: MPI is initialised once and finalised at the end.
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    auto c = make_mpi_communicator(std::chrono::seconds(60));
-    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-    comm = std::move(c).value();
-  }
-  void TearDown() override { comm.reset(); }
-  static inline std::unique_ptr<Communicator> comm;
-};
-[[maybe_unused]] auto* const kEnv = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
-
-Communicator& comm() { return *MpiEnvironment::comm; }
+using testing::comm;
 
 TEST(MpiCommTest, AllGatherPutsEveryRankInOrder) {
   const int w = comm().world_size(), r = comm().rank();

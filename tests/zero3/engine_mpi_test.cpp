@@ -14,25 +14,14 @@
 #include <nlohmann/json.hpp>
 
 #include "zinf/config/ds_config.h"
+#include "mpi_test_env.h"
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/engine.h"
 
 namespace zinf::zero3 {
 namespace {
 
-class MpiEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    auto c = make_mpi_communicator(std::chrono::seconds(60));
-    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-    comm = std::move(c).value();
-  }
-  void TearDown() override { comm.reset(); }
-  static inline std::unique_ptr<Communicator> comm;
-};
-[[maybe_unused]] auto* const kEnv = ::testing::AddGlobalTestEnvironment(new MpiEnvironment);
-
-Communicator& comm() { return *MpiEnvironment::comm; }
+using testing::comm;
 
 constexpr int kRows = 2;  // rows per rank per step
 constexpr int kT = 16;
