@@ -16,6 +16,7 @@ set -euo pipefail
 zinf=$1
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/multirank.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+echo "localhost slots=3" > "$tmp/hosts"
 export ZINF_LOG_LEVEL=warning OMPI_MCA_rmaps_base_oversubscribe=1
 steps=20
 
@@ -33,7 +34,9 @@ JSON
     || { cat "$tmp/out1"; exit 1; }
   for np in 2 3; do
     start=$(date +%s)
-    timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
+    # 3 ranks are placed through a hostfile (this machine, three slots), as a multi-machine job is.
+    hosts=(); [ $np = 3 ] && hosts=(--hostfile "$tmp/hosts")
+    timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none "${hosts[@]}" -np $np \
       "$zinf" train --config "$tmp/ds_$device.json" --model tiny --steps $steps --json-log "$tmp/w${np}_$device.jsonl" \
       > "$tmp/out$np" 2>&1 || { echo "mpirun -np $np failed:"; cat "$tmp/out$np"; exit 1; }
     echo "offload $device, $np ranks: $(( $(date +%s) - start )) s"
