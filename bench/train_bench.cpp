@@ -20,6 +20,7 @@
 
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
+#include "zinf/model/gpt.h"
 #include "zinf/zero3/engine.h"
 
 namespace {
@@ -81,7 +82,9 @@ int main(int argc, char** argv) {
   for (bool nvme : {false, true}) {
     auto ds = config::parse_ds_config(config_for(nvme, dir, micro_batch, sub_group), "train_bench", config::AutoContext{});
     if (!ds.is_ok()) return fail(ds.status());
-    auto e = zero3::Engine::create(zero3::EngineOptions{cfg.value(), ds.value(), 1, ""}, *comm);
+    auto gpt = model::GptModel::create(cfg.value());
+    if (!gpt.is_ok()) return fail(gpt.status());
+    auto e = zero3::Engine::create(std::move(gpt).value(), zero3::EngineOptions{ds.value(), 1, ""}, *comm);
     if (!e.is_ok()) return fail(e.status());
     std::printf("%s\n", (*e)->describe().c_str());
     engines.push_back(std::move(e).value());

@@ -2,8 +2,10 @@
 #include "zinf/model/config.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <cassert>
+#include <cstdint>
 #include <cmath>
 
 #include "model/layout.h"
@@ -86,6 +88,38 @@ std::vector<std::string> gpt_preset_names() {
   std::vector<std::string> names;
   for (const Preset& p : kPresets) names.emplace_back(p.name);
   return names;
+}
+
+std::string gpt_config_json(const GptConfig& c) {
+  const nlohmann::json j = {{"type", "gpt"},          {"vocab_size", c.vocab_size}, {"max_seq", c.max_seq},
+                            {"n_layer", c.n_layer},   {"n_head", c.n_head},         {"n_embd", c.n_embd}};
+  return j.dump();
+}
+
+Result<GptConfig> gpt_config_from_json(std::string_view text, std::string_view source) {
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::invalid_argument(fmt::format("{}: the model configuration is not a JSON object", source));
+  }
+  if (j.contains("type") && j["type"] != "gpt") {
+    return Status::invalid_argument(fmt::format("{}: model type {} is not \"gpt\"", source, j["type"].dump()));
+  }
+  GptConfig c;
+  for (auto [key, field] : {std::pair{"vocab_size", &c.vocab_size}, std::pair{"max_seq", &c.max_seq},
+                            std::pair{"n_layer", &c.n_layer}, std::pair{"n_head", &c.n_head},
+                            std::pair{"n_embd", &c.n_embd}}) {
+    const auto it = j.find(key);
+    const bool fits = it != j.end() && it->is_number_integer() &&
+                      (it->is_number_unsigned() ? it->get<uint64_t>() <= INT32_MAX
+                                                : it->get<int64_t>() >= INT32_MIN && it->get<int64_t>() <= INT32_MAX);
+    if (!fits) {
+      return Status::invalid_argument(fmt::format("{}: model key \"{}\" must be an integer, found {}", source, key,
+                                                  it == j.end() ? "nothing" : it->dump()));
+    }
+    *field = it->get<int>();
+  }
+  ZINF_RETURN_IF_ERROR(validate_config(c).with_context(source));
+  return c;
 }
 
 uint64_t gpt_num_params(const GptConfig& c) {

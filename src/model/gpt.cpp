@@ -3,13 +3,12 @@
 
 #include <fmt/format.h>
 
-#include <array>
-#include <cassert>
 #include <climits>
 #include <cstring>
 
 #include "model/kernels.h"
 #include "model/layout.h"
+#include "zinf/model/module_calls.h"
 #include "zinf/model/float_buffer.h"
 
 namespace zinf::model {
@@ -94,58 +93,6 @@ size_t carve(const GptConfig& c, size_t bt, size_t t, float* base, GptActivation
   return cv.used();
 }
 
-Status in_module(const Status& s, const ModuleSpec& spec, std::string_view what) {
-  return s.with_context(fmt::format("{} {}", spec.name, what));
-}
-
-// acquire, body(values), release.
-template <typename Body>
-Status run_forward(ParamAccess& access, std::span<const ModuleSpec> modules, int m, Phase phase,
-                   Body&& body) {
-  const ModuleSpec& spec = modules[m];
-  std::array<const float*, kMaxModuleParams> values{};
-  std::span<const float*> v(values.data(), spec.params.size());
-  Status s = access.acquire(m, phase, v);
-  if (!s.is_ok()) return in_module(s, spec, phase_name(phase));
-  body(values.data());
-  s = access.release(m, phase);
-  if (!s.is_ok()) return in_module(s, spec, phase_name(phase));
-  return Status::ok();
-}
-
-// [acquire], grad_buffers, body(values, grads), [release], grads_ready.
-template <typename Body>
-Status run_backward(ParamAccess& access, std::span<const ModuleSpec> modules, int m, Body&& body) {
-  const ModuleSpec& spec = modules[m];
-  const size_t n = spec.params.size();
-  std::array<const float*, kMaxModuleParams> values{};
-  std::array<float*, kMaxModuleParams> grads{};
-  const bool reads = spec.backward_reads_values;
-  Status s;
-  if (reads) s = access.acquire(m, Phase::kBackward, std::span<const float*>(values.data(), n));
-  if (!s.is_ok()) return in_module(s, spec, "backward");
-  s = access.grad_buffers(m, std::span<float*>(grads.data(), n));
-  if (!s.is_ok()) {
-    if (reads) (void)access.release(m, Phase::kBackward);
-    return in_module(s, spec, "backward");
-  }
-  body(values.data(), grads.data());
-  if (reads) s = access.release(m, Phase::kBackward);
-  if (s.is_ok()) s = access.grads_ready(m);
-  if (!s.is_ok()) return in_module(s, spec, "backward");
-  return Status::ok();
-}
-
-Status check_tokens(std::span<const int32_t> tokens, std::string_view what, int vocab) {
-  for (size_t i = 0; i < tokens.size(); i++) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return Status::invalid_argument(
-          fmt::format("{}[{}] = {} is outside [0, {}) (vocab_size)", what, i, tokens[i], vocab));
-    }
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 std::string_view phase_name(Phase phase) {
@@ -162,11 +109,20 @@ std::string_view phase_name(Phase phase) {
   return "unknown";
 }
 
-GptModel::GptModel(GptConfig config) : config_(config) {
-  assert(validate_config(config_).is_ok());
-  detail::build_layout(config_, &params_, &modules_);
-  num_params_ = gpt_num_params(config_);
+Result<std::unique_ptr<GptModel>> GptModel::create(GptConfig config) {
+  ZINF_RETURN_IF_ERROR(validate_config(config));
+  return std::unique_ptr<GptModel>(new GptModel(config));
 }
+
+GptModel::GptModel(GptConfig config) : config_(config) { detail::build_layout(config_, &params_, &modules_); }
+
+std::string GptModel::describe() const {
+  return fmt::format("gpt: {} layers, hidden {}, {} heads, seq {}, vocab {}{}", config_.n_layer, config_.n_embd,
+                     config_.n_head, config_.max_seq, config_.vocab_size,
+                     config_.activation_checkpointing ? ", activation checkpointing" : "");
+}
+
+std::string GptModel::config_json() const { return gpt_config_json(config_); }
 
 GptModel::GptModel(GptModel&&) noexcept = default;
 GptModel& GptModel::operator=(GptModel&&) noexcept = default;
@@ -199,30 +155,10 @@ Status GptModel::reserve(int B, int T) {
   return Status::ok();
 }
 
-Status GptModel::check_batch(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                             int B, int T) const {
-  if (B < 1) return Status::invalid_argument(fmt::format("batch size B ({}) must be >= 1", B));
-  if (T < 1 || T > config_.max_seq) {
-    return Status::invalid_argument(fmt::format(
-        "sequence length T ({}) must be between 1 and max_seq ({})", T, config_.max_seq));
-  }
-  const int64_t bt = static_cast<int64_t>(B) * T;
-  if (bt > INT_MAX / 4) {
-    return Status::invalid_argument(fmt::format("B*T ({}) is too large", bt));
-  }
-  if (inputs.size() != static_cast<size_t>(bt) || targets.size() != static_cast<size_t>(bt)) {
-    return Status::invalid_argument(
-        fmt::format("inputs ({}) and targets ({}) must each hold B*T = {} tokens", inputs.size(),
-                    targets.size(), bt));
-  }
-  ZINF_RETURN_IF_ERROR(check_tokens(inputs, "inputs", config_.vocab_size));
-  return check_tokens(targets, "targets", config_.vocab_size);
-}
-
 Result<float> GptModel::forward_backward(std::span<const int32_t> inputs,
                                          std::span<const int32_t> targets, int B, int T,
                                          ParamAccess& access, float loss_scale) {
-  ZINF_RETURN_IF_ERROR(check_batch(inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
   ZINF_ASSIGN_OR_RETURN(float loss,
                         forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kForward));
@@ -233,7 +169,7 @@ Result<float> GptModel::forward_backward(std::span<const int32_t> inputs,
 Result<float> GptModel::forward_loss(std::span<const int32_t> inputs,
                                      std::span<const int32_t> targets, int B, int T,
                                      ParamAccess& access) {
-  ZINF_RETURN_IF_ERROR(check_batch(inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
   return forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kEval);
 }
@@ -245,7 +181,7 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
   const int C = config_.n_embd;
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_wte_wpe(), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_wte_wpe(), phase, [&](auto v) {
     k::encoder_forward(a.resid[0], inputs, v[0], v[1], B, T, C);
   }));
   // Every layer gets its own slot only when backward will read it without recomputing.
@@ -253,10 +189,10 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
   for (int l = 0; l < L; l++) {
     ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
   }
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_f(L), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_f(L), phase, [&](auto v) {
     k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], v[0], v[1], N, C);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
     k::matmul_forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
   }));
   k::softmax_xent_forward(a.logits, a.losses, targets, N, V);
@@ -274,19 +210,19 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
   const size_t NC = static_cast<size_t>(N) * C;
   const float* x = a.resid[layer];  // (B,T,C)
   float* y = a.resid[layer + 1];    // (B,T,C)
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
     k::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, v[0], v[1], N, C);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
     k::matmul_forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
     k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
     k::matmul_forward(la.res2, la.atty, v[2], v[3], N, C, C);
     k::residual_add(la.res2, x, NC);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
     k::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, v[0], v[1], N, C);
   }));
-  return run_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
+  return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
     k::matmul_forward(la.fch, la.ln2, v[0], v[1], N, C, 4 * C);
     k::gelu_forward(la.fch_gelu, la.fch, 4 * NC);
     // Recompute for backward needs the block's internals, not its output.
@@ -306,11 +242,11 @@ Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, in
   const int L = config_.n_layer;
   // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
   k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, V);
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
     k::matmul_backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[L], v[0], a.lnf_mean, a.lnf_rstd, N,
                           C);
   }));
@@ -322,7 +258,7 @@ Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, in
     }
     ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
   }
-  return run_backward(access, modules_, module_wte_wpe(), [&](auto, auto g) {
+  return run_module_backward(access, modules_, module_wte_wpe(), [&](auto, auto g) {
     k::encoder_backward(g[0], g[1], a.dres, inputs, B, T, C);
   });
 }
@@ -334,24 +270,24 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const int N = B * T;
   const int C = config_.n_embd;
   const size_t NC = static_cast<size_t>(N) * C;
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
     k::matmul_backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
     k::gelu_backward(dfch, la.fch, dfch, 4 * NC);
     k::matmul_backward(a.dsmall, g[0], g[1], dfch, la.ln2, v[0], N, C, 4 * C);
   }));
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
                           C);
   }));
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
     k::matmul_backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
     k::attention_backward(dqkv, datty, la.qkv, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
     k::matmul_backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
   }));
-  return run_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
+  return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,
                           la.ln1_rstd, N, C);
   });

@@ -23,11 +23,13 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "zero3/engine_impl.h"
 #include "zero3/file_util.h"
 #include "zinf/log.h"
+#include "zinf/model/registry.h"
 #include "zinf/zero3/checkpoint.h"
 #include "zinf/zero3/safetensors.h"
 
@@ -45,9 +47,88 @@ struct Fnv64 {
   }
 };
 
-nlohmann::json model_json(const model::GptConfig& c) {
-  return {{"vocab_size", c.vocab_size}, {"max_seq", c.max_seq}, {"n_layer", c.n_layer},
-          {"n_head", c.n_head}, {"n_embd", c.n_embd}};
+// The model's architecture as engine.json records it ("model"): its config_json() object. Older
+// checkpoints recorded a GPT's dimensions without "type".
+nlohmann::json model_json(const model::Model& m) { return nlohmann::json::parse(m.config_json(), nullptr, false); }
+nlohmann::json normalized_model_json(nlohmann::json j) {
+  if (j.is_object() && !j.contains("type")) j["type"] = "gpt";
+  return j;
+}
+
+// The parameter and module lists ("params", "modules"), so that consolidation and resume checks
+// need no code of the model that saved them.
+nlohmann::json layout_json(const model::Model& m) {
+  nlohmann::json params = nlohmann::json::array(), modules = nlohmann::json::array();
+  for (const model::ParamSpec& p : m.params()) params.push_back({{"name", p.name}, {"shape", p.shape}, {"module", p.module}});
+  for (const model::ModuleSpec& mod : m.modules()) modules.push_back({{"name", mod.name}, {"params", mod.params}});
+  return {{"params", std::move(params)}, {"modules", std::move(modules)}};
+}
+
+// A model's parameter and module lists as a checkpoint knows them.
+struct ModelLayout {
+  std::vector<model::ParamSpec> params;
+  std::vector<model::ModuleSpec> modules;
+};
+
+// Reads "params"/"modules" from engine.json; a checkpoint without them (written before the Model
+// interface) is a built-in model rebuilt from "model". Never throws on malformed input.
+Result<ModelLayout> saved_model_layout(const nlohmann::json& j, const std::string& folder) {
+  const std::string where = folder + "/engine.json";
+  ModelLayout out;
+  if (!j.contains("params") && !j.contains("modules")) {
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::make_builtin_model(j["model"].dump(), where));
+    out.params.assign(m->params().begin(), m->params().end());
+    out.modules.assign(m->modules().begin(), m->modules().end());
+    return out;
+  }
+  const auto bad = [&](const std::string& what) {
+    return Status::corruption(fmt::format("{}: {} (the model's parameter list is damaged)", where, what));
+  };
+  const nlohmann::json none;
+  const nlohmann::json& jp = j.contains("params") ? j["params"] : none;
+  const nlohmann::json& jm = j.contains("modules") ? j["modules"] : none;
+  if (!jp.is_array() || !jm.is_array()) return bad("\"params\" and \"modules\" must be arrays");
+  const auto small_int = [](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) {
+    return v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi &&
+           !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi));
+  };
+  for (std::size_t i = 0; i < jp.size(); ++i) {
+    const nlohmann::json& e = jp[i];
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("shape") ||
+        !e["shape"].is_array() || !e.contains("module") || !small_int(e["module"], 0, INT32_MAX)) {
+      return bad(fmt::format("params[{}] needs a string \"name\", an array \"shape\" and an integer \"module\"", i));
+    }
+    model::ParamSpec p;
+    p.name = e["name"].get<std::string>();
+    p.index = static_cast<int>(i);
+    p.module = e["module"].get<int>();
+    p.numel = 1;
+    for (const nlohmann::json& d : e["shape"]) {
+      if (!small_int(d, 1, INT64_MAX / 2)) return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, e["shape"].dump()));
+      p.shape.push_back(d.get<std::int64_t>());
+      if (p.numel > (std::size_t{1} << 48) / static_cast<std::size_t>(p.shape.back())) {
+        return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, e["shape"].dump()));
+      }
+      p.numel *= static_cast<std::size_t>(p.shape.back());
+    }
+    out.params.push_back(std::move(p));
+  }
+  for (std::size_t m = 0; m < jm.size(); ++m) {
+    const nlohmann::json& e = jm[m];
+    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("params") || !e["params"].is_array()) {
+      return bad(fmt::format("modules[{}] needs a string \"name\" and an array \"params\"", m));
+    }
+    model::ModuleSpec mod;
+    mod.name = e["name"].get<std::string>();
+    for (const nlohmann::json& v : e["params"]) {
+      if (!small_int(v, 0, INT32_MAX)) return bad(fmt::format("modules[{}] ('{}') lists {}", m, mod.name, v.dump()));
+      mod.params.push_back(v.get<int>());
+    }
+    out.modules.push_back(std::move(mod));
+  }
+  const Status valid = model::validate_layout(out.params, out.modules);
+  if (!valid.is_ok()) return bad(valid.message());
+  return out;
 }
 
 std::string rank_file(const std::string& folder, int rank) { return fmt::format("{}/rank{}.state", folder, rank); }
@@ -84,16 +165,17 @@ struct SavedLayout {
   }
 };
 
-Result<SavedLayout> saved_layout(const model::GptModel& gpt, const nlohmann::json& j, const std::string& folder) {
+Result<SavedLayout> saved_layout(const ModelLayout& model, const nlohmann::json& j, const std::string& folder) {
   const int world = j.value("world_size", 0);
   if (world < 1 || !j.contains("sub_group_size") || !j.contains("arrays") || !j.contains("ranks") ||
       !j["ranks"].is_array() || j["ranks"].size() != static_cast<std::size_t>(world)) {
     return Status::corruption(fmt::format("{}/engine.json: world_size, sub_group_size, arrays or ranks missing or wrong",
                                           folder));
   }
-  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(gpt, world));
+  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params, model.modules.size(), world));
   SavedLayout s{std::move(plan), {}, j.value("arrays", std::size_t{1}), {}};
-  s.layout = swap::OptimizerLayout::build(layout_partitions(gpt, s.plan), j.value("sub_group_size", std::uint64_t{1}));
+  s.layout = swap::OptimizerLayout::build(layout_partitions(model.params, model.modules, s.plan),
+                                          j.value("sub_group_size", std::uint64_t{1}));
   if (s.layout.fingerprint() != j.value("layout", "")) {
     return Status::corruption(fmt::format("{}/engine.json: partition layout '{}' does not match its model and {} ranks ('{}')",
                                           folder, j.value("layout", ""), world, s.layout.fingerprint()));
@@ -104,6 +186,26 @@ Result<SavedLayout> saved_layout(const model::GptModel& gpt, const nlohmann::jso
     at += sg.numel * s.arrays * sizeof(float);
   }
   return s;
+}
+
+// The saved parameters are this model's, name for name and shape for shape.
+Status check_same_params(const ModelLayout& saved, const model::Model& now, const std::string& folder) {
+  const auto params = now.params();
+  if (saved.params.size() != params.size()) {
+    return Status::invalid_argument(fmt::format("{}: checkpoint has {} parameters, this model has {}", folder,
+                                                saved.params.size(), params.size()));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (saved.params[i].name != params[i].name || saved.params[i].shape != params[i].shape ||
+        saved.params[i].module != params[i].module) {
+      return Status::invalid_argument(fmt::format("{}: checkpoint parameter {} is '{}' {} (module {}), this model's is "
+                                                  "'{}' {} (module {})",
+                                                  folder, i, saved.params[i].name, fmt::join(saved.params[i].shape, "x"),
+                                                  saved.params[i].module, params[i].name, fmt::join(params[i].shape, "x"),
+                                                  params[i].module));
+    }
+  }
+  return Status::ok();
 }
 
 // Size and checksum of saved rank r's file against engine.json.
@@ -179,7 +281,8 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     nlohmann::json j;
     j["format"] = kFormatVersion;
     j["tag"] = tag;
-    j["model"] = model_json(m.options.model);
+    j["model"] = model_json(*m.model);
+    j.update(layout_json(*m.model));
     j["precision"] = swap::dtype_name(m.dtype);
     j["optimizer"] = m.optimizer->optimizer().config().name();
     j["layout"] = m.layout.fingerprint();
@@ -239,14 +342,17 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return Status::invalid_argument(fmt::format("{}: checkpoint has {} {}, this run has {}", folder, what, saved, now));
   };
-  if (j["model"] != model_json(m.options.model)) return mismatch("model", j["model"].dump(), model_json(m.options.model).dump());
+  const nlohmann::json now_model = model_json(*m.model);
+  if (normalized_model_json(j["model"]) != now_model) return mismatch("model", j["model"].dump(), now_model.dump());
+  ZINF_ASSIGN_OR_RETURN(const ModelLayout saved_model, saved_model_layout(j, folder));
+  ZINF_RETURN_IF_ERROR(check_same_params(saved_model, *m.model, folder));
   if (j.value("precision", "") != swap::dtype_name(m.dtype)) {
     return mismatch("precision", j.value("precision", ""), std::string(swap::dtype_name(m.dtype)));
   }
   if (j.value("optimizer", "") != m.optimizer->optimizer().config().name()) {
     return mismatch("optimizer", j.value("optimizer", ""), std::string(m.optimizer->optimizer().config().name()));
   }
-  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(m.model, j, folder));
+  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(saved_model, j, folder));
   const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
   if (j.value("arrays", std::size_t{0}) != arrays) {
     return Status::corruption(fmt::format("{}/engine.json: {} arrays per sub-group, the optimizer has {}", folder,
@@ -321,20 +427,12 @@ Status consolidate_checkpoint(const std::string& checkpoint, const std::string& 
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   const auto j = nlohmann::json::parse(text, nullptr, false);
   ZINF_RETURN_IF_ERROR(check_format(j, folder));
-  model::GptConfig mc;
-  const auto& jm = j["model"];
-  mc.vocab_size = jm.value("vocab_size", 0);
-  mc.max_seq = jm.value("max_seq", 0);
-  mc.n_layer = jm.value("n_layer", 0);
-  mc.n_head = jm.value("n_head", 0);
-  mc.n_embd = jm.value("n_embd", 0);
-  ZINF_RETURN_IF_ERROR(model::validate_config(mc).with_context(folder + "/engine.json: model"));
-  const model::GptModel gpt(mc);
-  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(gpt, j, folder));
+  ZINF_ASSIGN_OR_RETURN(const ModelLayout model, saved_model_layout(j, folder));
+  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(model, j, folder));
   for (int r = 0; r < saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, r));
   std::vector<TensorToWrite> tensors;
-  for (std::size_t p = 0; p < gpt.params().size(); ++p) {
-    const model::ParamSpec& spec = gpt.params()[p];
+  for (std::size_t p = 0; p < model.params.size(); ++p) {
+    const model::ParamSpec& spec = model.params[p];
     tensors.push_back({spec.name, spec.shape, [&, p](std::span<float> out) -> Status {
                          for (int r = 0; r < saved.plan.world_size(); ++r) {
                            const ElementRange range = saved.plan.owned(p, r);

@@ -14,7 +14,7 @@ constexpr std::uint64_t kFar = std::numeric_limits<std::uint64_t>::max();
 constexpr double kEndOfPass = -1.0;  // the trace check's code for "this rank's pass ended"
 }  // namespace
 
-Coordinator::Coordinator(const model::GptModel& model, const PartitionPlan& plan,
+Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
                          const swap::OptimizerLayout& layout, ParamTier& tier, Communicator& comm,
                          const CoordinatorOptions& options, std::vector<model::FloatBuffer>& grad_acc)
     : model_(model), plan_(plan), layout_(layout), tier_(tier), comm_(comm), opt_(options), grad_acc_(grad_acc) {

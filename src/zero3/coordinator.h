@@ -14,7 +14,7 @@
 
 #include "zero3/tiers.h"
 #include "zinf/model/float_buffer.h"
-#include "zinf/model/gpt.h"
+#include "zinf/model/model.h"
 #include "zinf/status.h"
 #include "zinf/swap/optimizer_swapper.h"
 #include "zinf/zero3/comm.h"
@@ -50,7 +50,7 @@ class Coordinator final : public model::ParamAccess {
  public:
   // grad_acc: the rank's fp32 gradient partitions, one array per sub-group (layout's padded
   // layout); the coordinator adds every micro-step's reduced gradients into them.
-  Coordinator(const model::GptModel& model, const PartitionPlan& plan, const swap::OptimizerLayout& layout,
+  Coordinator(const model::Model& model, const PartitionPlan& plan, const swap::OptimizerLayout& layout,
               ParamTier& tier, Communicator& comm, const CoordinatorOptions& options,
               std::vector<model::FloatBuffer>& grad_acc);
 
@@ -104,7 +104,7 @@ class Coordinator final : public model::ParamAccess {
   Trace& trace() { return train_ ? train_trace_ : eval_trace_; }
   const Trace& trace() const { return train_ ? train_trace_ : eval_trace_; }
 
-  const model::GptModel& model_;
+  const model::Model& model_;
   const PartitionPlan& plan_;
   const swap::OptimizerLayout& layout_;
   ParamTier& tier_;

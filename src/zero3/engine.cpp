@@ -66,46 +66,49 @@ Result<optim::LossScaler> make_scaler(const config::DsConfig& ds) {
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-const model::GptModel& Engine::model() const { return impl_->model; }
+const model::Model& Engine::model() const { return *impl_->model; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
 std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved(); }
 
 std::string Engine::describe() const {
   const Impl& m = *impl_;
   return fmt::format(
-      "model {} params ({} layers, hidden {}, heads {}, seq {}, vocab {}) | rank {} of {} ({}) | precision {} | "
+      "model {} params ({}) | rank {} of {} ({}) | precision {} | "
       "parameters: {} | optimizer: {} | {} sub-group{} | shard {} elements",
-      m.model.num_params(), m.options.model.n_layer, m.options.model.n_embd, m.options.model.n_head,
-      m.options.model.max_seq, m.options.model.vocab_size, m.comm.rank(), m.comm.world_size(), m.comm.name(),
+      m.model->num_params(), m.model->describe(), m.comm.rank(), m.comm.world_size(), m.comm.name(),
       swap::dtype_name(m.dtype), m.params->describe(), m.optimizer->describe(), m.layout.subgroups.size(),
       m.layout.subgroups.size() == 1 ? "" : "s", m.plan.shard_numel());
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(const EngineOptions& options, Communicator& comm) {
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::build(options, comm));
+Result<std::unique_ptr<Engine>> Engine::create(std::unique_ptr<model::Model> model, const EngineOptions& options,
+                                               Communicator& comm) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Impl> impl, Impl::build(std::move(model), options, comm));
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
-Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(const EngineOptions& options, Communicator& comm) {
+Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(std::unique_ptr<model::Model> model,
+                                                          const EngineOptions& options, Communicator& comm) {
   const config::DsConfig& ds = options.ds;
-  ZINF_RETURN_IF_ERROR(model::validate_config(options.model).with_context("model"));
+  if (model == nullptr) return Status::invalid_argument("Engine::create: no model");
+  ZINF_RETURN_IF_ERROR(model::validate_layout(*model).with_context(fmt::format("{} model", model->type())));
   if (ds.world_size != comm.world_size()) {
     return Status::invalid_argument(fmt::format("{}: batch sizes were resolved for world size {}, but {} ranks run",
                                                 ds.source, ds.world_size, comm.world_size()));
   }
-  auto impl = std::unique_ptr<Impl>(new Impl(options, comm));
+  auto impl = std::unique_ptr<Impl>(new Impl(std::move(model), options, comm));
   ZINF_RETURN_IF_ERROR(impl->init());
   return impl;
 }
 
-Engine::Impl::Impl(const EngineOptions& opts, Communicator& c)
-    : options(opts), comm(c), model(opts.model), dtype(compute_dtype(opts.ds)) {}
+Engine::Impl::Impl(std::unique_ptr<model::Model> m, const EngineOptions& opts, Communicator& c)
+    : options(opts), comm(c), model(std::move(m)), dtype(compute_dtype(opts.ds)) {}
 
-Result<PartitionPlan> model_partition_plan(const model::GptModel& model, int world_size) {
+Result<PartitionPlan> model_partition_plan(std::span<const model::ParamSpec> params, std::size_t num_modules,
+                                           int world_size) {
   std::vector<std::size_t> numels, group_of;
-  std::vector<int> group_of_module(model.modules().size(), -1);
+  std::vector<int> group_of_module(num_modules, -1);
   int groups = 0;
-  for (const model::ParamSpec& p : model.params()) {
+  for (const model::ParamSpec& p : params) {
     int& g = group_of_module[static_cast<std::size_t>(p.module)];
     if (g < 0) g = groups++;
     numels.push_back(p.numel);
@@ -114,19 +117,21 @@ Result<PartitionPlan> model_partition_plan(const model::GptModel& model, int wor
   return PartitionPlan::create(numels, group_of, world_size);
 }
 
-std::vector<swap::ParamPartition> layout_partitions(const model::GptModel& model, const PartitionPlan& plan) {
+std::vector<swap::ParamPartition> layout_partitions(std::span<const model::ParamSpec> params,
+                                                    std::span<const model::ModuleSpec> modules,
+                                                    const PartitionPlan& plan) {
   std::vector<swap::ParamPartition> partitions;
   for (std::size_t g = 0; g < plan.num_groups(); ++g) {
-    const model::ParamSpec& first = model.params()[plan.group(g).params.front()];
-    partitions.push_back({model.modules()[static_cast<std::size_t>(first.module)].name, plan.group(g).per_rank});
+    const model::ParamSpec& first = params[plan.group(g).params.front()];
+    partitions.push_back({modules[static_cast<std::size_t>(first.module)].name, plan.group(g).per_rank});
   }
   return partitions;
 }
 
 Status Engine::Impl::init() {
   const config::DsConfig& ds = options.ds;
-  ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model, comm.world_size()));
-  std::vector<swap::ParamPartition> partitions = layout_partitions(model, plan);
+  ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model->params(), model->modules().size(), comm.world_size()));
+  std::vector<swap::ParamPartition> partitions = layout_partitions(model->params(), model->modules(), plan);
   layout = swap::OptimizerLayout::build(partitions, static_cast<std::uint64_t>(ds.zero.sub_group_size));
 
   // Optimizer, schedule, loss scaler.
@@ -211,7 +216,7 @@ Status Engine::Impl::init() {
   co.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(model, plan, layout, *params, comm, co, grad_acc);
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, comm, co, grad_acc);
   return Status::ok();
 }
 
@@ -223,13 +228,13 @@ Status Engine::Impl::init_master_weights() {
   std::size_t loaded_param = SIZE_MAX;
   if (options.init_from.empty()) {
     values = [&](std::size_t p, std::size_t first, std::span<float> out) {
-      model::init_param(model.params()[p], options.seed, out, first);
+      model::init_param(model->params()[p], options.seed, out, first);
       return Status::ok();
     };
   } else {
     ZINF_ASSIGN_OR_RETURN(reader, SafetensorsReader::open(options.init_from));
     values = [&](std::size_t p, std::size_t first, std::span<float> out) -> Status {
-      const model::ParamSpec& spec = model.params()[p];
+      const model::ParamSpec& spec = model->params()[p];
       if (loaded_param != p) {
         full.assign(spec.numel, 0.0f);
         ZINF_RETURN_IF_ERROR(reader->read_f32(spec.name, full).with_context("--init-from"));
@@ -285,7 +290,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
     coordinator->begin_pass(true);
-    auto loss = model.forward_backward(mb.inputs, mb.targets, mb.B, mb.T, *coordinator, grad_loss_scale);
+    auto loss = model->forward_backward(mb.inputs, mb.targets, mb.B, mb.T, *coordinator, grad_loss_scale);
     if (!loss.is_ok()) return loss.status();
     ZINF_RETURN_IF_ERROR(coordinator->end_pass());
     const double pass = since(p0);
@@ -355,7 +360,7 @@ void Engine::Impl::sync_scaler_counters() {
 Result<double> Engine::eval_loss(const MicroBatch& batch) {
   Impl& m = *impl_;
   m.coordinator->begin_pass(false);
-  auto loss = m.model.forward_loss(batch.inputs, batch.targets, batch.B, batch.T, *m.coordinator);
+  auto loss = m.model->forward_loss(batch.inputs, batch.targets, batch.B, batch.T, *m.coordinator);
   if (!loss.is_ok()) return loss.status();
   ZINF_RETURN_IF_ERROR(m.coordinator->end_pass());
   std::vector<double> v = {loss.value()};
@@ -365,7 +370,7 @@ Result<double> Engine::eval_loss(const MicroBatch& batch) {
 
 Status Engine::read_full_param(std::size_t index, std::span<float> out) {
   Impl& m = *impl_;
-  if (index >= m.model.params().size() || out.size() != m.model.params()[index].numel) {
+  if (index >= m.model->params().size() || out.size() != m.model->params()[index].numel) {
     return Status::invalid_argument(fmt::format("read_full_param({}) with {} elements", index, out.size()));
   }
   const ParamPlace& place = m.plan.place(index);

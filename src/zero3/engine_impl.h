@@ -17,11 +17,14 @@
 
 namespace zinf::zero3 {
 
-// The partition plan the engine uses for `model` on `world_size` ranks: one group per module that
-// owns parameters (a module's parameters are gathered by one collective).
-Result<PartitionPlan> model_partition_plan(const model::GptModel& model, int world_size);
+// The partition plan the engine uses for a model's parameters on `world_size` ranks: one group per
+// module that owns parameters (a module's parameters are gathered by one collective).
+Result<PartitionPlan> model_partition_plan(std::span<const model::ParamSpec> params, std::size_t num_modules,
+                                           int world_size);
 // The optimizer layout's partitions for that plan: one per group, named after its module.
-std::vector<swap::ParamPartition> layout_partitions(const model::GptModel& model, const PartitionPlan& plan);
+std::vector<swap::ParamPartition> layout_partitions(std::span<const model::ParamSpec> params,
+                                                    std::span<const model::ModuleSpec> modules,
+                                                    const PartitionPlan& plan);
 
 // Calls fn(param, first element of param, count, position in out) for the pieces of `out`
 // that hold real parameter values, where `out` is elements [offset, offset + out.size()) of
@@ -41,7 +44,8 @@ Status for_each_param_piece(const PartitionPlan& plan, std::size_t group, int ra
 }
 
 struct Engine::Impl {
-  static Result<std::unique_ptr<Impl>> build(const EngineOptions& options, Communicator& comm);
+  static Result<std::unique_ptr<Impl>> build(std::unique_ptr<model::Model> model, const EngineOptions& options,
+                                             Communicator& comm);
 
   Status init();
   Status init_master_weights();
@@ -51,7 +55,7 @@ struct Engine::Impl {
 
   EngineOptions options;
   Communicator& comm;
-  model::GptModel model;
+  std::unique_ptr<model::Model> model;
   swap::DType dtype;
   PartitionPlan plan;
   swap::OptimizerLayout layout;
@@ -66,7 +70,7 @@ struct Engine::Impl {
   EngineCounters counters;
 
  private:
-  Impl(const EngineOptions& options, Communicator& comm);
+  Impl(std::unique_ptr<model::Model> model, const EngineOptions& options, Communicator& comm);
 };
 
 }  // namespace zinf::zero3

@@ -90,7 +90,7 @@ std::vector<std::string> expected_trace(const GptModel& model) {
 }
 
 TEST(GptTest, ModulesInForwardOrderWithTiedHead) {
-  GptModel model(testing::must(gpt_preset("tiny", 256)));
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("tiny", 256)));
   std::vector<std::string> names;
   for (const ModuleSpec& m : model.modules()) names.push_back(m.name);
   ASSERT_EQ(names.size(), 11u);
@@ -119,7 +119,7 @@ TEST(GptTest, AccessTraceFollowsModuleOrder) {
   for (bool ckpt : {false, true}) {
     GptConfig c = micro_config(ckpt);
     c.n_layer = 3;
-    GptModel model(c);
+    GptModel model = testing::make_gpt(c);
     Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
     ASSERT_TRUE(lp.is_ok());
     lp->init(1);
@@ -140,7 +140,7 @@ TEST(GptTest, AccessTraceFollowsModuleOrder) {
 
 TEST(GptTest, AccessErrorsPropagateAndReleaseWhatWasAcquired) {
   GptConfig c = micro_config(true);
-  GptModel model(c);
+  GptModel model = testing::make_gpt(c);
   Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
   ASSERT_TRUE(lp.is_ok());
   lp->init(1);
@@ -164,7 +164,7 @@ TEST(GptTest, DeterministicAcrossRunsAndInstances) {
   std::vector<float> first_grads;
   float first_loss = 0;
   for (int run = 0; run < 3; run++) {
-    GptModel model(micro_config());
+    GptModel model = testing::make_gpt(micro_config());
     Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
     ASSERT_TRUE(lp.is_ok());
     testing::randomize(*lp, model.params(), 5);
@@ -192,7 +192,7 @@ TEST(GptTest, DeterministicAcrossRunsAndInstances) {
 }
 
 TEST(GptTest, SmallerBatchAfterLargerReusesBuffersAndAgrees) {
-  GptModel big_first(micro_config()), fresh(micro_config());
+  GptModel big_first = testing::make_gpt(micro_config()), fresh = testing::make_gpt(micro_config());
   Result<LocalParams> lp = LocalParams::create(big_first.params(), big_first.modules());
   ASSERT_TRUE(lp.is_ok());
   testing::randomize(*lp, big_first.params(), 9);
@@ -218,7 +218,7 @@ TEST(GptTest, PresetParameterCounts) {
     Result<GptConfig> cfg = gpt_preset(c.name, c.vocab);
     ASSERT_TRUE(cfg.is_ok());
     EXPECT_EQ(gpt_num_params(*cfg), c.params) << c.name;
-    GptModel model(*cfg);
+    GptModel model = testing::make_gpt(*cfg);
     uint64_t sum = 0;
     for (const ParamSpec& p : model.params()) sum += p.numel;
     EXPECT_EQ(sum, c.params) << c.name;
@@ -258,7 +258,7 @@ TEST(GptTest, ConfigErrorsNameTheField) {
 }
 
 TEST(GptTest, BatchErrors) {
-  GptModel model(micro_config());
+  GptModel model = testing::make_gpt(micro_config());
   Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
   ASSERT_TRUE(lp.is_ok());
   std::vector<int32_t> ok(2 * 4, 1), bad = ok;
@@ -275,7 +275,7 @@ TEST(GptTest, BatchErrors) {
 }
 
 TEST(GptTest, LossAtInitIsLogVocab) {
-  GptModel model(testing::must(gpt_preset("tiny", 256)));
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("tiny", 256)));
   Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
   ASSERT_TRUE(lp.is_ok());
   lp->init(1337);
@@ -291,7 +291,7 @@ TEST(GptTest, LossAtInitIsLogVocab) {
 TEST(GptTest, TrainingLowersTheLoss) {
   GptConfig c = testing::must(gpt_preset("tiny", 256));
   c.activation_checkpointing = true;
-  GptModel model(c);
+  GptModel model = testing::make_gpt(c);
   Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
   ASSERT_TRUE(lp.is_ok());
   lp->init(7);
@@ -370,7 +370,7 @@ TEST(GptTest, BitIdenticalWithOneOrTwoBlasThreads) {
   std::vector<float> losses;
   for (int threads : {1, 2}) {
     openblas_set_num_threads(threads);
-    GptModel model(c);
+    GptModel model = testing::make_gpt(c);
     Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
     ASSERT_TRUE(lp.is_ok());
     testing::randomize(*lp, model.params(), 3);

@@ -141,7 +141,7 @@ struct Fixture {
 };
 
 Fixture make(bool ckpt, int B, int T) {
-  GptModel model(micro_config(ckpt));
+  GptModel model = testing::make_gpt(micro_config(ckpt));
   Result<LocalParams> lp = LocalParams::create(model.params(), model.modules());
   EXPECT_TRUE(lp.is_ok());
   testing::randomize(*lp, model.params(), 7);

@@ -28,7 +28,7 @@ TEST(InitTest, PortableLogMatchesLibm) {
 }
 
 TEST(InitTest, ElementDependsOnlyOnSeedParamAndIndex) {
-  GptModel model(testing::must(gpt_preset("tiny", 256)));
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("tiny", 256)));
   const ParamSpec& w = model.params()[2 + 2];  // h.0.attn.c_attn.weight
   ASSERT_EQ(w.name, "h.0.attn.c_attn.weight");
   std::vector<float> whole(w.numel);
@@ -54,7 +54,7 @@ TEST(InitTest, ElementDependsOnlyOnSeedParamAndIndex) {
 }
 
 TEST(InitTest, Gpt2Statistics) {
-  GptModel model(testing::must(gpt_preset("mini", 256)));
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("mini", 256)));
   for (const ParamSpec& p : model.params()) {
     std::vector<float> v(p.numel);
     init_param(p, 1, v, 0);
@@ -83,7 +83,7 @@ TEST(InitTest, Gpt2Statistics) {
 // these values hold on every machine and compiler. If this fails, checkpoints made from a seed
 // no longer reproduce.
 TEST(InitTest, GoldenValues) {
-  GptModel model(testing::must(gpt_preset("tiny", 256)));
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("tiny", 256)));
   std::vector<float> v(4);
   init_param(model.params()[0], 1234, v, 1000);
   uint32_t bits[4];

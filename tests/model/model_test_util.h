@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "model/rng.h"
 #include "zinf/model/config.h"
+#include "zinf/model/gpt.h"
 #include "zinf/model/local_params.h"
 
 namespace zinf::model::testing {
@@ -67,6 +69,16 @@ template <typename T>
 T must(Result<T> r) {
   if (!r.is_ok()) ADD_FAILURE() << r.status().to_string();
   return std::move(r).value();
+}
+
+// A GptModel for a configuration the test expects to be valid (a default one otherwise).
+inline GptModel make_gpt(const GptConfig& c) {
+  Result<std::unique_ptr<GptModel>> r = GptModel::create(c);
+  if (!r.is_ok()) {
+    ADD_FAILURE() << r.status().to_string();
+    return std::move(*must(GptModel::create(GptConfig{})));
+  }
+  return std::move(*r.value());
 }
 
 // A fresh folder under $ZINF_TEST_TMPDIR (or /tmp), removed when the object goes away.

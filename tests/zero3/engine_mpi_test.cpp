@@ -16,6 +16,7 @@
 #include "zinf/config/ds_config.h"
 #include "mpi_test_env.h"
 #include "zinf/zero3/comm_mpi.h"
+#include "zinf/model/gpt.h"
 #include "zinf/zero3/engine.h"
 
 namespace zinf::zero3 {
@@ -26,7 +27,7 @@ using testing::comm;
 constexpr int kRows = 2;  // rows per rank per step
 constexpr int kT = 16;
 
-model::GptConfig tiny_model(bool recompute = false) {
+std::unique_ptr<model::Model> tiny_model(bool recompute = false) {
   model::GptConfig c;
   c.vocab_size = 64;
   c.max_seq = kT;
@@ -34,7 +35,7 @@ model::GptConfig tiny_model(bool recompute = false) {
   c.n_head = 2;
   c.n_embd = 32;
   c.activation_checkpointing = recompute;
-  return c;
+  return std::move(model::GptModel::create(c)).value();
 }
 
 // The global batch is kRows * W rows; `world` ranks split it (1: one rank takes all of it).
@@ -117,7 +118,7 @@ class SharedDir {
 TEST(EngineMpiTest, RanksThatRecordDifferentTracesFailTogether) {
   // Rank 1 recomputes blocks in backward, the others do not: their module traces part in the
   // first backward. Every rank must get the error, at the same collective, and no hang.
-  auto engine = Engine::create(EngineOptions{tiny_model(comm().rank() == 1), ds_config(comm().world_size(), false), 5, ""},
+  auto engine = Engine::create(tiny_model(comm().rank() == 1), EngineOptions{ds_config(comm().world_size(), false), 5, ""},
                                comm());
   ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
   auto r = step(**engine, 0, comm());
@@ -136,7 +137,7 @@ TEST(EngineMpiTest, NodeLocalCheckpointResumesBitIdentically) {
   const config::DsConfig ds = ds_config(comm().world_size(), true);
   std::vector<double> straight;
   {
-    auto e = Engine::create(EngineOptions{tiny_model(), ds, 5, ""}, comm());
+    auto e = Engine::create(tiny_model(), EngineOptions{ds, 5, ""}, comm());
     ASSERT_TRUE(e.is_ok()) << e.status().to_string();
     for (int s = 0; s < 3; ++s) ASSERT_TRUE(step(**e, s, comm()).is_ok());
     Status saved = (*e)->save_checkpoint(dir.path(), "t3", "{}");
@@ -149,7 +150,7 @@ TEST(EngineMpiTest, NodeLocalCheckpointResumesBitIdentically) {
   ASSERT_FALSE(j.is_discarded());
   EXPECT_TRUE(j.value("node_local", false));
   for (int r = 0; r < comm().world_size(); ++r) EXPECT_TRUE(std::filesystem::exists(fmt::format("{}/t3/rank{}.state", dir.path(), r)));
-  auto e = Engine::create(EngineOptions{tiny_model(), ds, 99, ""}, comm());
+  auto e = Engine::create(tiny_model(), EngineOptions{ds, 99, ""}, comm());
   ASSERT_TRUE(e.is_ok());
   auto loaded = (*e)->load_checkpoint(dir.path(), "");
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -166,7 +167,7 @@ TEST(EngineMpiTest, NodeLocalCheckpointResumesBitIdentically) {
 TEST(EngineMpiTest, CheckpointsMoveBetweenWorldSizes) {
   SharedDir dir;
   const int world = comm().world_size();
-  auto e = Engine::create(EngineOptions{tiny_model(), ds_config(world, false), 5, ""}, comm());
+  auto e = Engine::create(tiny_model(), EngineOptions{ds_config(world, false), 5, ""}, comm());
   ASSERT_TRUE(e.is_ok()) << e.status().to_string();
   for (int s = 0; s < 3; ++s) ASSERT_TRUE(step(**e, s, comm()).is_ok());
   ASSERT_TRUE((*e)->save_checkpoint(dir.path() + "/w", "t3", "{}").is_ok());
@@ -176,7 +177,7 @@ TEST(EngineMpiTest, CheckpointsMoveBetweenWorldSizes) {
   std::vector<double> one_side(2, 0.0);  // rank 0's 1-rank loss at step 3, and at step 4 after its save
   if (comm().rank() == 0) {
     auto local = make_local_communicator();
-    auto one = Engine::create(EngineOptions{tiny_model(), ds_config(1, false), 77, ""}, *local);
+    auto one = Engine::create(tiny_model(), EngineOptions{ds_config(1, false), 77, ""}, *local);
     ASSERT_TRUE(one.is_ok()) << one.status().to_string();
     auto loaded = (*one)->load_checkpoint(dir.path() + "/w", "");
     ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
@@ -189,7 +190,7 @@ TEST(EngineMpiTest, CheckpointsMoveBetweenWorldSizes) {
   // Same global batch and state: only the order of float sums differs (each rank sums its rows).
   EXPECT_NEAR(one_side[0], w_loss3, 1e-5 * w_loss3);
 
-  auto back = Engine::create(EngineOptions{tiny_model(), ds_config(world, false), 88, ""}, comm());
+  auto back = Engine::create(tiny_model(), EngineOptions{ds_config(world, false), 88, ""}, comm());
   ASSERT_TRUE(back.is_ok());
   auto loaded = (*back)->load_checkpoint(dir.path() + "/one", "");
   ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();

@@ -16,6 +16,7 @@
 #include "temp_dir.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
+#include "zinf/model/gpt.h"
 #include "zinf/zero3/checkpoint.h"
 #include "zinf/zero3/safetensors.h"
 
@@ -36,14 +37,14 @@ struct RunSetup {
   std::int64_t prefetch_bucket = 4000;
 };
 
-model::GptConfig tiny_model() {
+std::unique_ptr<model::Model> tiny_model() {
   model::GptConfig c;
   c.vocab_size = 256;
   c.max_seq = 16;
   c.n_layer = 2;
   c.n_head = 2;
   c.n_embd = 32;
-  return c;
+  return std::move(model::GptModel::create(c)).value();
 }
 
 std::string config_text(const RunSetup& s, const std::string& nvme) {
@@ -93,7 +94,7 @@ class Trainer {
     status_ = ds.status();
     if (!ds.is_ok()) return;
     comm_ = make_local_communicator();
-    auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 7, ""}, *comm_);
+    auto engine = Engine::create(tiny_model(), EngineOptions{ds.value(), 7, ""}, *comm_);
     status_ = engine.status();
     if (engine.is_ok()) engine_ = std::move(engine).value();
     data_ = model::TokenDataset::from_text(std::string(
@@ -296,7 +297,7 @@ TEST(EngineTest, ConsolidatedWeightsRestartTraining) {
   auto ds = config::parse_ds_config(config_text(s, nvme.path()), "test_config", config::AutoContext{});
   ASSERT_TRUE(ds.is_ok());
   auto comm = make_local_communicator();
-  auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 99, st}, *comm);
+  auto engine = Engine::create(tiny_model(), EngineOptions{ds.value(), 99, st}, *comm);
   ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
   for (std::size_t p = 0; p < r.weights.size(); ++p) {
     std::vector<float> w(r.weights[p].size());
@@ -340,7 +341,7 @@ TEST(EngineTest, TrainingOnTheDefaultCorpusLowersTheLoss) {
   auto ds = config::parse_ds_config(config_text(s, nvme.path()), "test_config", config::AutoContext{});
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
   auto comm = make_local_communicator();
-  auto engine = Engine::create(EngineOptions{tiny_model(), ds.value(), 3, ""}, *comm);
+  auto engine = Engine::create(tiny_model(), EngineOptions{ds.value(), 3, ""}, *comm);
   ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
   auto loader = model::BatchLoader::create(model::TokenDataset::load_default(), {2, 16, 0, 1, 5, true});
   ASSERT_TRUE(loader.is_ok());

@@ -31,14 +31,19 @@ void add_estimate_command(CLI::App& app, int* exit_code) {
       return;
     }
     // The model only describes itself here: no parameters or activations are allocated.
-    const model::GptModel gpt(config.value());
+    auto gpt = model::GptModel::create(config.value());
+    if (!gpt.is_ok()) {
+      std::cerr << "zinf estimate: " << gpt.status().message() << "\n";
+      *exit_code = 2;
+      return;
+    }
     std::uint64_t largest = 0;
-    for (const model::ModuleSpec& m : gpt.modules()) {
+    for (const model::ModuleSpec& m : (*gpt)->modules()) {
       std::uint64_t n = 0;
-      for (int p : m.params) n += gpt.params()[static_cast<std::size_t>(p)].numel;
+      for (int p : m.params) n += (*gpt)->params()[static_cast<std::size_t>(p)].numel;
       largest = std::max(largest, n);
     }
-    zero3::EstimateInput in{gpt.num_params(), largest, o->gpus_per_node, o->nodes, o->buffer_factor};
+    zero3::EstimateInput in{(*gpt)->num_params(), largest, o->gpus_per_node, o->nodes, o->buffer_factor};
     std::cout << zero3::format_estimate(in, zero3::estimate_model_states(in));
     *exit_code = 0;
   });

@@ -20,6 +20,7 @@
 #include "zinf/config/ds_config.h"
 #include "zinf/log.h"
 #include "zinf/model/data.h"
+#include "zinf/model/gpt.h"
 #include "zinf/zero3/comm.h"
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/comm_nccl.h"
@@ -225,8 +226,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
 
   // The ds_config block, like the flag, turns on block recompute in backward.
   gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
-  zero3::EngineOptions eo{gpt, ds.value(), o.seed, o.init_from};
-  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(eo, comm));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::GptModel> gpt_model, model::GptModel::create(gpt));
+  zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
+  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(gpt_model), eo, comm));
   out << engine->describe() << "\n";
   out << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
 

@@ -36,6 +36,13 @@ Result<GptConfig> gpt_preset(std::string_view name, int vocab_size);
 // The preset names, smallest first.
 std::vector<std::string> gpt_preset_names();
 
+// The architecture as JSON text: {"type": "gpt", "vocab_size", "max_seq", "n_layer", "n_head",
+// "n_embd"} (activation_checkpointing, a run-time choice, is left out).
+std::string gpt_config_json(const GptConfig& config);
+// Reads that object back (a missing "type" is taken as "gpt", as checkpoints before the Model
+// interface wrote it) and validates it; errors name `source` and the key.
+Result<GptConfig> gpt_config_from_json(std::string_view text, std::string_view source);
+
 // Parameter count of a model with this configuration (tied head counted once), without
 // building it: V*C + S*C + L*(12*C*C + 13*C) + 2*C.
 uint64_t gpt_num_params(const GptConfig& config);

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "zinf/model/config.h"
-#include "zinf/model/params.h"
+#include "zinf/model/model.h"
 #include "zinf/status.h"
 
 namespace zinf::model {
@@ -25,37 +27,46 @@ struct GptActivations;  // internal: the model's activation and scratch buffers
 // (all reductions run in a fixed order; matrix products are OpenBLAS sgemm calls of fixed shape).
 // Activation checkpointing changes memory and time, not a single bit of the results.
 // Not thread-safe: one pass at a time. Matrix products use OpenBLAS's own threads.
-class GptModel {
+class GptModel final : public Model {
  public:
-  // Requires validate_config(config).is_ok() (asserted); validate user-supplied configs first.
-  explicit GptModel(GptConfig config);
+  // Fails with the validate_config() error (naming the field) for an invalid configuration.
+  static Result<std::unique_ptr<GptModel>> create(GptConfig config);
   GptModel(GptModel&&) noexcept;
   GptModel& operator=(GptModel&&) noexcept;
-  ~GptModel();
+  ~GptModel() override;
 
   const GptConfig& config() const { return config_; }
-  std::span<const ParamSpec> params() const { return params_; }
-  std::span<const ModuleSpec> modules() const { return modules_; }
-  uint64_t num_params() const { return num_params_; }
+
+  std::string_view type() const override { return "gpt"; }
+  std::string describe() const override;
+  // {"type": "gpt", "vocab_size", "max_seq", "n_layer", "n_head", "n_embd"}.
+  std::string config_json() const override;
+  std::span<const ParamSpec> params() const override { return params_; }
+  std::span<const ModuleSpec> modules() const override { return modules_; }
+  int vocab_size() const override { return config_.vocab_size; }
+  int max_seq() const override { return config_.max_seq; }
 
   // One training micro-batch: inputs and targets are (B, T) token ids in [0, vocab_size), with
   // 1 <= T <= max_seq. Returns the mean cross-entropy over B*T positions and ADDS the gradients of
   // (loss * loss_scale) to the buffers given by access.grad_buffers().
-  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                                 int B, int T, ParamAccess& access, float loss_scale = 1.0f);
+  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                                 ParamAccess& access, float loss_scale) override;
+  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                                 ParamAccess& access) {
+    return forward_backward(inputs, targets, B, T, access, 1.0f);
+  }
   // Evaluation: the same loss, no gradients (Phase::kEval, no recompute, no backward).
-  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets,
-                             int B, int T, ParamAccess& access);
+  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                             ParamAccess& access) override;
 
   // Allocates activations for (B, T) now (a pass does it on demand). Fails with
   // resource_exhausted when the memory is not there.
-  Status reserve(int B, int T);
+  Status reserve(int B, int T) override;
   // Bytes of activations and scratch a pass with (B, T) needs under this configuration.
-  uint64_t activation_bytes(int B, int T) const;
+  uint64_t activation_bytes(int B, int T) const override;
 
  private:
-  Status check_batch(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
-                     int T) const;
+  explicit GptModel(GptConfig config);
   Result<float> forward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
                              ParamAccess& access, Phase phase);
   Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
@@ -67,7 +78,6 @@ class GptModel {
   GptConfig config_;
   std::vector<ParamSpec> params_;
   std::vector<ModuleSpec> modules_;
-  uint64_t num_params_ = 0;
   std::unique_ptr<GptActivations> acts_;
 };
 

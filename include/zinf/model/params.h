@@ -16,26 +16,26 @@ namespace zinf::model {
 // How a parameter starts (GPT-2 init).
 enum class ParamInit { kNormal, kZeros, kOnes };
 
-// One parameter tensor. Names follow Hugging Face GPT-2 ("wte.weight", "h.3.attn.c_attn.bias").
-// Linear weights are stored [out, in] row-major (torch nn.Linear, llm.c); HF's Conv1D keeps the
-// transpose, [in, out], so an HF checkpoint's c_attn/c_proj/c_fc weights must be transposed.
+// One parameter tensor. GptModel's names follow Hugging Face GPT-2 ("wte.weight",
+// "h.3.attn.c_attn.bias"). Linear weights are stored [out, in] row-major (torch nn.Linear, llm.c);
+// HF's Conv1D keeps the transpose, [in, out], so an HF checkpoint's c_attn/c_proj/c_fc weights
+// must be transposed.
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   size_t numel = 0;
-  int index = 0;   // position in GptModel::params()
+  int index = 0;   // position in Model::params()
   int module = 0;  // owning module: the first to use it in forward, the last in backward
   ParamInit init = ParamInit::kNormal;
   float init_std = 0.0f;  // for kNormal
 };
 
 // Modules are the unit of fetch and release, listed in forward order. A parameter may appear in
-// more than one module (the tied LM head lists wte again).
-inline constexpr int kMaxModuleParams = 4;
+// more than one module (the tied LM head lists wte again). A module may hold any number of
+// parameters; the engine gathers all of a module's owned parameters with one collective.
 struct ModuleSpec {
-  std::string
-      name;  // "wte_wpe", "h.0.ln_1", "h.0.attn", "h.0.ln_2", "h.0.mlp", ..., "ln_f", "lm_head"
-  std::vector<int> params;  // indices into GptModel::params(); at most kMaxModuleParams
+  std::string name;  // GptModel: "wte_wpe", "h.0.ln_1", "h.0.attn", "h.0.ln_2", "h.0.mlp", ..., "lm_head"
+  std::vector<int> params;  // indices into Model::params()
   // False when the module's backward does not read its parameter values (the embeddings): then
   // backward asks only for its gradient buffers, with no acquire/release.
   bool backward_reads_values = true;
@@ -55,12 +55,13 @@ std::string_view phase_name(Phase phase);
 //   forward / eval / recompute:  acquire(m, phase) ... compute ... release(m, phase)
 //   backward:  [acquire(m, kBackward)] grad_buffers(m) ... compute ... [release(m, kBackward)]
 //              grads_ready(m)        (acquire/release only if backward_reads_values)
-// Modules go in ModuleSpec order in forward and in reverse order in backward; with activation
+// GptModel goes in ModuleSpec order in forward and in reverse order in backward; with activation
 // checkpointing each block's four modules are re-acquired with kRecompute (in forward order)
 // just before that block's backward, except the last block, whose activations are still in
 // memory from forward. The tied wte is used by "lm_head" (end of forward, start of backward)
-// and by "wte_wpe" (start of forward, end of backward). The sequence is the same every step for
-// the same configuration, so an engine can record it once and prefetch from it.
+// and by "wte_wpe" (start of forward, end of backward). Any Model may choose its own order, but
+// the sequence must be the same every step for the same configuration, so that an engine can
+// record it once and prefetch from it. module_calls.h runs one module under this protocol.
 // An error from any call stops the pass and is returned from forward_backward()/forward_loss();
 // the model releases a module it acquired before returning (ignoring a second error), and
 // makes no further calls for that pass.

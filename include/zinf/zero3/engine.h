@@ -1,4 +1,4 @@
-// The ZeRO-3 training engine: a GPT model whose parameters, gradients and optimizer state are
+// The ZeRO-3 training engine: any model::Model whose parameters, gradients and optimizer state are
 // partitioned across ranks and kept in memory or offloaded to CPU / NVMe per ds_config.
 //
 // One train_step() is one optimizer step: gradient_accumulation_steps micro-batches of forward
@@ -18,15 +18,13 @@
 #include <vector>
 
 #include "zinf/config/ds_config.h"
-#include "zinf/model/config.h"
-#include "zinf/model/gpt.h"
+#include "zinf/model/model.h"
 #include "zinf/status.h"
 #include "zinf/zero3/comm.h"
 
 namespace zinf::zero3 {
 
 struct EngineOptions {
-  model::GptConfig model;
   config::DsConfig ds;    // resolved (load_ds_config)
   std::uint64_t seed = 1234;  // parameter initialisation
   std::string init_from;  // a safetensors file with the full fp32 weights (optional)
@@ -65,12 +63,15 @@ struct EngineCounters {
 
 class Engine {
  public:
-  static Result<std::unique_ptr<Engine>> create(const EngineOptions& options, Communicator& comm);
+  // Trains `model` (checked with model::validate_layout; errors name the parameter or module)
+  // on the ranks of `comm`, which must outlive the engine.
+  static Result<std::unique_ptr<Engine>> create(std::unique_ptr<model::Model> model, const EngineOptions& options,
+                                                Communicator& comm);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  const model::GptModel& model() const;
+  const model::Model& model() const;
   // One line per tier and the precision, for start-up output.
   std::string describe() const;
 
