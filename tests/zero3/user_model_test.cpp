@@ -1,0 +1,251 @@
+// The engine with a model it has never seen: the example's TokenMlp (examples/mlp) trains with
+// the same results in memory, on CPU and on NVMe; its checkpoints resume bit-identically and
+// consolidate without the model's code; a checkpoint of another model is refused by name; and a
+// checkpoint from before the Model interface (no parameter list) still loads and consolidates.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "temp_dir.h"
+#include "token_mlp.h"
+#include "zinf/config/ds_config.h"
+#include "zinf/model/gpt.h"
+#include "zinf/zero3/checkpoint.h"
+#include "zinf/zero3/engine.h"
+#include "zinf/zero3/safetensors.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using zinf::testing::TempDir;
+
+constexpr int kB = 2, kT = 8;
+
+std::unique_ptr<model::Model> mlp(int hidden = 12) {
+  return std::move(example::TokenMlp::create({.vocab = 40, .embed = 6, .hidden = hidden, .layers = 2, .max_seq = kT}))
+      .value();
+}
+
+config::DsConfig ds_config(const std::string& device, const std::string& nvme) {
+  const std::string op = device == "nvme" ? fmt::format(
+                                                R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
+                                                nvme)
+                                          : R"({"device": "none"})";
+  const std::string oo = device == "none" ? R"({"device": "none"})"
+                                          : fmt::format(R"({{"device": "{}", "nvme_path": "{}"}})", device, nvme);
+  const std::string text = fmt::format(R"({{
+    "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+    "bf16": {{"enabled": true}},
+    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
+    "zero_optimization": {{"stage": 3, "sub_group_size": 300, "reduce_bucket_size": 200,
+      "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
+      "offload_param": {op}, "offload_optimizer": {oo}}},
+    "aio": {{"block_size": 65536, "queue_depth": 4}}
+  }})",
+                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo));
+  auto ds = config::parse_ds_config(text, "user_model_test", config::AutoContext{});
+  EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
+  return ds.value();
+}
+
+// Two micro-batches for `step`, a function of the step alone (two alternating batches, so that
+// six steps visibly learn them).
+std::vector<std::vector<std::int32_t>> batch(int step) {
+  std::vector<std::vector<std::int32_t>> rows(2, std::vector<std::int32_t>(kB * kT + 1));
+  for (int g = 0; g < 2; ++g) {
+    for (std::size_t i = 0; i < rows[g].size(); ++i) {
+      rows[g][i] = static_cast<std::int32_t>(((step % 2) * 7 + g * 3 + i * i) % 40);
+    }
+  }
+  return rows;
+}
+
+Result<std::vector<double>> train(Engine& e, int from, int to) {
+  std::vector<double> losses;
+  for (int step = from; step < to; ++step) {
+    const auto rows = batch(step);
+    std::vector<MicroBatch> micro;
+    for (const auto& r : rows) {
+      micro.push_back({std::span<const std::int32_t>(r.data(), kB * kT), std::span<const std::int32_t>(r.data() + 1, kB * kT),
+                       kB, kT});
+    }
+    ZINF_ASSIGN_OR_RETURN(StepReport rep, e.train_step(micro));
+    losses.push_back(rep.loss);
+  }
+  return losses;
+}
+
+std::vector<std::vector<float>> weights(Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (std::size_t p = 0; p < e.model().params().size(); ++p) {
+    out.emplace_back(e.model().params()[p].numel);
+    EXPECT_TRUE(e.read_full_param(p, out.back()).is_ok());
+  }
+  return out;
+}
+
+struct EngineRun {
+  std::unique_ptr<Communicator> comm = make_local_communicator();
+  std::unique_ptr<Engine> engine;
+  EngineRun(std::unique_ptr<model::Model> m, const config::DsConfig& ds) {
+    auto e = Engine::create(std::move(m), EngineOptions{ds, 11, ""}, *comm);
+    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
+    if (e.is_ok()) engine = std::move(e).value();
+  }
+};
+
+TEST(UserModelTest, TrainsIdenticallyInMemoryOnCpuAndOnNvme) {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<std::vector<float>>> final;
+  for (const char* device : {"none", "cpu", "nvme"}) {
+    TempDir nvme;
+    EngineRun run(mlp(), ds_config(device, nvme.path()));
+    ASSERT_NE(run.engine, nullptr);
+    auto l = train(*run.engine, 0, 6);
+    ASSERT_TRUE(l.is_ok()) << device << ": " << l.status().to_string();
+    losses.push_back(l.value());
+    final.push_back(weights(*run.engine));
+  }
+  EXPECT_LT(losses[0][4], losses[0][0]);  // the same batch, four updates later
+  for (std::size_t k = 1; k < losses.size(); ++k) {
+    EXPECT_EQ(losses[k], losses[0]);
+    EXPECT_EQ(final[k], final[0]);
+  }
+}
+
+TEST(UserModelTest, CheckpointsResumeBitIdenticallyAndConsolidateWithoutTheModel) {
+  TempDir nvme, ckpt;
+  const auto ds = ds_config("nvme", nvme.path());
+  std::vector<double> straight;
+  {
+    EngineRun run(mlp(), ds);
+    ASSERT_NE(run.engine, nullptr);
+    auto first = train(*run.engine, 0, 3);
+    ASSERT_TRUE(first.is_ok());
+    ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "step3", "{\"mine\": 1}").is_ok());
+    auto rest = train(*run.engine, 3, 6);
+    ASSERT_TRUE(rest.is_ok());
+    straight = rest.value();
+  }
+  // engine.json records what the model said of itself.
+  std::ifstream f(ckpt.path() + "/step3/engine.json");
+  std::stringstream text;
+  text << f.rdbuf();
+  const auto j = nlohmann::json::parse(text.str());
+  EXPECT_EQ(j["model"]["type"], "token_mlp");
+  EXPECT_EQ(j["params"].size(), 7u);
+  EXPECT_EQ(j["modules"][3]["name"], "head");
+
+  EngineRun resumed(mlp(), ds);
+  ASSERT_NE(resumed.engine, nullptr);
+  auto client = resumed.engine->load_checkpoint(ckpt.path(), "");
+  ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+  EXPECT_EQ(client.value(), "{\"mine\": 1}");
+  const auto at_save = weights(*resumed.engine);
+  auto rest = train(*resumed.engine, 3, 6);
+  ASSERT_TRUE(rest.is_ok());
+  EXPECT_EQ(rest.value(), straight);
+
+  // Consolidation knows nothing of TokenMlp: it reads the parameter list from engine.json.
+  const std::string st = ckpt.file("mlp.safetensors");
+  ASSERT_TRUE(consolidate_checkpoint(ckpt.path(), st).is_ok());
+  auto reader = SafetensorsReader::open(st);
+  ASSERT_TRUE(reader.is_ok());
+  for (std::size_t p = 0; p < at_save.size(); ++p) {
+    std::vector<float> w(at_save[p].size());
+    const std::string name = resumed.engine->model().params()[p].name;
+    ASSERT_TRUE(reader->read_f32(name, w).is_ok()) << name;
+    EXPECT_EQ(w, at_save[p]) << name;
+  }
+}
+
+TEST(UserModelTest, ACheckpointOfAnotherModelIsRefusedByName) {
+  TempDir nvme, ckpt;
+  const auto ds = ds_config("cpu", nvme.path());
+  {
+    EngineRun run(mlp(12), ds);
+    ASSERT_TRUE(train(*run.engine, 0, 1).is_ok());
+    ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  }
+  EngineRun other(mlp(13), ds);
+  const auto before = weights(*other.engine);
+  auto loaded = other.engine->load_checkpoint(ckpt.path(), "a");
+  ASSERT_FALSE(loaded.is_ok());
+  EXPECT_EQ(loaded.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("checkpoint has model"), std::string::npos) << loaded.status().message();
+  EXPECT_NE(loaded.status().message().find("\"hidden\":12"), std::string::npos) << loaded.status().message();
+  EXPECT_NE(loaded.status().message().find("\"hidden\":13"), std::string::npos) << loaded.status().message();
+  EXPECT_EQ(weights(*other.engine), before);  // nothing was touched
+}
+
+// Rewrites engine.json of tag `tag` with `edit` applied.
+template <typename Edit>
+void edit_engine_json(const std::string& dir, const std::string& tag, Edit&& edit) {
+  const std::string path = dir + "/" + tag + "/engine.json";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto j = nlohmann::json::parse(text.str());
+  edit(j);
+  std::ofstream(path) << j.dump(2);
+}
+
+TEST(UserModelTest, GptCheckpointsWithoutAParameterListStillLoadAndConsolidate) {
+  TempDir nvme, ckpt;
+  const auto ds = ds_config("cpu", nvme.path());
+  model::GptConfig c;
+  c.vocab_size = 40;
+  c.max_seq = kT;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 8;
+  auto gpt = [&] { return std::unique_ptr<model::Model>(std::move(model::GptModel::create(c)).value()); };
+  std::vector<std::vector<float>> saved;
+  {
+    EngineRun run(gpt(), ds);
+    ASSERT_TRUE(train(*run.engine, 0, 2).is_ok());
+    ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "old", "{}").is_ok());
+    saved = weights(*run.engine);
+  }
+  // As the previous release wrote it: dimensions only, no "type", "params" or "modules".
+  edit_engine_json(ckpt.path(), "old", [](nlohmann::json& j) {
+    j.erase("params");
+    j.erase("modules");
+    j["model"].erase("type");
+  });
+  EngineRun run(gpt(), ds);
+  auto loaded = run.engine->load_checkpoint(ckpt.path(), "old");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  EXPECT_EQ(weights(*run.engine), saved);
+  ASSERT_TRUE(consolidate_checkpoint(ckpt.path(), ckpt.file("old.safetensors")).is_ok());
+}
+
+TEST(UserModelTest, AUserModelCheckpointWithoutItsParameterListIsAClearError) {
+  TempDir nvme, ckpt;
+  const auto ds = ds_config("cpu", nvme.path());
+  {
+    EngineRun run(mlp(), ds);
+    ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  }
+  edit_engine_json(ckpt.path(), "a", [](nlohmann::json& j) { j.erase("params"); j.erase("modules"); });
+  Status s = consolidate_checkpoint(ckpt.path(), ckpt.file("x.safetensors"));
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.message().find("model type \"token_mlp\" is not one zinf builds"), std::string::npos) << s.message();
+
+  edit_engine_json(ckpt.path(), "a", [](nlohmann::json& j) {
+    j["params"] = nlohmann::json::array({{{"name", "embed.weight"}, {"shape", {40, "6"}}, {"module", 0}}});
+    j["modules"] = nlohmann::json::array();
+  });
+  s = consolidate_checkpoint(ckpt.path(), ckpt.file("x.safetensors"));
+  EXPECT_EQ(s.code(), ErrorCode::kCorruption);
+  EXPECT_NE(s.message().find("params[0] ('embed.weight') has shape [40,\"6\"]"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace zinf::zero3
