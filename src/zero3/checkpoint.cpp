@@ -413,7 +413,19 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   return j.value("client_state", std::string());
 }
 
-Status consolidate_checkpoint(const std::string& checkpoint, const std::string& out_path) {
+struct CheckpointReader::Impl {
+  std::string folder;
+  std::string model_json;
+  ModelLayout model;
+  SavedLayout saved;
+};
+
+CheckpointReader::CheckpointReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CheckpointReader::CheckpointReader(CheckpointReader&&) noexcept = default;
+CheckpointReader& CheckpointReader::operator=(CheckpointReader&&) noexcept = default;
+CheckpointReader::~CheckpointReader() = default;
+
+Result<CheckpointReader> CheckpointReader::open(const std::string& checkpoint) {
   std::string folder = checkpoint;
   if (!std::filesystem::exists(folder + "/engine.json")) {
     auto latest = read_small_file(checkpoint + "/latest");
@@ -427,25 +439,43 @@ Status consolidate_checkpoint(const std::string& checkpoint, const std::string& 
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   const auto j = nlohmann::json::parse(text, nullptr, false);
   ZINF_RETURN_IF_ERROR(check_format(j, folder));
-  ZINF_ASSIGN_OR_RETURN(const ModelLayout model, saved_model_layout(j, folder));
+  ZINF_ASSIGN_OR_RETURN(ModelLayout model, saved_model_layout(j, folder));
   ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(model, j, folder));
   for (int r = 0; r < saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, r));
-  std::vector<TensorToWrite> tensors;
-  for (std::size_t p = 0; p < model.params.size(); ++p) {
-    const model::ParamSpec& spec = model.params[p];
-    tensors.push_back({spec.name, spec.shape, [&, p](std::span<float> out) -> Status {
-                         for (int r = 0; r < saved.plan.world_size(); ++r) {
-                           const ElementRange range = saved.plan.owned(p, r);
-                           if (range.size() == 0) continue;
-                           const std::uint64_t at =
-                               saved.element_offset(saved.plan.place(p).group, 0, saved.plan.slice_offset(p, r));
-                           ZINF_RETURN_IF_ERROR(read_exact(rank_file(folder, r), at, out.data() + range.begin,
-                                                           range.size() * sizeof(float)));
-                         }
-                         return Status::ok();
-                       }});
+  auto impl = std::make_unique<Impl>(
+      Impl{folder, normalized_model_json(j["model"]).dump(), std::move(model), std::move(saved)});
+  return CheckpointReader(std::move(impl));
+}
+
+const std::string& CheckpointReader::folder() const { return impl_->folder; }
+const std::string& CheckpointReader::model_config_json() const { return impl_->model_json; }
+std::span<const model::ParamSpec> CheckpointReader::params() const { return impl_->model.params; }
+std::span<const model::ModuleSpec> CheckpointReader::modules() const { return impl_->model.modules; }
+
+Status CheckpointReader::read_param(std::size_t index, std::span<float> out) const {
+  const Impl& m = *impl_;
+  if (index >= m.model.params.size() || out.size() != m.model.params[index].numel) {
+    return Status::invalid_argument(fmt::format("{}: read_param({}) with {} elements", m.folder, index, out.size()));
   }
-  return write_safetensors(out_path, tensors, {{"format", "pt"}, {"source", "zinf " + folder}});
+  const SavedLayout& saved = m.saved;
+  for (int r = 0; r < saved.plan.world_size(); ++r) {
+    const ElementRange range = saved.plan.owned(index, r);
+    if (range.size() == 0) continue;
+    const std::uint64_t at = saved.element_offset(saved.plan.place(index).group, 0, saved.plan.slice_offset(index, r));
+    ZINF_RETURN_IF_ERROR(
+        read_exact(rank_file(m.folder, r), at, out.data() + range.begin, range.size() * sizeof(float)));
+  }
+  return Status::ok();
+}
+
+Status consolidate_checkpoint(const std::string& checkpoint, const std::string& out_path) {
+  ZINF_ASSIGN_OR_RETURN(const CheckpointReader reader, CheckpointReader::open(checkpoint));
+  std::vector<TensorToWrite> tensors;
+  for (std::size_t p = 0; p < reader.params().size(); ++p) {
+    const model::ParamSpec& spec = reader.params()[p];
+    tensors.push_back({spec.name, spec.shape, [&, p](std::span<float> out) { return reader.read_param(p, out); }});
+  }
+  return write_safetensors(out_path, tensors, {{"format", "pt"}, {"source", "zinf " + reader.folder()}});
 }
 
 }  // namespace zinf::zero3

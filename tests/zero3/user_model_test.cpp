@@ -15,6 +15,7 @@
 #include "temp_dir.h"
 #include "token_mlp.h"
 #include "zinf/config/ds_config.h"
+#include "zinf/model/local_params.h"
 #include "zinf/model/gpt.h"
 #include "zinf/zero3/checkpoint.h"
 #include "zinf/zero3/engine.h"
@@ -32,7 +33,7 @@ std::unique_ptr<model::Model> mlp(int hidden = 12) {
       .value();
 }
 
-config::DsConfig ds_config(const std::string& device, const std::string& nvme) {
+config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true) {
   const std::string op = device == "nvme" ? fmt::format(
                                                 R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
                                                 nvme)
@@ -41,14 +42,15 @@ config::DsConfig ds_config(const std::string& device, const std::string& nvme) {
                                           : fmt::format(R"({{"device": "{}", "nvme_path": "{}"}})", device, nvme);
   const std::string text = fmt::format(R"({{
     "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-    "bf16": {{"enabled": true}},
+    {precision}
     "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
     "zero_optimization": {{"stage": 3, "sub_group_size": 300, "reduce_bucket_size": 200,
       "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
       "offload_param": {op}, "offload_optimizer": {oo}}},
     "aio": {{"block_size": 65536, "queue_depth": 4}}
   }})",
-                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo));
+                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo),
+                                       fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""));
   auto ds = config::parse_ds_config(text, "user_model_test", config::AutoContext{});
   EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
   return ds.value();
@@ -182,6 +184,36 @@ TEST(UserModelTest, ACheckpointOfAnotherModelIsRefusedByName) {
   EXPECT_NE(loaded.status().message().find("\"hidden\":12"), std::string::npos) << loaded.status().message();
   EXPECT_NE(loaded.status().message().find("\"hidden\":13"), std::string::npos) << loaded.status().message();
   EXPECT_EQ(weights(*other.engine), before);  // nothing was touched
+}
+
+TEST(UserModelTest, CheckpointReaderGivesTheWeightsTheEngineComputesWith) {
+  TempDir nvme, ckpt;
+  EngineRun run(mlp(), ds_config("cpu", nvme.path(), /*bf16=*/false));  // fp32: computes with the masters
+  ASSERT_TRUE(train(*run.engine, 0, 3).is_ok());
+  ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const auto rows = batch(9);
+  const MicroBatch mb{std::span<const std::int32_t>(rows[0].data(), kB * kT),
+                      std::span<const std::int32_t>(rows[0].data() + 1, kB * kT), kB, kT};
+  auto engine_loss = run.engine->eval_loss(mb);
+  ASSERT_TRUE(engine_loss.is_ok());
+
+  auto reader = CheckpointReader::open(ckpt.path());
+  ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+  EXPECT_EQ(reader->folder(), ckpt.path() + "/a");
+  EXPECT_EQ(nlohmann::json::parse(reader->model_config_json())["type"], "token_mlp");
+  auto m = mlp();
+  auto lp = model::LocalParams::create(m->params(), m->modules());
+  ASSERT_TRUE(lp.is_ok());
+  ASSERT_EQ(reader->params().size(), m->params().size());
+  for (std::size_t p = 0; p < m->params().size(); ++p) {
+    EXPECT_EQ(reader->params()[p].name, m->params()[p].name);
+    ASSERT_TRUE(reader->read_param(p, lp->param(static_cast<int>(p))).is_ok());
+  }
+  auto local_loss = m->forward_loss(mb.inputs, mb.targets, kB, kT, *lp);
+  ASSERT_TRUE(local_loss.is_ok());
+  EXPECT_EQ(static_cast<double>(local_loss.value()), engine_loss.value());
+  std::vector<float> wrong(3);
+  EXPECT_EQ(reader->read_param(0, wrong).code(), ErrorCode::kInvalidArgument);
 }
 
 // Rewrites engine.json of tag `tag` with `edit` applied.

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   zinf::cli::add_train_command(app, &exit_code);
   zinf::cli::add_estimate_command(app, &exit_code);
   zinf::cli::add_consolidate_command(app, &exit_code);
+  zinf::cli::add_eval_command(app, &exit_code);
   zinf::cli::add_config_command(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -1,11 +1,41 @@
-// Checkpoint tools that need no running engine: consolidation into full fp32 weights.
+// Checkpoint tools that need no running engine: a checkpoint's model and full fp32 weights
+// (CheckpointReader), and consolidation into one safetensors file.
 #pragma once
 
+#include <cstddef>
+#include <memory>
+#include <span>
 #include <string>
 
+#include "zinf/model/params.h"
 #include "zinf/status.h"
 
 namespace zinf::zero3 {
+
+// Reads a checkpoint without an engine: what the model said of itself (config_json(), the
+// parameter and module lists) and each parameter's full fp32 master value, gathered from the
+// per-rank files of any world size. open() verifies every rank file's size and checksum first;
+// errors name the file and what is wrong with it. Needs no code of the model that saved it.
+class CheckpointReader {
+ public:
+  // `checkpoint` is a folder holding `latest`, or one tag's folder.
+  static Result<CheckpointReader> open(const std::string& checkpoint);
+  CheckpointReader(CheckpointReader&&) noexcept;
+  CheckpointReader& operator=(CheckpointReader&&) noexcept;
+  ~CheckpointReader();
+
+  const std::string& folder() const;             // the tag's folder that was opened
+  const std::string& model_config_json() const;  // {"type": ..., ...} (a GPT's "type" filled in)
+  std::span<const model::ParamSpec> params() const;
+  std::span<const model::ModuleSpec> modules() const;
+  // Parameter `index`'s full value (params()[index].numel elements).
+  Status read_param(std::size_t index, std::span<float> out) const;
+
+ private:
+  struct Impl;
+  explicit CheckpointReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
 
 // Rebuilds every parameter's full fp32 value from a checkpoint's per-rank master partitions
 // (each parameter's ceil(n/W) slices concatenated across ranks and cut to n) and writes them

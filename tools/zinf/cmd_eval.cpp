@@ -1,0 +1,158 @@
+// `zinf eval --resume CKPT`: the mean next-token loss of a checkpoint's model over the first
+// N*B windows of a token file, in order, with every parameter in memory (no engine, no offload).
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "zinf/model/data.h"
+#include "zinf/model/local_params.h"
+#include "zinf/model/registry.h"
+#include "zinf/zero3/checkpoint.h"
+
+namespace zinf::cli {
+namespace {
+
+struct EvalOptions {
+  std::string resume;
+  std::string data;
+  int batch = 8;
+  int seq = 0;      // 0: the model's max_seq
+  int batches = 0;  // 0: every whole batch the data holds
+  bool json = false;
+};
+
+struct EvalResult {
+  double loss = 0;
+  std::uint64_t tokens = 0;
+  int batches = 0, batch = 0, seq = 0;
+  std::string model, checkpoint, data;
+};
+
+// The checkpoint's model with its saved weights, in memory.
+struct LoadedModel {
+  std::unique_ptr<model::Model> model;
+  model::LocalParams params;
+};
+
+Result<LoadedModel> load_checkpoint_model(const std::string& checkpoint) {
+  ZINF_ASSIGN_OR_RETURN(zero3::CheckpointReader reader, zero3::CheckpointReader::open(checkpoint));
+  const std::string source = reader.folder() + "/engine.json";
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::make_builtin_model(reader.model_config_json(), source));
+  const auto params = m->params();
+  if (params.size() != reader.params().size()) {
+    return Status::corruption(fmt::format("{}: {} parameters saved, the model it names has {}", source,
+                                          reader.params().size(), params.size()));
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name != reader.params()[i].name || params[i].shape != reader.params()[i].shape) {
+      return Status::corruption(fmt::format("{}: saved parameter {} is '{}', the model it names has '{}' there",
+                                            source, i, reader.params()[i].name, params[i].name));
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(model::LocalParams lp, model::LocalParams::create(params, m->modules()));
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    ZINF_RETURN_IF_ERROR(reader.read_param(i, lp.param(static_cast<int>(i))));
+  }
+  return LoadedModel{std::move(m), std::move(lp)};
+}
+
+Result<EvalResult> run_eval(const EvalOptions& o) {
+  auto made = load_checkpoint_model(o.resume);
+  if (!made.is_ok()) return made.status().with_context("--resume");
+  LoadedModel loaded = std::move(made).value();
+  model::Model& m = *loaded.model;
+  model::TokenDataset data = model::TokenDataset::load_default();
+  if (!o.data.empty()) {
+    auto d = model::TokenDataset::load(o.data);
+    if (!d.is_ok()) return d.status().with_context("--data");
+    data = std::move(d).value();
+  }
+  const int T = o.seq > 0 ? o.seq : m.max_seq();
+  if (T > m.max_seq()) {
+    return Status::invalid_argument(fmt::format("--seq {} is longer than the model's max_seq {}", T, m.max_seq()));
+  }
+  const std::uint64_t windows = data.size() > 0 ? (data.size() - 1) / static_cast<std::uint64_t>(T) : 0;
+  const std::uint64_t whole_batches = windows / static_cast<std::uint64_t>(o.batch);
+  const int N = o.batches > 0 ? o.batches : static_cast<int>(std::min<std::uint64_t>(whole_batches, INT32_MAX));
+  if (N < 1 || static_cast<std::uint64_t>(N) > whole_batches) {
+    return Status::invalid_argument(fmt::format(
+        "--batches {} x --batch {} windows of {} tokens need {} tokens; {} has {} (room for {} batch{})", N, o.batch,
+        T + 1, static_cast<std::uint64_t>(N) * static_cast<std::uint64_t>(o.batch) * static_cast<std::uint64_t>(T) + 1,
+        data.source(), data.size(), whole_batches, whole_batches == 1 ? "" : "es"));
+  }
+  // Every token the windows read must be one the model knows: say which one is not.
+  const std::uint64_t used = static_cast<std::uint64_t>(N) * static_cast<std::uint64_t>(o.batch) * T + 1;
+  const auto tokens = data.tokens();
+  for (std::uint64_t i = 0; i < used; ++i) {
+    if (tokens[i] >= m.vocab_size()) {
+      return Status::invalid_argument(fmt::format("--data {}: token {} (0-based) is {}, outside the model's vocabulary "
+                                                  "of {}",
+                                                  data.source(), i, tokens[i], m.vocab_size()));
+    }
+  }
+  ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(data, {o.batch, T, 0, 1, 0, false}));
+  std::vector<std::int32_t> in(static_cast<std::size_t>(o.batch) * T), tg(in.size());
+  double sum = 0;
+  for (int b = 0; b < N; ++b) {
+    ZINF_RETURN_IF_ERROR(loader.next(in, tg));
+    auto loss = m.forward_loss(in, tg, o.batch, T, loaded.params);
+    if (!loss.is_ok()) return loss.status().with_context(fmt::format("batch {}", b));
+    sum += loss.value();
+  }
+  EvalResult r;
+  r.loss = sum / N;  // every batch has B*T positions: the mean over all of them
+  r.tokens = static_cast<std::uint64_t>(N) * static_cast<std::uint64_t>(o.batch) * static_cast<std::uint64_t>(T);
+  r.batches = N;
+  r.batch = o.batch;
+  r.seq = T;
+  r.model = m.describe();
+  r.checkpoint = o.resume;
+  r.data = data.source();
+  return r;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "eval", "mean next-token loss of a checkpoint's model over the first windows of a token file, in order");
+  auto o = std::make_shared<EvalOptions>();
+  cmd->add_option("--resume", o->resume, "checkpoint folder (with 'latest') or one tag's folder")->required();
+  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
+  cmd->add_option("--batch", o->batch, "windows per forward pass (B)")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--seq", o->seq, "tokens per window (T; default: the model's max_seq)")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--batches", o->batches, "forward passes (N; default: every whole batch in the data)")
+      ->check(CLI::Range(1, INT32_MAX));
+  cmd->add_flag("--json", o->json, "print one JSON object instead of a line");
+  cmd->callback([o, exit_code] {
+    auto r = run_eval(*o);
+    if (!r.is_ok()) {
+      std::cerr << "zinf eval: " << r.status().message() << "\n";
+      const ErrorCode c = r.status().code();
+      *exit_code = c == ErrorCode::kInvalidArgument || c == ErrorCode::kNotFound ? 2 : 1;
+      return;
+    }
+    if (o->json) {
+      const nlohmann::json j = {{"loss", r->loss},       {"tokens", r->tokens},         {"batches", r->batches},
+                                {"batch", r->batch},     {"seq", r->seq},               {"model", r->model},
+                                {"checkpoint", r->checkpoint}, {"data", r->data}};
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << fmt::format("eval: loss {:.6f} (perplexity {:.3f}) over {} tokens: {} batches of {} x {} from {}\n"
+                               "model: {} ({})\n",
+                               r->loss, std::exp(r->loss), r->tokens, r->batches, r->batch, r->seq, r->data, r->model,
+                               r->checkpoint);
+    }
+    *exit_code = 0;
+  });
+}
+
+}  // namespace zinf::cli
