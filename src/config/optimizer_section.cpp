@@ -5,6 +5,7 @@
 #include "config/known_keys.h"
 #include "config/param_table.h"
 #include "config/sections.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::config::detail {
 
@@ -22,12 +23,17 @@ using K = ParamKind;
 using S = ParamSource;
 using P = Presence;
 
+// The defaults are optim's (one schema: the reference's values, kept in include/zinf/optim/optimizer.h).
+constexpr optim::AdamParams kAdam{};
+constexpr optim::AdagradParams kAdagrad{};
+constexpr optim::LionParams kLion{};
+
 // torch options that change the math zinf does not implement, and ones with no effect here.
 constexpr ParamSpec kAdamParams[] = {
-    {"lr", K::kNumber, P::kDefault, 1e-3, 0, S::kLr, kNonNegativeNumber},
-    {"betas", K::kBetas, P::kDefault, 0.9, 0.999, S::kBetas, kBetaRange},
-    {"eps", K::kNumber, P::kDefault, 1e-8, 0, S::kEps, kPositiveNumber},
-    {"weight_decay", K::kNumber, P::kDefault, 0.0, 0, S::kWeightDecay, kNonNegativeNumber},
+    {"lr", K::kNumber, P::kDefault, kAdam.lr, 0, S::kLr, kNonNegativeNumber},
+    {"betas", K::kBetas, P::kDefault, kAdam.beta1, kAdam.beta2, S::kBetas, kBetaRange},
+    {"eps", K::kNumber, P::kDefault, kAdam.eps, 0, S::kEps, kPositiveNumber},
+    {"weight_decay", K::kNumber, P::kDefault, kAdam.weight_decay, 0, S::kWeightDecay, kNonNegativeNumber},
     {"bias_correction", K::kBool, P::kDefault, 1.0},
     {"adam_w_mode", K::kBool, P::kDefault, 1.0},
     {"amsgrad", K::kMustBeFalse},
@@ -40,9 +46,9 @@ constexpr ParamSpec kAdamParams[] = {
 };
 
 constexpr ParamSpec kAdagradParams[] = {
-    {"lr", K::kNumber, P::kDefault, 1e-2, 0, S::kLr, kNonNegativeNumber},
-    {"eps", K::kNumber, P::kDefault, 1e-10, 0, S::kEps, kPositiveNumber},
-    {"weight_decay", K::kNumber, P::kDefault, 0.0, 0, S::kWeightDecay, kNonNegativeNumber},
+    {"lr", K::kNumber, P::kDefault, kAdagrad.lr, 0, S::kLr, kNonNegativeNumber},
+    {"eps", K::kNumber, P::kDefault, kAdagrad.eps, 0, S::kEps, kPositiveNumber},
+    {"weight_decay", K::kNumber, P::kDefault, kAdagrad.weight_decay, 0, S::kWeightDecay, kNonNegativeNumber},
     {"lr_decay", K::kMustBeZero},
     {"initial_accumulator_value", K::kMustBeZero},
     {"maximize", K::kMustBeFalse},
@@ -52,9 +58,9 @@ constexpr ParamSpec kAdagradParams[] = {
 };
 
 constexpr ParamSpec kLionParams[] = {
-    {"lr", K::kNumber, P::kDefault, 1e-4, 0, S::kLr, kNonNegativeNumber},
-    {"betas", K::kBetas, P::kDefault, 0.9, 0.99, S::kBetas, kBetaRange},
-    {"weight_decay", K::kNumber, P::kDefault, 0.0, 0, S::kWeightDecay, kNonNegativeNumber},
+    {"lr", K::kNumber, P::kDefault, kLion.lr, 0, S::kLr, kNonNegativeNumber},
+    {"betas", K::kBetas, P::kDefault, kLion.beta1, kLion.beta2, S::kBetas, kBetaRange},
+    {"weight_decay", K::kNumber, P::kDefault, kLion.weight_decay, 0, S::kWeightDecay, kNonNegativeNumber},
 };
 
 constexpr ParamSpec kWarmupParams[] = {

@@ -1,11 +1,13 @@
 // Tests for reading valid ds_config files: defaults, aliases, deprecated names, "auto", batch rules.
 #include <cmath>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
 #include "zinf/config/ds_config.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::config {
 namespace {
@@ -393,7 +395,7 @@ TEST(DsConfigTest, OptimizerDefaultsAreFilledPerType) {
   auto lion = parse(R"({"train_batch_size": 1, "optimizer": {"type": "Lion", "params": {"lr": 3e-4}}})");
   ASSERT_TRUE(lion.is_ok()) << lion.status().message();
   EXPECT_EQ(lion->optimizer->params.number("lr"), 3e-4);
-  EXPECT_EQ(lion->optimizer->params.numbers("betas"), (std::vector<double>{0.9, 0.99}));
+  EXPECT_EQ(lion->optimizer->params.numbers("betas"), (std::vector<double>{0.9, 0.999}));
   EXPECT_FALSE(lion->optimizer->params.number("eps").has_value());
 
   auto adagrad = parse(R"({"train_batch_size": 1, "optimizer": {"type": "Adagrad"}})");
@@ -404,6 +406,42 @@ TEST(DsConfigTest, OptimizerDefaultsAreFilledPerType) {
   auto l2 = parse(R"({"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false, "amsgrad": false}}})");
   ASSERT_TRUE(l2.is_ok()) << l2.status().message();
   EXPECT_EQ(l2->optimizer->params.boolean("adam_w_mode"), false);
+}
+
+// One schema: the reader's defaults are optim's structs, and both are the reference's values
+// (DeepSpeedCPUAdam, torch Adagrad, DeepSpeedCPULion). Before they were shared, the reader
+// gave Lion lr 1e-4 / betas (0.9, 0.99) while optim used 1e-3 / (0.9, 0.999).
+TEST(DsConfigTest, OptimizerDefaultsAreTheReferencesAndOptimsOwn) {
+  struct Case {
+    const char* type;
+    double lr, beta1, beta2, eps, weight_decay;  // eps < 0: the type has none; beta1 < 0: no betas
+  };
+  const optim::AdamParams adam;
+  const optim::AdagradParams adagrad;
+  const optim::LionParams lion;
+  for (const Case& c : {Case{"Adam", 1e-3, 0.9, 0.999, 1e-8, 0.0}, Case{"AdamW", 1e-3, 0.9, 0.999, 1e-8, 0.0},
+                        Case{"Adagrad", 1e-2, -1, -1, 1e-10, 0.0}, Case{"Lion", 1e-3, 0.9, 0.999, -1, 0.0}}) {
+    auto cfg = parse(fmt::format(R"({{"train_batch_size": 1, "optimizer": {{"type": "{}"}}}})", c.type));
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().message();
+    const ParamList& p = cfg->optimizer->params;
+    EXPECT_EQ(p.number("lr"), c.lr) << c.type;
+    EXPECT_EQ(p.number("weight_decay"), c.weight_decay) << c.type;
+    if (c.beta1 >= 0) {
+      EXPECT_EQ(p.numbers("betas"), (std::vector<double>{c.beta1, c.beta2})) << c.type;
+    }
+    if (c.eps >= 0) {
+      EXPECT_EQ(p.number("eps"), c.eps) << c.type;
+    }
+  }
+  EXPECT_EQ(adam.lr, 1e-3);
+  EXPECT_EQ(adam.beta2, 0.999);
+  EXPECT_EQ(adam.eps, 1e-8);
+  EXPECT_EQ(adagrad.lr, 1e-2);
+  EXPECT_EQ(adagrad.eps, 1e-10);
+  EXPECT_EQ(lion.lr, 1e-3);
+  EXPECT_EQ(lion.beta1, 0.9);
+  EXPECT_EQ(lion.beta2, 0.999);
+  EXPECT_EQ(lion.weight_decay, 0.0);
 }
 
 TEST(DsConfigTest, SchedulerParamsAreFilledPerType) {

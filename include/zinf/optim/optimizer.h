@@ -60,6 +60,8 @@ struct AdagradParams {
   double weight_decay = 0.0;
 };
 
+// DeepSpeed's DeepSpeedCPULion defaults (lr 1e-3, betas (0.9, 0.999), weight_decay 0); the
+// ds_config reader takes its defaults from these structs.
 struct LionParams {
   double lr = 1e-3;
   double beta1 = 0.9;
