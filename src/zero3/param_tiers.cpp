@@ -3,6 +3,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -127,9 +128,24 @@ class NvmeParamTier final : public ParamTier {
     return s.is_ok() ? r : s;
   }
 
-  void set_outputs(swap::StepInputs& in) override { in.param_swapper = swapper_.get(); }
-  Status write_f32_subgroup(std::size_t, std::span<const float>) override {
-    return Status::unsupported("offload_param to nvme holds 16-bit partitions; enable bf16 or fp16");
+  // 16-bit partitions are written by the optimizer as it steps; fp32 ones are the master
+  // weights themselves, which the engine hands over after the step (write_f32_subgroup).
+  void set_outputs(swap::StepInputs& in) override {
+    if (dtype() != swap::DType::kF32) in.param_swapper = swapper_.get();
+  }
+  Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) override {
+    if (dtype() != swap::DType::kF32) return Status::internal("write_f32_subgroup on a 16-bit parameter tier");
+    const swap::SubGroup& group = layout_.subgroups[sg];
+    std::vector<swap::SwapTicket> writes;
+    for (std::size_t p = group.first_param; p < group.first_param + group.param_count; ++p) {
+      writes.push_back(swapper_->write(layout_.params[p].key, sg_master.data() + layout_.offset_in_subgroup[p]));
+    }
+    Status first_error;
+    for (const swap::SwapTicket& t : writes) {
+      Status s = t.wait();  // every write is waited for before sg_master may be reused
+      if (first_error.is_ok() && !s.is_ok()) first_error = s;
+    }
+    return first_error;
   }
   Status flush() override { return swapper_->flush(); }
   double io_wait_seconds() const override { return io_wait_; }
@@ -152,11 +168,6 @@ Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerL
 
 Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle) {
-  if (config.dtype == swap::DType::kF32) {
-    return Status::invalid_argument(
-        "zero_optimization.offload_param.device nvme: zinf keeps offloaded parameters as 16-bit copies; "
-        "enable bf16 or fp16 (or use device cpu)");
-  }
   ZINF_ASSIGN_OR_RETURN(auto swapper, swap::ParamSwapper::create(config, handle));
   auto tier = std::make_unique<NvmeParamTier>(layout, std::move(swapper));
   ZINF_RETURN_IF_ERROR(tier->declare().with_context("parameter swap store"));

@@ -121,6 +121,28 @@ TEST(UserModelTest, TrainsIdenticallyInMemoryOnCpuAndOnNvme) {
   }
 }
 
+// fp32 (no bf16/fp16 block) with offload_param on NVMe: the partitions on NVMe are the fp32
+// master weights, written after each step; the run matches fp32 in memory bit for bit.
+TEST(UserModelTest, Fp32TrainsWithParametersOnNvme) {
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<std::vector<float>>> final;
+  for (const char* device : {"none", "nvme"}) {
+    TempDir nvme;
+    EngineRun run(mlp(), ds_config(device, nvme.path(), /*bf16=*/false));
+    ASSERT_NE(run.engine, nullptr) << device;
+    EXPECT_NE(run.engine->describe().find(std::string(device) == "nvme" ? "parameters: nvme (fp32" : "parameters: memory (fp32"),
+              std::string::npos)
+        << run.engine->describe();
+    auto l = train(*run.engine, 0, 6);
+    ASSERT_TRUE(l.is_ok()) << device << ": " << l.status().to_string();
+    losses.push_back(l.value());
+    final.push_back(weights(*run.engine));
+  }
+  EXPECT_EQ(losses[1], losses[0]);
+  EXPECT_EQ(final[1], final[0]);
+  EXPECT_LT(losses[0][4], losses[0][0]);
+}
+
 TEST(UserModelTest, CheckpointsResumeBitIdenticallyAndConsolidateWithoutTheModel) {
   TempDir nvme, ckpt;
   const auto ds = ds_config("nvme", nvme.path());
