@@ -210,7 +210,8 @@ Status parse_zero_object(ParseState& st, const Json* obj, ZeroSection* z, const 
   } else {
     take_or_default(st, r.key_path("reduce_bucket_size"), reduce, &z->reduce_bucket_size);
   }
-  ZINF_ASSIGN_OR_RETURN(auto sub_group, r.integer("sub_group_size", kPositive));
+  // 0 is the reference's "one parameter (here: one partition group) per sub-group".
+  ZINF_ASSIGN_OR_RETURN(auto sub_group, r.integer("sub_group_size", kNonNegative));
   take_or_default(st, r.key_path("sub_group_size"), sub_group, &z->sub_group_size);
 
   ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "prefetch_bucket_size", z->stage, hh09,

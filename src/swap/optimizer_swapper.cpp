@@ -47,7 +47,6 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(const Optimiz
   if (config.nvme_paths.empty()) {
     return Status::invalid_argument("offload_optimizer.nvme_path is required when the device is nvme");
   }
-  if (config.sub_group_size == 0) return Status::invalid_argument("sub_group_size must be positive");
   std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(config, std::move(optimizer)));
   sw->layout_ = OptimizerLayout::build(std::move(params), config.sub_group_size);
   ZINF_RETURN_IF_ERROR(sw->open_stores(handle, mode));

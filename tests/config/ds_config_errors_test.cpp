@@ -71,7 +71,7 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"ArrayForObject", R"({"train_batch_size": 1, "zero_optimization": [3]})",
                   "ds_config.json:1:25: zero_optimization: expected an object {...}, got an array"},
         ErrorCase{"FractionForInteger", R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "sub_group_size": 2.5e0}})",
-                  "ds_config.json:1:59: zero_optimization.sub_group_size: expected a positive integer, got 2.5 (not a whole number)"},
+                  "ds_config.json:1:59: zero_optimization.sub_group_size: expected a non-negative integer, got 2.5 (not a whole number)"},
         ErrorCase{"TopLevelNotAnObject", R"([1, 2])", "ds_config.json: the top level must be an object {...}, got an array"},
         // out-of-range values
         ErrorCase{"StageTooHigh", R"({"train_batch_size": 1, "zero_optimization": {"stage": 4}})",

@@ -33,7 +33,8 @@ std::unique_ptr<model::Model> mlp(int hidden = 12) {
       .value();
 }
 
-config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true) {
+config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true,
+                           int sub_group_size = 300) {
   const std::string op = device == "nvme" ? fmt::format(
                                                 R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
                                                 nvme)
@@ -44,13 +45,14 @@ config::DsConfig ds_config(const std::string& device, const std::string& nvme, b
     "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
     {precision}
     "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
-    "zero_optimization": {{"stage": 3, "sub_group_size": 300, "reduce_bucket_size": 200,
+    "zero_optimization": {{"stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 200,
       "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
       "offload_param": {op}, "offload_optimizer": {oo}}},
     "aio": {{"block_size": 65536, "queue_depth": 4}}
   }})",
                                        fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo),
-                                       fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""));
+                                       fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""),
+                                       fmt::arg("sg", sub_group_size));
   auto ds = config::parse_ds_config(text, "user_model_test", config::AutoContext{});
   EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
   return ds.value();
@@ -141,6 +143,22 @@ TEST(UserModelTest, Fp32TrainsWithParametersOnNvme) {
   EXPECT_EQ(losses[1], losses[0]);
   EXPECT_EQ(final[1], final[0]);
   EXPECT_LT(losses[0][4], losses[0][0]);
+}
+
+// sub_group_size 0 (found in real configs) is the reference's "one parameter per sub-group":
+// here one partition group (a module's parameters) per sub-group, on NVMe as in memory.
+TEST(UserModelTest, SubGroupSizeZeroGivesOneSubGroupPerModule) {
+  std::vector<std::vector<double>> losses;
+  for (const char* device : {"none", "nvme"}) {
+    TempDir nvme;
+    EngineRun run(mlp(), ds_config(device, nvme.path(), true, /*sub_group_size=*/0));
+    ASSERT_NE(run.engine, nullptr);
+    EXPECT_NE(run.engine->describe().find("| 4 sub-groups |"), std::string::npos) << run.engine->describe();
+    auto l = train(*run.engine, 0, 3);
+    ASSERT_TRUE(l.is_ok()) << l.status().to_string();
+    losses.push_back(l.value());
+  }
+  EXPECT_EQ(losses[1], losses[0]);
 }
 
 TEST(UserModelTest, CheckpointsResumeBitIdenticallyAndConsolidateWithoutTheModel) {
