@@ -10,7 +10,8 @@ namespace zinf::model {
 
 std::vector<std::string> builtin_model_types() { return {"gpt"}; }
 
-Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, std::string_view source) {
+Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, std::string_view source,
+                                                  const BuiltinOptions& options) {
   const auto j = nlohmann::json::parse(config_json, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
     return Status::invalid_argument(fmt::format("{}: the model configuration is not a JSON object", source));
@@ -18,6 +19,7 @@ Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, 
   const auto type = j.find("type");
   if (type == j.end() || *type == "gpt") {
     ZINF_ASSIGN_OR_RETURN(GptConfig c, gpt_config_from_json(config_json, source));
+    c.activation_checkpointing = options.activation_checkpointing;
     ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt, GptModel::create(c));
     return std::unique_ptr<Model>(std::move(gpt));
   }

@@ -226,18 +226,25 @@ Status Engine::Impl::init_master_weights() {
   std::optional<SafetensorsReader> reader;
   std::vector<float> full;
   std::size_t loaded_param = SIZE_MAX;
-  if (options.init_from.empty()) {
+  // A whole parameter at a time from a file source (kept while its pieces are copied out).
+  std::function<Status(std::size_t p, std::span<float> out)> full_source = options.initial_weights;
+  if (!full_source && !options.init_from.empty()) {
+    ZINF_ASSIGN_OR_RETURN(reader, SafetensorsReader::open(options.init_from));
+    full_source = [&](std::size_t p, std::span<float> out) {
+      return reader->read_f32(model->params()[p].name, out).with_context("--init-from");
+    };
+  }
+  if (!full_source) {
     values = [&](std::size_t p, std::size_t first, std::span<float> out) {
       model::init_param(model->params()[p], options.seed, out, first);
       return Status::ok();
     };
   } else {
-    ZINF_ASSIGN_OR_RETURN(reader, SafetensorsReader::open(options.init_from));
     values = [&](std::size_t p, std::size_t first, std::span<float> out) -> Status {
       const model::ParamSpec& spec = model->params()[p];
       if (loaded_param != p) {
         full.assign(spec.numel, 0.0f);
-        ZINF_RETURN_IF_ERROR(reader->read_f32(spec.name, full).with_context("--init-from"));
+        ZINF_RETURN_IF_ERROR(full_source(p, full));
         loaded_param = p;
       }
       std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(first), out.size(), out.begin());

@@ -12,11 +12,17 @@
 
 namespace zinf::model {
 
+// Run-time choices that config_json() leaves out.
+struct BuiltinOptions {
+  bool activation_checkpointing = false;
+};
+
 // Builds the built-in model a config_json() text describes ("type": "gpt"; a text without
 // "type" is a GPT, as checkpoints before the Model interface recorded it). A type zinf does not
 // build (a user's own model) is an unsupported error naming it and the built-in types; errors
 // name `source`.
-Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, std::string_view source);
+Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, std::string_view source,
+                                                  const BuiltinOptions& options = {});
 
 // The "type" names make_builtin_model() knows.
 std::vector<std::string> builtin_model_types();

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -28,6 +29,10 @@ struct EngineOptions {
   config::DsConfig ds;    // resolved (load_ds_config)
   std::uint64_t seed = 1234;  // parameter initialisation
   std::string init_from;  // a safetensors file with the full fp32 weights (optional)
+  // Or any source of initial weights: fills `out` with parameter `index`'s full fp32 value
+  // (model().params()[index].numel elements), e.g. HfFolder::read_param. Called once per
+  // parameter a rank holds a piece of, in parameter order. Takes precedence over init_from.
+  std::function<Status(std::size_t index, std::span<float> out)> initial_weights = {};
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.

@@ -1,0 +1,51 @@
+// Hugging Face model folders in and out: config.json plus model.safetensors, or shards listed
+// by model.safetensors.index.json, for the architectures zinf builds (model_type "gpt2").
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "zinf/model/model.h"
+#include "zinf/status.h"
+#include "zinf/zero3/checkpoint.h"
+
+namespace zinf::zero3 {
+
+// An HF folder opened for reading. open() reads config.json (its model_type decides the
+// architecture; keys zinf cannot honour, such as another activation or a layer-norm epsilon,
+// are errors naming the key) and the safetensors headers, and checks that every parameter of
+// the model is there with its shape: a missing, mis-shaped or unreadable tensor is an error
+// naming it and the file. F32, BF16 and F16 tensors are read as fp32.
+class HfFolder {
+ public:
+  static Result<HfFolder> open(const std::string& dir);
+  HfFolder(HfFolder&&) noexcept;
+  HfFolder& operator=(HfFolder&&) noexcept;
+  ~HfFolder();
+
+  const std::string& dir() const;
+  const std::string& model_type() const;  // "gpt2"
+  // The folder's architecture, as a new model (the same every call).
+  Result<std::unique_ptr<model::Model>> make_model(bool activation_checkpointing = false) const;
+  // Parameter `index` of make_model()'s params(), fp32, in zinf's layout (HF GPT-2's Conv1D
+  // weights, stored [in, out], are transposed).
+  Status read_param(std::size_t index, std::span<float> out) const;
+
+ private:
+  struct Impl;
+  explicit HfFolder(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Writes a checkpoint's fp32 weights as an HF folder `out_dir` (created if missing) that
+// transformers loads unchanged: config.json and model.safetensors, or, when the tensors pass
+// max_shard_bytes, model-0000K-of-0000N.safetensors with model.safetensors.index.json. Every
+// file is replaced atomically. Built-in architectures only (a user model has no HF class):
+// another type is an unsupported error naming it.
+Status write_hf_folder(const CheckpointReader& checkpoint, const std::string& out_dir,
+                       std::uint64_t max_shard_bytes = 5'000'000'000ull);
+
+}  // namespace zinf::zero3

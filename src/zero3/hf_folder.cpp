@@ -1,0 +1,320 @@
+// Hugging Face folders: config.json <-> a built-in model's configuration, HF tensor names and
+// layouts <-> zinf's parameters, single or sharded safetensors files.
+#include "zinf/zero3/hf_folder.h"
+
+#include <filesystem>
+#include <map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zero3/file_util.h"
+#include "zinf/model/config.h"
+#include "zinf/model/registry.h"
+#include "zinf/zero3/safetensors.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using json = nlohmann::json;
+
+// ---- GPT-2 -----------------------------------------------------------------------------------
+
+// An integer key of config.json, or `fallback` when absent (when fallback >= 0).
+Result<int> int_key(const json& c, const char* key, const std::string& source, int fallback = -1) {
+  const auto it = c.find(key);
+  if (it == c.end() || it->is_null()) {
+    if (fallback >= 0) return fallback;
+    return Status::invalid_argument(fmt::format("{}: \"{}\" is missing", source, key));
+  }
+  if (!it->is_number_integer() || it->get<std::int64_t>() < 1 || it->get<std::int64_t>() > (1 << 30) ||
+      (it->is_number_unsigned() && it->get<std::uint64_t>() > (1u << 30))) {
+    return Status::invalid_argument(fmt::format("{}: \"{}\" must be a positive integer, found {}", source, key, it->dump()));
+  }
+  return it->get<int>();
+}
+
+// What zinf's GPT computes, checked against what the file asks for.
+Result<std::string> gpt2_config_from_hf(const json& c, const std::string& source) {
+  model::GptConfig g;
+  ZINF_ASSIGN_OR_RETURN(g.vocab_size, int_key(c, "vocab_size", source));
+  ZINF_ASSIGN_OR_RETURN(const int n_ctx, int_key(c, "n_ctx", source, 1024));
+  ZINF_ASSIGN_OR_RETURN(g.max_seq, int_key(c, "n_positions", source, n_ctx));
+  ZINF_ASSIGN_OR_RETURN(g.n_embd, int_key(c, "n_embd", source));
+  ZINF_ASSIGN_OR_RETURN(g.n_layer, int_key(c, "n_layer", source));
+  ZINF_ASSIGN_OR_RETURN(g.n_head, int_key(c, "n_head", source));
+  const auto refuse = [&](const char* key, const std::string& zinf_does) {
+    return Status::unsupported(fmt::format("{}: \"{}\" is {}; zinf's GPT-2 {}", source, key, c[key].dump(), zinf_does));
+  };
+  if (c.contains("activation_function") && c["activation_function"] != "gelu_new" &&
+      c["activation_function"] != "gelu_pytorch_tanh") {
+    return refuse("activation_function", "uses the tanh GELU (gelu_new)");
+  }
+  if (c.contains("n_inner") && !c["n_inner"].is_null() && c["n_inner"] != 4 * g.n_embd) {
+    return refuse("n_inner", fmt::format("has an MLP of 4 x n_embd = {}", 4 * g.n_embd));
+  }
+  if (c.contains("layer_norm_epsilon") &&
+      !(c["layer_norm_epsilon"].is_number() && c["layer_norm_epsilon"].get<double>() == 1e-5)) {
+    return refuse("layer_norm_epsilon", "uses 1e-5");
+  }
+  if (c.contains("tie_word_embeddings") && c["tie_word_embeddings"] != true) {
+    return refuse("tie_word_embeddings", "ties the LM head to wte");
+  }
+  if (c.contains("scale_attn_weights") && c["scale_attn_weights"] != true) {
+    return refuse("scale_attn_weights", "scales attention by 1/sqrt(head_dim)");
+  }
+  if (c.contains("scale_attn_by_inverse_layer_idx") && c["scale_attn_by_inverse_layer_idx"] != false) {
+    return refuse("scale_attn_by_inverse_layer_idx", "does not scale by layer");
+  }
+  ZINF_RETURN_IF_ERROR(model::validate_config(g).with_context(source));
+  return model::gpt_config_json(g);
+}
+
+json gpt2_config_to_hf(const json& z) {
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", z["vocab_size"]},
+          {"n_positions", z["max_seq"]},
+          {"n_ctx", z["max_seq"]},
+          {"n_embd", z["n_embd"]},
+          {"n_layer", z["n_layer"]},
+          {"n_head", z["n_head"]},
+          {"n_inner", nullptr},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"scale_attn_weights", true},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", "float32"}};
+}
+
+// HF's GPT-2 keeps these linear weights as Conv1D, [in, out]; zinf stores [out, in].
+bool gpt2_transposed(std::string_view name) {
+  for (std::string_view end : {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight"}) {
+    if (name.size() >= end.size() && name.substr(name.size() - end.size()) == end) return true;
+  }
+  return false;
+}
+
+// ---- the architectures -----------------------------------------------------------------------
+
+struct Architecture {
+  std::string_view hf_type;    // config.json's model_type
+  std::string_view zinf_type;  // Model::type()
+  Result<std::string> (*config_from_hf)(const json& hf, const std::string& source);
+  json (*config_to_hf)(const json& zinf_config);
+  bool (*transposed)(std::string_view zinf_name);
+  std::string_view write_prefix;  // what HF's *ForCausalLM class prefixes zinf's names with
+};
+
+constexpr Architecture kArchitectures[] = {
+    {"gpt2", "gpt", gpt2_config_from_hf, gpt2_config_to_hf, gpt2_transposed, "transformer."},
+};
+
+std::string known_hf_types() {
+  std::string s;
+  for (const Architecture& a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(a.hf_type);
+  return s;
+}
+
+std::vector<std::int64_t> hf_shape(const Architecture& arch, const model::ParamSpec& p) {
+  if (!arch.transposed(p.name)) return p.shape;
+  return std::vector<std::int64_t>(p.shape.rbegin(), p.shape.rend());
+}
+
+// out[o][i] = in[i][o] for in of shape (rows, cols).
+void transpose(std::span<const float> in, std::size_t rows, std::size_t cols, std::span<float> out) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    for (std::size_t c = 0; c < cols; ++c) out[c * rows + r] = in[r * cols + c];
+  }
+}
+
+Result<json> read_json(const std::string& path) {
+  ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(fmt::format("{}: not a JSON object", path));
+  return j;
+}
+
+}  // namespace
+
+struct HfFolder::Impl {
+  std::string dir;
+  std::string model_type;
+  const Architecture* arch = nullptr;
+  std::string config_json;  // zinf's
+  std::vector<model::ParamSpec> params;
+  std::map<std::string, SafetensorsReader> files;  // by file name
+  struct Source {
+    const SafetensorsReader* reader;
+    std::string name;  // in the file
+  };
+  std::vector<Source> sources;  // per parameter
+};
+
+HfFolder::HfFolder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HfFolder::HfFolder(HfFolder&&) noexcept = default;
+HfFolder& HfFolder::operator=(HfFolder&&) noexcept = default;
+HfFolder::~HfFolder() = default;
+
+const std::string& HfFolder::dir() const { return impl_->dir; }
+const std::string& HfFolder::model_type() const { return impl_->model_type; }
+
+Result<HfFolder> HfFolder::open(const std::string& dir) {
+  auto impl = std::make_unique<Impl>();
+  impl->dir = dir;
+  const std::string config_path = dir + "/config.json";
+  ZINF_ASSIGN_OR_RETURN(const json config, read_json(config_path));
+  if (!config.contains("model_type") || !config["model_type"].is_string()) {
+    return Status::invalid_argument(fmt::format("{}: \"model_type\" is missing (zinf reads {})", config_path, known_hf_types()));
+  }
+  impl->model_type = config["model_type"].get<std::string>();
+  for (const Architecture& a : kArchitectures) {
+    if (a.hf_type == impl->model_type) impl->arch = &a;
+  }
+  if (impl->arch == nullptr) {
+    return Status::unsupported(fmt::format("{}: model_type \"{}\" is not one zinf builds (zinf reads {})", config_path,
+                                           impl->model_type, known_hf_types()));
+  }
+  ZINF_ASSIGN_OR_RETURN(impl->config_json, impl->arch->config_from_hf(config, config_path));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::make_builtin_model(impl->config_json, config_path));
+  impl->params.assign(m->params().begin(), m->params().end());
+
+  // Which file holds each tensor: one model.safetensors, or the index's weight_map.
+  std::map<std::string, std::string> file_of;  // tensor name -> file name
+  const std::string single = dir + "/model.safetensors", index_path = dir + "/model.safetensors.index.json";
+  if (std::filesystem::exists(single)) {
+    ZINF_ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::open(single));
+    for (const SafetensorsEntry& e : r.entries()) file_of[e.name] = "model.safetensors";
+    impl->files.emplace("model.safetensors", std::move(r));
+  } else if (std::filesystem::exists(index_path)) {
+    ZINF_ASSIGN_OR_RETURN(const json index, read_json(index_path));
+    if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return Status::invalid_argument(fmt::format("{}: \"weight_map\" must be an object", index_path));
+    }
+    for (const auto& [name, file] : index["weight_map"].items()) {
+      const std::string f = file.is_string() ? file.get<std::string>() : "";
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..") {
+        return Status::invalid_argument(
+            fmt::format("{}: weight_map[\"{}\"] = {} is not a file name in the folder", index_path, name, file.dump()));
+      }
+      file_of[name] = f;
+      if (impl->files.count(f) == 0) {
+        ZINF_ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::open(dir + "/" + f));
+        impl->files.emplace(f, std::move(r));
+      }
+    }
+  } else {
+    return Status::not_found(fmt::format("{}: neither model.safetensors nor model.safetensors.index.json (zinf reads "
+                                         "safetensors; convert pytorch_model.bin with transformers first)",
+                                         dir));
+  }
+
+  // Every parameter, found under its HF name (with or without the class prefix) and shaped so.
+  for (const model::ParamSpec& p : impl->params) {
+    const std::string prefixed = std::string(impl->arch->write_prefix) + p.name;
+    const std::string* found = nullptr;
+    for (const std::string* candidate : {&prefixed, &p.name}) {
+      if (file_of.count(*candidate) != 0) {
+        found = candidate;
+        break;
+      }
+    }
+    if (found == nullptr) {
+      return Status::not_found(fmt::format("{}: tensor {} ({} parameter {}) is missing", dir, prefixed,
+                                           impl->model_type, p.name));
+    }
+    const std::string& file = file_of[*found];
+    const SafetensorsReader& reader = impl->files.at(file);
+    const SafetensorsEntry* e = reader.find(*found);
+    if (e == nullptr) {
+      return Status::not_found(fmt::format("{}/{}: tensor {} is listed in the index but not in the file", dir, file, *found));
+    }
+    const std::vector<std::int64_t> want = hf_shape(*impl->arch, p);
+    if (e->shape != want) {
+      return Status::invalid_argument(fmt::format("{}/{}: tensor {} has shape [{}], the model needs [{}]", dir, file,
+                                                  *found, fmt::join(e->shape, ", "), fmt::join(want, ", ")));
+    }
+    impl->sources.push_back({&reader, *found});
+  }
+  return HfFolder(std::move(impl));
+}
+
+Result<std::unique_ptr<model::Model>> HfFolder::make_model(bool activation_checkpointing) const {
+  return model::make_builtin_model(impl_->config_json, impl_->dir + "/config.json",
+                                   model::BuiltinOptions{activation_checkpointing});
+}
+
+Status HfFolder::read_param(std::size_t index, std::span<float> out) const {
+  const Impl& m = *impl_;
+  if (index >= m.params.size() || out.size() != m.params[index].numel) {
+    return Status::invalid_argument(fmt::format("{}: read_param({}) with {} elements", m.dir, index, out.size()));
+  }
+  const model::ParamSpec& p = m.params[index];
+  const Impl::Source& src = m.sources[index];
+  if (!m.arch->transposed(p.name)) return src.reader->read_f32(src.name, out);
+  std::vector<float> stored(out.size());
+  ZINF_RETURN_IF_ERROR(src.reader->read_f32(src.name, stored));
+  transpose(stored, static_cast<std::size_t>(p.shape[1]), static_cast<std::size_t>(p.shape[0]), out);
+  return Status::ok();
+}
+
+Status write_hf_folder(const CheckpointReader& checkpoint, const std::string& out_dir, std::uint64_t max_shard_bytes) {
+  const json z = json::parse(checkpoint.model_config_json(), nullptr, false);
+  const Architecture* arch = nullptr;
+  for (const Architecture& a : kArchitectures) {
+    if (z.is_object() && z.value("type", "") == a.zinf_type) arch = &a;
+  }
+  if (arch == nullptr) {
+    return Status::unsupported(fmt::format("{}: model type {} has no Hugging Face class zinf writes (it writes {}); use "
+                                           "zinf consolidate without --hf for a safetensors file",
+                                           checkpoint.folder(), z.is_object() && z.contains("type") ? z["type"].dump() : "?",
+                                           known_hf_types()));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(out_dir, ec);
+  if (ec) return Status::sys_error("create " + out_dir, ec.value());
+
+  // Tensors in parameter order, cut into shards of at most max_shard_bytes (a larger tensor
+  // gets a shard of its own).
+  std::vector<std::vector<TensorToWrite>> shards(1);
+  std::uint64_t in_shard = 0, total = 0;
+  for (std::size_t i = 0; i < checkpoint.params().size(); ++i) {
+    const model::ParamSpec& p = checkpoint.params()[i];
+    const std::uint64_t bytes = p.numel * sizeof(float);
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    in_shard += bytes;
+    total += bytes;
+    const bool transposed = arch->transposed(p.name);
+    shards.back().push_back({std::string(arch->write_prefix) + p.name, hf_shape(*arch, p),
+                             [&checkpoint, i, transposed, &p](std::span<float> out) -> Status {
+                               if (!transposed) return checkpoint.read_param(i, out);
+                               std::vector<float> mine(out.size());
+                               ZINF_RETURN_IF_ERROR(checkpoint.read_param(i, mine));
+                               transpose(mine, static_cast<std::size_t>(p.shape[0]), static_cast<std::size_t>(p.shape[1]), out);
+                               return Status::ok();
+                             }});
+  }
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"source", "zinf " + checkpoint.folder()}};
+  const std::string index_path = out_dir + "/model.safetensors.index.json";
+  if (shards.size() == 1) {
+    ZINF_RETURN_IF_ERROR(write_safetensors(out_dir + "/model.safetensors", shards[0], metadata));
+    std::filesystem::remove(index_path, ec);  // a sharded export from before would shadow nothing, but mislead
+  } else {
+    json weight_map = json::object();
+    for (std::size_t s = 0; s < shards.size(); ++s) {
+      const std::string file = fmt::format("model-{:05d}-of-{:05d}.safetensors", s + 1, shards.size());
+      ZINF_RETURN_IF_ERROR(write_safetensors(out_dir + "/" + file, shards[s], metadata));
+      for (const TensorToWrite& t : shards[s]) weight_map[t.name] = file;
+    }
+    const json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    ZINF_RETURN_IF_ERROR(write_file_atomic(index_path, index.dump(2) + "\n"));
+    std::filesystem::remove(out_dir + "/model.safetensors", ec);  // transformers would take it over the index
+  }
+  return write_file_atomic(out_dir + "/config.json", arch->config_to_hf(z).dump(2) + "\n");
+}
+
+}  // namespace zinf::zero3
