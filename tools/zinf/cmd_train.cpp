@@ -158,6 +158,39 @@ void warn_past_schedule(const config::DsConfig& ds, int steps) {
                                       steps, ds.scheduler->type, *total, *total));
 }
 
+// The run's data and the seed of its order: the command line's, or on --resume the checkpoint's
+// (which refuses a --seed or --data that differs, unless --allow-data-change).
+struct RunData {
+  model::TokenDataset data;
+  DataIdentity id;
+  std::uint64_t seed = 0;
+  bool changed = false;  // a resume accepted other data than the checkpoint's
+};
+
+Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRun>& saved, const ResumeRules& rules) {
+  RunData r;
+  r.seed = o.seed;
+  if (saved) {
+    ZINF_ASSIGN_OR_RETURN(r.seed, saved->seed(o.seed_given ? std::optional(o.seed) : std::nullopt, o.seed, rules));
+  }
+  const std::string path = saved ? saved->data_path(o.data) : o.data;
+  r.data = model::TokenDataset::load_default();
+  if (!path.empty()) {
+    auto loaded = model::TokenDataset::load(path);
+    if (!loaded.is_ok()) {
+      return loaded.status().with_context(
+          o.data.empty() ? fmt::format("--resume {}: the checkpoint's data (give --data if it has moved)", o.resume_dir)
+                         : "--data");
+    }
+    r.data = std::move(loaded).value();
+  }
+  r.id = identify_data(r.data, path);
+  if (saved) {
+    ZINF_ASSIGN_OR_RETURN(r.changed, saved->check_data(r.id, !o.data.empty(), rules));
+  }
+  return r;
+}
+
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
@@ -167,28 +200,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   if (!o.resume_dir.empty()) {
     ZINF_ASSIGN_OR_RETURN(saved, SavedRun::read(o.resume_dir));
   }
-  std::uint64_t seed = o.seed;
-  if (saved) {
-    ZINF_ASSIGN_OR_RETURN(seed, saved->seed(o.seed_given ? std::optional(o.seed) : std::nullopt, o.seed, rules));
-  }
-  const std::string data_path = saved ? saved->data_path(o.data) : o.data;
-
   // Data first: it decides the vocabulary.
-  model::TokenDataset data = model::TokenDataset::load_default();
-  if (!data_path.empty()) {
-    auto loaded = model::TokenDataset::load(data_path);
-    if (!loaded.is_ok()) {
-      return loaded.status().with_context(
-          o.data.empty() ? fmt::format("--resume {}: the checkpoint's data (give --data if it has moved)", o.resume_dir)
-                         : "--data");
-    }
-    data = std::move(loaded).value();
-  }
-  const DataIdentity data_id = identify_data(data, data_path);
-  bool data_changed = false;
-  if (saved) {
-    ZINF_ASSIGN_OR_RETURN(data_changed, saved->check_data(data_id, !o.data.empty(), rules));
-  }
+  ZINF_ASSIGN_OR_RETURN(RunData run_data, load_run_data(o, saved, rules));
+  model::TokenDataset& data = run_data.data;
   auto mc = o.model.resolve(data.vocab_size());
   if (!mc.is_ok()) return mc.status();
   model::GptConfig gpt = mc.value();
@@ -233,14 +247,14 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   const int gas = static_cast<int>(batch.gradient_accumulation_steps);
   // The data order: the seed (the checkpoint's on resume) and the batch geometry.
   const BatchGeometry geometry{B, T, gas, comm.world_size()};
-  model::BatchLoaderOptions lo{B, T, comm.rank(), comm.world_size(), seed, true};
+  model::BatchLoaderOptions lo{B, T, comm.rank(), comm.world_size(), run_data.seed, true};
   ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(std::move(data), lo));
 
   if (saved) {
     ZINF_RETURN_IF_ERROR(saved->check_batch(geometry, rules));
     // The tag SavedRun read; its client state is the one SavedRun holds.
     ZINF_RETURN_IF_ERROR(engine->load_checkpoint(o.resume_dir, saved->tag()).status());
-    ZINF_RETURN_IF_ERROR(saved->restore_position(loader, data_changed, rules));
+    ZINF_RETURN_IF_ERROR(saved->restore_position(loader, run_data.changed, rules));
     const int saved_world = saved->world_size();
     out << fmt::format("resumed from {} at step {}{}\n", o.resume_dir, engine->counters().steps,
                        saved_world != comm.world_size() ? fmt::format(" (saved by {} ranks)", saved_world) : "");
@@ -256,7 +270,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
     if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
   }
   auto save = [&](std::int64_t step) -> Status {
-    const std::string client = run_state_json(RunState{seed, data_id, geometry, loader.position()});
+    const std::string client = run_state_json(RunState{run_data.seed, run_data.id, geometry, loader.position()});
     ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client));
     out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
     return Status::ok();
