@@ -328,8 +328,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config_path, "ds_config.json (default: a built-in ZeRO-3 NVMe-offload config)");
   o->model.add_to(*cmd, "small");
   o->autos.add_to(*cmd);
-  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
-  cmd->add_option("--steps", o->steps, "optimizer steps to reach")->check(CLI::PositiveNumber);
+  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus; a resumed run: the checkpoint's)");
+  cmd->add_option("--steps", o->steps, "the optimizer step to reach (default 50); the schedule's length is its total_num_steps")->check(CLI::PositiveNumber);
   cmd->add_option("--save", o->save_dir, "checkpoint folder (saved at the end, and every --save-interval steps)");
   cmd->add_option("--save-interval", o->save_interval, "steps between checkpoints")->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", o->resume_dir, "continue from the latest checkpoint in this folder");
