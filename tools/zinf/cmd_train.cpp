@@ -174,8 +174,9 @@ Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRu
     ZINF_ASSIGN_OR_RETURN(r.seed, saved->seed(o.seed_given ? std::optional(o.seed) : std::nullopt, o.seed, rules));
   }
   const std::string path = saved ? saved->data_path(o.data) : o.data;
-  r.data = model::TokenDataset::load_default();
-  if (!path.empty()) {
+  if (path.empty()) {
+    r.data = model::TokenDataset::load_default();
+  } else {
     auto loaded = model::TokenDataset::load(path);
     if (!loaded.is_ok()) {
       return loaded.status().with_context(

@@ -47,7 +47,10 @@ struct BatchGeometry {
   }
 };
 
-// Everything a checkpoint records about the run's data, as client_state JSON.
+// Everything a checkpoint records about the run's data, as client_state JSON. The loader's
+// position counts rows of the global batch (B * W rows per micro-batch, the same on every rank),
+// so it means the same thing at any world size: resumed on W' ranks with the same
+// train_batch_size, the run sees exactly the rows an uninterrupted one would have.
 struct RunState {
   std::uint64_t seed = 0;
   DataIdentity data;
