@@ -92,7 +92,8 @@ Status check_context(const AutoContext& ctx) {
   for (auto [option, v] : {std::pair{cli_option::kMicroBatch, ctx.micro_batch},
                            std::pair{cli_option::kGradAccum, ctx.grad_accum},
                            std::pair{cli_option::kTrainBatch, ctx.train_batch},
-                           std::pair{cli_option::kTotalSteps, ctx.total_steps}}) {
+                           std::pair{cli_option::kTotalSteps, ctx.total_steps},
+                           std::pair{cli_option::kSteps, ctx.run_steps}}) {
     if (v && *v < 1) return bad(option, "a positive integer", *v);
   }
   if (ctx.warmup_steps && *ctx.warmup_steps < 0) {

@@ -131,6 +131,12 @@ Status read_one(ParseState& st, ObjectReader& r, const ParamSpec& s, std::string
     }
     case ParamKind::kInt: {
       ZINF_ASSIGN_OR_RETURN(auto f, r.integer(s.name, int_range(s.range)));
+      if (s.source == ParamSource::kTotalSteps && f.is_auto && !ctx.total_steps && ctx.run_steps) {
+        // "auto" is the one case where the schedule's length follows the run's (--steps).
+        st.note_auto(path, value_text(*ctx.run_steps), std::string(cli_option::kSteps));
+        out->items.push_back(Param{std::string(s.name), ParamValue(*ctx.run_steps)});
+        return Status::ok();
+      }
       return resolve_sourced<std::int64_t>(st, s, path, f, int_from(ctx, s.source),
                                    static_cast<std::int64_t>(s.def), owner, out);
     }

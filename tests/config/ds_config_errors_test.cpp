@@ -229,6 +229,18 @@ TEST(ConfigErrorTest, BadCommandLineValuesAreRejected) {
   AutoContext eps;
   eps.eps = 0.0;
   EXPECT_EQ(error_of(R"({"train_batch_size": 1})", eps), "--eps: expected a number > 0, got 0");
+  AutoContext steps;
+  steps.run_steps = 0;
+  EXPECT_EQ(error_of(R"({"train_batch_size": 1})", steps), "--steps: expected a positive integer, got 0");
+}
+
+// A required total_num_steps that the file leaves out is not taken from the run's length
+// (--steps): only "auto" is.
+TEST(ConfigErrorTest, AbsentTotalNumStepsDoesNotFollowTheRunLength) {
+  AutoContext run;
+  run.run_steps = 20;
+  EXPECT_EQ(error_of(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10}}})", run),
+            "ds_config.json: scheduler.params.total_num_steps: required for WarmupDecayLR; give it here or pass --total-steps");
 }
 
 TEST(ConfigErrorTest, MultiLineErrorPointsAtTheLine) {

@@ -481,6 +481,34 @@ TEST(DsConfigTest, SchedulerParamsAreFilledPerType) {
   EXPECT_EQ(cosine->scheduler->params.number("cos_min_ratio"), 1e-4);
 }
 
+// zinf train passes its --steps as run_steps: the schedule's length is the file's (or
+// --total-steps), and only "auto" follows the run's length.
+TEST(DsConfigTest, RunStepsFillOnlyAnAutoTotalNumSteps) {
+  AutoContext run;
+  run.run_steps = 20;
+  auto fixed = parse(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupDecayLR",
+      "params": {"total_num_steps": 40, "warmup_num_steps": 5}}})", run);
+  ASSERT_TRUE(fixed.is_ok()) << fixed.status().message();
+  EXPECT_EQ(fixed->scheduler->params.integer("total_num_steps"), 40);
+  EXPECT_EQ(resolution(*fixed, "scheduler.params.total_num_steps"), nullptr);
+
+  auto follows = parse(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": "auto", "warmup_num_steps": 5}}})", run);
+  ASSERT_TRUE(follows.is_ok()) << follows.status().message();
+  EXPECT_EQ(follows->scheduler->params.integer("total_num_steps"), 20);
+  const AutoResolution* a = resolution(*follows, "scheduler.params.total_num_steps");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->value, "20");
+  EXPECT_EQ(a->source, "--steps");
+
+  AutoContext both = run;
+  both.total_steps = 30;  // --total-steps wins over --steps for "auto"
+  auto explicit_total = parse(R"({"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR",
+      "params": {"total_num_steps": "auto", "warmup_num_steps": 5}}})", both);
+  ASSERT_TRUE(explicit_total.is_ok()) << explicit_total.status().message();
+  EXPECT_EQ(explicit_total->scheduler->params.integer("total_num_steps"), 30);
+}
+
 TEST(DsConfigTest, ActivationCheckpointingIsValidatedAndWarned) {
   auto r = parse(R"({"train_batch_size": 1, "activation_checkpointing": {"partition_activations": true,
       "number_checkpoints": 4, "cpu_checkpointing": true}})");

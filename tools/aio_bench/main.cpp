@@ -129,15 +129,16 @@ std::string fs_type(const std::string& dir) {
   }
 }
 
+// `fio` is fio's version with --vs-fio and empty without: then the header does not mention fio.
 std::string header(const Options& o, std::size_t file_bytes, const std::string& fio) {
   std::string backends;
   for (aio::Backend b : {aio::Backend::kIoUring, aio::Backend::kLibaio, aio::Backend::kThreads}) {
     backends += fmt::format("{}{}={}", backends.empty() ? "" : " ", aio::backend_name(b),
                             aio::backend_available(b) ? "yes" : "no");
   }
-  return fmt::format("zinf aio_bench | {} | dir {} ({}) | file {} MiB | backends: {} (auto -> {}) | {}",
+  return fmt::format("zinf aio_bench | {} | dir {} ({}) | file {} MiB | backends: {} (auto -> {}){}",
                      topology().summary(), o.dir, fs_type(o.dir), file_bytes >> 20, backends,
-                     aio::backend_name(aio::resolve_auto_backend()), fio.empty() ? "fio: not found" : fio);
+                     aio::backend_name(aio::resolve_auto_backend()), fio.empty() ? "" : " | " + fio);
 }
 
 void progress(std::size_t done, std::size_t total, const Point& p, Op op, double gbps, const char* who) {

@@ -15,7 +15,7 @@ void AutoOptions::add_to(CLI::App& cmd) {
   cmd.add_option(std::string(opt::kGradAccum), grad_accum, "gradient_accumulation_steps");
   cmd.add_option(std::string(opt::kTrainBatch), train_batch, "train_batch_size");
   cmd.add_option(std::string(opt::kWarmupSteps), warmup_steps, "scheduler warmup_num_steps");
-  cmd.add_option(std::string(opt::kTotalSteps), total_steps, "scheduler total_num_steps");
+  cmd.add_option(std::string(opt::kTotalSteps), total_steps, "scheduler total_num_steps (the schedule's length)");
   cmd.add_option(std::string(opt::kClip), clip, "gradient_clipping");
   cmd.add_option(std::string(opt::kPrecision), precision, "fp32, fp16 or bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));

@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "default_config.h"
 #include "model_options.h"
+#include "run_state.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/log.h"
 #include "zinf/model/data.h"
@@ -39,6 +40,8 @@ struct TrainOptions {
   int save_interval = 0;
   std::string resume_dir;
   std::uint64_t seed = 1234;
+  bool seed_given = false;          // --seed was on the command line (a resume takes the checkpoint's)
+  bool allow_data_change = false;   // resume with another seed, data or batch size than the checkpoint's
   std::string json_log;
   std::string init_from;
   bool activation_checkpointing = false;
@@ -146,54 +149,62 @@ Result<std::unique_ptr<zero3::Communicator>> make_communicator(const TrainOption
   return zero3::make_nccl_communicator(std::move(bootstrap), timeout);
 }
 
-// The data loader's position counts rows of the global batch (B * W rows per micro-batch, the
-// same on every rank), so it means the same thing at any world size: resumed on W' ranks with
-// the same train_batch_size, the run sees exactly the rows an uninterrupted one would have.
-// The checkpoint also records the world size and rows per step so that a resume with another
-// global batch or seed can say that the order differs from an uninterrupted run.
-nlohmann::json data_position_state(const model::BatchLoader& loader, std::uint64_t seed, std::uint64_t rows_per_step,
-                                   int world_size) {
-  const model::BatchPosition pos = loader.position();
-  return {{"epoch", pos.epoch},
-          {"row", pos.row},
-          {"seed", seed},
-          {"rows_per_step", rows_per_step},
-          {"world_size", world_size}};
+// A run that goes past its schedule's total_num_steps keeps the schedule's last learning rate.
+void warn_past_schedule(const config::DsConfig& ds, int steps) {
+  if (!ds.scheduler) return;
+  const std::optional<std::int64_t> total = ds.scheduler->params.integer("total_num_steps");
+  if (!total || steps <= *total) return;
+  log(LogLevel::kWarning, fmt::format("--steps {} goes past the schedule's end ({} total_num_steps {}): after step "
+                                      "{} the learning rate stays at the schedule's last value",
+                                      steps, ds.scheduler->type, *total, *total));
 }
 
-// Restores the position from a checkpoint's client state; returns the world size that saved it.
-Result<int> restore_data_position(const std::string& client, const std::string& resume_dir, std::uint64_t seed,
-                                  std::uint64_t rows_per_step, bool speaker, model::BatchLoader& loader) {
-  const auto j = nlohmann::json::parse(client, nullptr, false);
-  if (j.is_discarded() || !j.contains("epoch") || !j.contains("row")) {
-    return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", resume_dir));
+// The run's data and the seed of its order: the command line's, or on --resume the checkpoint's
+// (which refuses a --seed or --data that differs, unless --allow-data-change).
+struct RunData {
+  model::TokenDataset data;
+  DataIdentity id;
+  std::uint64_t seed = 0;
+  bool changed = false;  // a resume accepted other data than the checkpoint's
+};
+
+Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRun>& saved, const ResumeRules& rules) {
+  RunData r;
+  r.seed = o.seed;
+  if (saved) {
+    ZINF_ASSIGN_OR_RETURN(r.seed, saved->seed(o.seed_given ? std::optional(o.seed) : std::nullopt, o.seed, rules));
   }
-  ZINF_RETURN_IF_ERROR(loader.restore({j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()}));
-  const auto saved_seed = j.value("seed", seed);
-  const auto saved_rows = j.value("rows_per_step", rows_per_step);  // older checkpoints lack it
-  if (speaker && saved_seed != seed) {
-    log(LogLevel::kWarning, fmt::format("--resume {}: saved with --seed {}, resumed with {}: the rest of this epoch "
-                                        "follows another order (rows may repeat or be missed)",
-                                        resume_dir, saved_seed, seed));
+  const std::string path = saved ? saved->data_path(o.data) : o.data;
+  if (path.empty()) {
+    r.data = model::TokenDataset::load_default();
+  } else {
+    auto loaded = model::TokenDataset::load(path);
+    if (!loaded.is_ok()) {
+      return loaded.status().with_context(
+          o.data.empty() ? fmt::format("--resume {}: the checkpoint's data (give --data if it has moved)", o.resume_dir)
+                         : "--data");
+    }
+    r.data = std::move(loaded).value();
   }
-  if (speaker && saved_rows != rows_per_step) {
-    log(LogLevel::kWarning, fmt::format("--resume {}: saved with {} rows per step, resumed with {}: the data continues "
-                                        "where it stopped, but steps no longer see the batches of an uninterrupted run",
-                                        resume_dir, saved_rows, rows_per_step));
+  r.id = identify_data(r.data, path);
+  if (saved) {
+    ZINF_ASSIGN_OR_RETURN(r.changed, saved->check_data(r.id, !o.data.empty(), rules));
   }
-  return j.value("world_size", 1);
+  return r;
 }
 
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
-  // Data first: it decides the vocabulary.
-  model::TokenDataset data = model::TokenDataset::load_default();
-  if (!o.data.empty()) {
-    auto loaded = model::TokenDataset::load(o.data);
-    if (!loaded.is_ok()) return loaded.status().with_context("--data");
-    data = std::move(loaded).value();
+  // A resumed run continues the checkpoint's data order: its seed and data unless told otherwise.
+  const ResumeRules rules{o.allow_data_change, comm.rank() == 0};
+  std::optional<SavedRun> saved;
+  if (!o.resume_dir.empty()) {
+    ZINF_ASSIGN_OR_RETURN(saved, SavedRun::read(o.resume_dir));
   }
+  // Data first: it decides the vocabulary.
+  ZINF_ASSIGN_OR_RETURN(RunData run_data, load_run_data(o, saved, rules));
+  model::TokenDataset& data = run_data.data;
   auto mc = o.model.resolve(data.vocab_size());
   if (!mc.is_ok()) return mc.status();
   model::GptConfig gpt = mc.value();
@@ -207,7 +218,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   if (comm.rank() != 0) set_log_level(LogLevel::kWarning);
   std::ostream& out = comm.rank() == 0 ? std::cout : null_stream();
   ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(gpt.n_embd));
-  if (!o.autos.total_steps) ctx.total_steps = o.steps;
+  ctx.run_steps = o.steps;  // the schedule's length only where total_num_steps is "auto"
   ctx.world_size = comm.world_size();
   TempDir swap_dir;
   Result<config::DsConfig> ds = Status::internal("unset");
@@ -223,6 +234,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   }
   if (!ds.is_ok()) return ds.status();
   config::log_resolved_config(ds.value());
+  if (comm.rank() == 0) warn_past_schedule(ds.value(), o.steps);
 
   // The ds_config block, like the flag, turns on block recompute in backward.
   gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
@@ -236,17 +248,23 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   const int B = static_cast<int>(batch.train_micro_batch_size_per_gpu);
   const int T = gpt.max_seq;
   const int gas = static_cast<int>(batch.gradient_accumulation_steps);
-  model::BatchLoaderOptions lo{B, T, comm.rank(), comm.world_size(), o.seed, true};
+  // The data order: the seed (the checkpoint's on resume) and the batch geometry.
+  const BatchGeometry geometry{B, T, gas, comm.world_size()};
+  model::BatchLoaderOptions lo{B, T, comm.rank(), comm.world_size(), run_data.seed, true};
   ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(std::move(data), lo));
 
-  const auto rows_per_step = static_cast<std::uint64_t>(B) * static_cast<std::uint64_t>(gas) *
-                             static_cast<std::uint64_t>(comm.world_size());
-  if (!o.resume_dir.empty()) {
-    ZINF_ASSIGN_OR_RETURN(std::string client, engine->load_checkpoint(o.resume_dir, ""));
-    ZINF_ASSIGN_OR_RETURN(const int saved_world, restore_data_position(client, o.resume_dir, o.seed, rows_per_step,
-                                                                       comm.rank() == 0, loader));
+  if (saved) {
+    ZINF_RETURN_IF_ERROR(saved->check_batch(geometry, rules));
+    // The tag SavedRun read; its client state is the one SavedRun holds.
+    ZINF_RETURN_IF_ERROR(engine->load_checkpoint(o.resume_dir, saved->tag()).status());
+    ZINF_RETURN_IF_ERROR(saved->restore_position(loader, run_data.changed, rules));
+    const int saved_world = saved->world_size();
     out << fmt::format("resumed from {} at step {}{}\n", o.resume_dir, engine->counters().steps,
                        saved_world != comm.world_size() ? fmt::format(" (saved by {} ranks)", saved_world) : "");
+    if (comm.rank() == 0 && engine->counters().steps >= o.steps) {
+      log(LogLevel::kWarning, fmt::format("--steps {}: the checkpoint is already at step {}; nothing to train",
+                                          o.steps, engine->counters().steps));
+    }
   }
 
   std::ofstream json_log;
@@ -255,8 +273,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
     if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
   }
   auto save = [&](std::int64_t step) -> Status {
-    const nlohmann::json client = data_position_state(loader, o.seed, rows_per_step, comm.world_size());
-    ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client.dump()));
+    const std::string client = run_state_json(RunState{run_data.seed, run_data.id, geometry, loader.position()});
+    ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client));
     out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
     return Status::ok();
   };
@@ -313,12 +331,16 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config_path, "ds_config.json (default: a built-in ZeRO-3 NVMe-offload config)");
   o->model.add_to(*cmd, "small");
   o->autos.add_to(*cmd);
-  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
-  cmd->add_option("--steps", o->steps, "optimizer steps to reach")->check(CLI::PositiveNumber);
+  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus; a resumed run: the checkpoint's)");
+  cmd->add_option("--steps", o->steps, "the optimizer step to reach (default 50); the schedule's length is its total_num_steps")->check(CLI::PositiveNumber);
   cmd->add_option("--save", o->save_dir, "checkpoint folder (saved at the end, and every --save-interval steps)");
   cmd->add_option("--save-interval", o->save_interval, "steps between checkpoints")->check(CLI::NonNegativeNumber);
   cmd->add_option("--resume", o->resume_dir, "continue from the latest checkpoint in this folder");
-  cmd->add_option("--seed", o->seed, "seed for initialisation and data order");
+  cmd->add_option("--seed", o->seed,
+                  "seed for initialisation and data order (default 1234; a resumed run takes the checkpoint's)");
+  cmd->add_flag("--allow-data-change", o->allow_data_change,
+                "resume even with another --seed, --data or batch size than the checkpoint's (warns: the data "
+                "order then differs from an uninterrupted run)");
   cmd->add_option("--json-log", o->json_log, "append one JSON object per optimizer step to this file");
   cmd->add_option("--init-from", o->init_from, "start from the weights in this safetensors file");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
@@ -327,7 +349,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--comm-timeout", o->comm_timeout_s,
                   "seconds any collective waits for the other ranks before failing (default 300)")
       ->check(CLI::Range(1, 7 * 24 * 3600));
-  cmd->callback([o, exit_code] {
+  cmd->callback([o, exit_code, cmd] {
+    o->seed_given = cmd->count("--seed") > 0;
     Result<std::unique_ptr<zero3::Communicator>> comm = make_communicator(*o);
     const Status s = comm.is_ok() ? run_train(*o, *comm.value()) : comm.status().with_context("--comm " + o->comm);
     if (s.is_ok()) {

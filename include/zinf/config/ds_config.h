@@ -50,6 +50,7 @@ inline constexpr std::string_view kEps = "--eps";
 inline constexpr std::string_view kWeightDecay = "--weight-decay";
 inline constexpr std::string_view kWarmupSteps = "--warmup-steps";
 inline constexpr std::string_view kTotalSteps = "--total-steps";
+inline constexpr std::string_view kSteps = "--steps";  // zinf train's run length
 inline constexpr std::string_view kClip = "--clip";
 inline constexpr std::string_view kPrecision = "--precision";
 }  // namespace cli_option
@@ -70,6 +71,10 @@ struct AutoContext {
   std::optional<double> weight_decay;            // optimizer weight_decay (--weight-decay)
   std::optional<std::int64_t> warmup_steps;      // scheduler warmup_num_steps (--warmup-steps)
   std::optional<std::int64_t> total_steps;       // scheduler total_num_steps (--total-steps)
+  // The run's length (zinf train --steps): only a total_num_steps of "auto" takes it, and only
+  // when total_steps is unset. An explicit total_num_steps is the schedule's length whatever
+  // the run's length is (a run may stop before the schedule ends, or go past it).
+  std::optional<std::int64_t> run_steps;
   std::optional<double> gradient_clipping;       // gradient_clipping (--clip)
   std::optional<Precision> precision;            // fp16.enabled / bf16.enabled (--precision)
 };

@@ -1,0 +1,252 @@
+// zinf train: the run's seed, data identity and batch geometry in a checkpoint, and the checks
+// that make --resume continue the saved run rather than silently start another data order.
+#include "run_state.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zinf/log.h"
+
+namespace zinf::cli {
+namespace {
+
+Result<std::string> read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::sys_error("open " + path, errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Status::sys_error("read " + path, errno);
+  return text.str();
+}
+
+std::string geometry_text(const BatchGeometry& b) {
+  return fmt::format("micro-batch {} x accumulation {} x {} rank{}", b.micro_batch, b.grad_accum, b.world_size,
+                     b.world_size == 1 ? "" : "s");
+}
+
+}  // namespace
+
+std::string DataIdentity::describe() const {
+  return fmt::format("{} ({} tokens, vocab {}, content hash {:016x})",
+                     path.empty() ? "the built-in corpus, " + source : path, tokens, vocab, hash);
+}
+
+std::uint64_t content_hash(std::span<const std::uint16_t> tokens) {
+  // FNV-1a's constants over 64-bit words (four tokens), each step followed by a xor-shift so
+  // that high bits reach low ones; every step is a bijection of h, so any one changed word
+  // changes the result. The length goes in last.
+  constexpr std::uint64_t kPrime = 0x100000001b3ULL;
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&](std::uint64_t word) {
+    h = (h ^ word) * kPrime;
+    h ^= h >> 32;
+  };
+  std::size_t i = 0;
+  for (; i + 4 <= tokens.size(); i += 4) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, tokens.data() + i, sizeof(word));
+    mix(word);
+  }
+  std::uint64_t tail = 0;
+  for (std::size_t k = 0; i + k < tokens.size(); ++k) tail |= static_cast<std::uint64_t>(tokens[i + k]) << (16 * k);
+  mix(tail);
+  mix(tokens.size());
+  return h;
+}
+
+DataIdentity identify_data(const model::TokenDataset& data, const std::string& path) {
+  DataIdentity id;
+  if (!path.empty()) {
+    std::error_code ec;
+    const std::filesystem::path absolute = std::filesystem::absolute(path, ec);
+    id.path = ec ? path : absolute.lexically_normal().string();
+  }
+  id.source = data.source();
+  id.tokens = data.size();
+  id.vocab = data.vocab_size();
+  id.hash = content_hash(data.tokens());
+  return id;
+}
+
+std::string run_state_json(const RunState& s) {
+  // epoch, row, seed, rows_per_step and world_size are read by older zinf too.
+  const nlohmann::json j = {{"epoch", s.position.epoch},
+                            {"row", s.position.row},
+                            {"seed", s.seed},
+                            {"rows_per_step", s.batch.rows_per_step()},
+                            {"world_size", s.batch.world_size},
+                            {"micro_batch", s.batch.micro_batch},
+                            {"seq", s.batch.seq},
+                            {"grad_accum", s.batch.grad_accum},
+                            {"data",
+                             {{"path", s.data.path},
+                              {"source", s.data.source},
+                              {"tokens", s.data.tokens},
+                              {"vocab", s.data.vocab},
+                              {"hash", fmt::format("{:016x}", s.data.hash)}}}};
+  return j.dump();
+}
+
+Result<SavedRun> SavedRun::read(const std::string& dir) {
+  SavedRun r;
+  r.dir_ = dir;
+  auto latest = read_text(dir + "/latest");
+  if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
+  r.tag_ = latest.value();
+  while (!r.tag_.empty() && (r.tag_.back() == '\n' || r.tag_.back() == ' ')) r.tag_.pop_back();
+  r.folder_ = dir + "/" + r.tag_;
+  ZINF_ASSIGN_OR_RETURN(std::string text, read_text(r.folder_ + "/engine.json"));
+  const std::string where = r.folder_ + "/engine.json";
+  const auto engine = nlohmann::json::parse(text, nullptr, false);
+  if (engine.is_discarded() || !engine.is_object() || !engine.contains("client_state") ||
+      !engine["client_state"].is_string()) {
+    return Status::corruption(fmt::format("--resume {}: {} has no client_state", dir, where));
+  }
+  const auto j = nlohmann::json::parse(engine["client_state"].get<std::string>(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("row")) {
+    return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", dir));
+  }
+  try {
+    r.position_ = {j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()};
+    if (j.contains("seed")) r.seed_ = j["seed"].get<std::uint64_t>();
+    if (j.contains("rows_per_step")) r.rows_per_step_ = j["rows_per_step"].get<std::uint64_t>();
+    r.world_size_ = j.value("world_size", 1);
+    if (j.contains("micro_batch") && j.contains("seq") && j.contains("grad_accum")) {
+      r.batch_ = BatchGeometry{j["micro_batch"].get<int>(), j["seq"].get<int>(), j["grad_accum"].get<int>(),
+                               r.world_size_};
+    }
+    if (j.contains("data")) {
+      const auto& d = j["data"];
+      DataIdentity id;
+      id.path = d.at("path").get<std::string>();
+      id.source = d.value("source", std::string());
+      id.tokens = d.at("tokens").get<std::uint64_t>();
+      id.vocab = d.at("vocab").get<int>();
+      const std::string hash = d.at("hash").get<std::string>();
+      std::size_t used = 0;
+      id.hash = std::stoull(hash, &used, 16);
+      if (used != hash.size()) throw std::invalid_argument(hash);
+      r.data_ = id;
+    }
+  } catch (const std::exception& e) {
+    return Status::corruption(fmt::format("--resume {}: {}: client_state is malformed: {}", dir, where, e.what()));
+  }
+  return r;
+}
+
+Result<std::uint64_t> SavedRun::seed(std::optional<std::uint64_t> given, std::uint64_t fallback,
+                                     const ResumeRules& rules) const {
+  if (!seed_) {
+    const std::uint64_t seed = given.value_or(fallback);
+    if (rules.speaker) {
+      log(LogLevel::kWarning, fmt::format("--resume {}: {} does not record its seed (an older checkpoint); the data "
+                                          "order uses seed {}{}: give the run's --seed if it was another",
+                                          dir_, tag_, seed, given ? "" : " (the default)"));
+    }
+    return seed;
+  }
+  if (!given || *given == *seed_) return *seed_;
+  if (!rules.allow_data_change) {
+    return Status::invalid_argument(fmt::format(
+        "--resume {}: --seed {} differs from the checkpoint's seed {}, which drew the saved run's data order; leave "
+        "--seed out to continue with {}, or pass --allow-data-change to continue with {} in another order",
+        dir_, *given, *seed_, *seed_, *given));
+  }
+  if (rules.speaker) {
+    log(LogLevel::kWarning, fmt::format("--resume {}: --seed {} replaces the checkpoint's seed {} "
+                                        "(--allow-data-change): the rest of this epoch follows another order "
+                                        "(rows may repeat or be missed)",
+                                        dir_, *given, *seed_));
+  }
+  return *given;
+}
+
+std::string SavedRun::data_path(const std::string& given) const {
+  if (!given.empty() || !data_) return given;
+  return data_->path;
+}
+
+Result<bool> SavedRun::check_data(const DataIdentity& now, bool given, const ResumeRules& rules) const {
+  if (!data_) {
+    if (rules.speaker) {
+      log(LogLevel::kWarning, fmt::format("--resume {}: {} does not record its data (an older checkpoint); this run "
+                                          "reads {}: make sure it is the data the checkpoint was trained on",
+                                          dir_, tag_, now.describe()));
+    }
+    return false;
+  }
+  if (data_->same_data(now)) return false;
+  const std::string saved = data_->describe();
+  if (!rules.allow_data_change) {
+    if (given) {
+      return Status::invalid_argument(fmt::format(
+          "--resume {}: --data {} is not the data the checkpoint was trained on, {}; leave --data out to read the "
+          "checkpoint's data, or pass --allow-data-change to train on the new data",
+          dir_, now.describe(), saved));
+    }
+    return Status::invalid_argument(fmt::format(
+        "--resume {}: the checkpoint's data has changed since it was saved: it was {}, it is now {}; restore it, "
+        "give --data with the original, or pass --allow-data-change to train on it as it is",
+        dir_, saved, now.describe()));
+  }
+  if (rules.speaker) {
+    log(LogLevel::kWarning, fmt::format("--resume {}: training on {} instead of the checkpoint's data {} "
+                                        "(--allow-data-change): the batches differ from an uninterrupted run",
+                                        dir_, now.describe(), saved));
+  }
+  return true;
+}
+
+Status SavedRun::check_batch(const BatchGeometry& now, const ResumeRules& rules) const {
+  if (batch_ && batch_->seq != now.seq) {
+    return Status::invalid_argument(fmt::format(
+        "--resume {}: the checkpoint was trained on rows of {} tokens (--seq {}), this run has {}", dir_,
+        batch_->seq, batch_->seq, now.seq));
+  }
+  const std::uint64_t saved_rows = rows_per_step_.value_or(now.rows_per_step());  // older checkpoints lack it
+  const std::string saved_text =
+      batch_ ? fmt::format("{} ({})", saved_rows, geometry_text(*batch_)) : fmt::format("{}", saved_rows);
+  if (saved_rows != now.rows_per_step()) {
+    if (world_size_ == now.world_size && !rules.allow_data_change) {
+      return Status::invalid_argument(fmt::format(
+          "--resume {}: {} rows per step ({}) differ from the checkpoint's {}: steps would not see the batches of "
+          "the saved run; use the checkpoint's batch sizes, or pass --allow-data-change",
+          dir_, now.rows_per_step(), geometry_text(now), saved_text));
+    }
+    if (rules.speaker) {
+      log(LogLevel::kWarning, fmt::format("--resume {}: saved with {} rows per step, resumed with {} ({}): the data "
+                                          "continues where it stopped, but steps no longer see the batches of an "
+                                          "uninterrupted run",
+                                          dir_, saved_text, now.rows_per_step(), geometry_text(now)));
+    }
+    return Status::ok();
+  }
+  if (batch_ && world_size_ == now.world_size &&
+      (batch_->micro_batch != now.micro_batch || batch_->grad_accum != now.grad_accum) && rules.speaker) {
+    log(LogLevel::kWarning, fmt::format("--resume {}: the checkpoint's {} rows per step are now split as {} (saved: "
+                                        "{}): the same batches, summed in another order (not bit-identical)",
+                                        dir_, saved_rows, geometry_text(now), geometry_text(*batch_)));
+  }
+  return Status::ok();
+}
+
+Status SavedRun::restore_position(model::BatchLoader& loader, bool data_changed, const ResumeRules& rules) const {
+  if (data_changed && position_.row >= loader.rows_per_epoch()) {
+    if (rules.speaker) {
+      log(LogLevel::kWarning, fmt::format("--resume {}: the saved position (epoch {}, row {}) is past the new data's "
+                                          "{} rows; continuing with epoch {} from its first row",
+                                          dir_, position_.epoch, position_.row, loader.rows_per_epoch(),
+                                          position_.epoch + 1));
+    }
+    return loader.restore({position_.epoch + 1, 0});
+  }
+  return loader.restore(position_).with_context("--resume " + dir_);
+}
+
+}  // namespace zinf::cli
