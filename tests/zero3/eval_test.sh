@@ -3,7 +3,8 @@
 # B=6,N=1 read the same six windows and agree to float rounding of the per-batch means), --json
 # prints loss and tokens, a trained checkpoint evaluates lower than an early one, and bad input
 # (too few tokens, a token outside the vocabulary, a missing checkpoint, --seq past max_seq)
-# fails with exit status 2 and a message naming the option and value.
+# fails with exit status 2 and a message naming the option and value. Also: zinf train --resume
+# with no model option takes the model the checkpoint records.
 set -euo pipefail
 zinf=$1
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/eval_test.XXXXXX")
@@ -57,4 +58,8 @@ open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + struct.pack(f"<{le
 PY
 expect_error 2 "token 70 (0-based) is 300, outside the model's vocabulary of 256" --resume "$tmp/ck" \
   --data "$tmp/tokens.bin" --seq 16 --batch 2 --batches 5
+# A resume with no model option trains the checkpoint's model (here tiny, not the default small).
+"$zinf" train --config "$tmp/ds.json" --steps 42 --resume "$tmp/ck" >"$tmp/resume.out" 2>&1 \
+  || { cat "$tmp/resume.out"; exit 1; }
+grep -q "gpt: 2 layers, hidden 64" "$tmp/resume.out" || { echo "resume did not take the checkpoint's model"; cat "$tmp/resume.out"; exit 1; }
 echo "eval_test: window order, --json, and every error checked"

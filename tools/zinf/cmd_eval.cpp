@@ -1,4 +1,4 @@
-// `zinf eval --resume CKPT`: the mean next-token loss of a checkpoint's model over the first
+// `zinf eval (--resume CKPT | --model-dir DIR)`: the mean next-token loss of a model over the first
 // N*B windows of a token file, in order, with every parameter in memory (no engine, no offload).
 #include <algorithm>
 #include <climits>
@@ -16,12 +16,14 @@
 #include "zinf/model/local_params.h"
 #include "zinf/model/registry.h"
 #include "zinf/zero3/checkpoint.h"
+#include "zinf/zero3/hf_folder.h"
 
 namespace zinf::cli {
 namespace {
 
 struct EvalOptions {
   std::string resume;
+  std::string model_dir;
   std::string data;
   int batch = 8;
   int seq = 0;      // 0: the model's max_seq
@@ -64,9 +66,23 @@ Result<LoadedModel> load_checkpoint_model(const std::string& checkpoint) {
   return LoadedModel{std::move(m), std::move(lp)};
 }
 
+// An HF folder's model with its weights, in memory.
+Result<LoadedModel> load_hf_model(const std::string& dir) {
+  ZINF_ASSIGN_OR_RETURN(zero3::HfFolder hf, zero3::HfFolder::open(dir));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, hf.make_model());
+  ZINF_ASSIGN_OR_RETURN(model::LocalParams lp, model::LocalParams::create(m->params(), m->modules()));
+  for (std::size_t i = 0; i < m->params().size(); ++i) {
+    ZINF_RETURN_IF_ERROR(hf.read_param(i, lp.param(static_cast<int>(i))));
+  }
+  return LoadedModel{std::move(m), std::move(lp)};
+}
+
 Result<EvalResult> run_eval(const EvalOptions& o) {
-  auto made = load_checkpoint_model(o.resume);
-  if (!made.is_ok()) return made.status().with_context("--resume");
+  if (o.resume.empty() == o.model_dir.empty()) {
+    return Status::invalid_argument("give one of --resume CKPT and --model-dir DIR");
+  }
+  auto made = o.resume.empty() ? load_hf_model(o.model_dir) : load_checkpoint_model(o.resume);
+  if (!made.is_ok()) return made.status().with_context(o.resume.empty() ? "--model-dir" : "--resume");
   LoadedModel loaded = std::move(made).value();
   model::Model& m = *loaded.model;
   model::TokenDataset data = model::TokenDataset::load_default();
@@ -114,7 +130,7 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   r.batch = o.batch;
   r.seq = T;
   r.model = m.describe();
-  r.checkpoint = o.resume;
+  r.checkpoint = o.resume.empty() ? o.model_dir : o.resume;
   r.data = data.source();
   return r;
 }
@@ -125,7 +141,8 @@ void add_eval_command(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand(
       "eval", "mean next-token loss of a checkpoint's model over the first windows of a token file, in order");
   auto o = std::make_shared<EvalOptions>();
-  cmd->add_option("--resume", o->resume, "checkpoint folder (with 'latest') or one tag's folder")->required();
+  cmd->add_option("--resume", o->resume, "checkpoint folder (with 'latest') or one tag's folder");
+  cmd->add_option("--model-dir", o->model_dir, "a Hugging Face model folder (config.json + safetensors, model_type gpt2)");
   cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
   cmd->add_option("--batch", o->batch, "windows per forward pass (B)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seq", o->seq, "tokens per window (T; default: the model's max_seq)")->check(CLI::Range(1, 1 << 24));
@@ -137,13 +154,13 @@ void add_eval_command(CLI::App& app, int* exit_code) {
     if (!r.is_ok()) {
       std::cerr << "zinf eval: " << r.status().message() << "\n";
       const ErrorCode c = r.status().code();
-      *exit_code = c == ErrorCode::kInvalidArgument || c == ErrorCode::kNotFound ? 2 : 1;
+      *exit_code = c == ErrorCode::kInvalidArgument || c == ErrorCode::kNotFound || c == ErrorCode::kUnsupported ? 2 : 1;
       return;
     }
     if (o->json) {
       const nlohmann::json j = {{"loss", r->loss},       {"tokens", r->tokens},         {"batches", r->batches},
                                 {"batch", r->batch},     {"seq", r->seq},               {"model", r->model},
-                                {"checkpoint", r->checkpoint}, {"data", r->data}};
+                                {o->resume.empty() ? "model_dir" : "checkpoint", r->checkpoint}, {"data", r->data}};
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format("eval: loss {:.6f} (perplexity {:.3f}) over {} tokens: {} batches of {} x {} from {}\n"

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <optional>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -26,6 +28,8 @@
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/comm_nccl.h"
 #include "zinf/zero3/engine.h"
+#include "zinf/zero3/hf_folder.h"
+#include "zinf/model/registry.h"
 
 namespace zinf::cli {
 namespace {
@@ -44,6 +48,8 @@ struct TrainOptions {
   bool allow_data_change = false;   // resume with another seed, data or batch size than the checkpoint's
   std::string json_log;
   std::string init_from;
+  std::string model_dir;            // --model-dir: an HF folder's architecture and weights
+  bool model_given = false;         // a --model or dimension option was on the command line
   bool activation_checkpointing = false;
   std::string comm = "auto";  // auto | local | mpi | nccl
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
@@ -193,6 +199,64 @@ Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRu
   return r;
 }
 
+// The model this run trains, made on demand (activation checkpointing is known only once the
+// ds_config is read): an HF folder's (--model-dir, whose weights start the run), or on --resume
+// with no model option the checkpoint's, or the --model preset with its dimension options.
+struct RunModel {
+  std::function<Result<std::unique_ptr<model::Model>>(bool activation_checkpointing)> make;
+  std::shared_ptr<const zero3::HfFolder> hf;  // --model-dir: the starting weights
+};
+
+Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenDataset& data,
+                                   const std::optional<SavedRun>& saved) {
+  RunModel r;
+  if (!o.model_dir.empty()) {
+    if (o.model_given) {
+      return Status::invalid_argument("--model-dir takes the model from the folder's config.json: drop --model, "
+                                      "--layers, --hidden, --heads, --seq and --vocab");
+    }
+    if (!o.init_from.empty()) {
+      return Status::invalid_argument("--model-dir and --init-from both give the starting weights: use one");
+    }
+    auto hf = zero3::HfFolder::open(o.model_dir);
+    if (!hf.is_ok()) return hf.status().with_context("--model-dir");
+    r.hf = std::make_shared<const zero3::HfFolder>(std::move(hf).value());
+    r.make = [folder = r.hf](bool recompute) { return folder->make_model(recompute); };
+    return r;
+  }
+  if (saved && !o.model_given && !saved->model_json().empty()) {
+    const std::string json = saved->model_json(), source = saved->folder() + "/engine.json";
+    r.make = [json, source](bool recompute) -> Result<std::unique_ptr<model::Model>> {
+      auto m = model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
+      if (!m.is_ok()) return m.status().with_context("--resume (give the model options to resume a model zinf does not build)");
+      return m;
+    };
+    return r;
+  }
+  auto mc = o.model.resolve(data.vocab_size());
+  if (!mc.is_ok()) return mc.status();
+  const model::GptConfig gpt = mc.value();
+  r.make = [gpt](bool recompute) -> Result<std::unique_ptr<model::Model>> {
+    model::GptConfig c = gpt;
+    c.activation_checkpointing = recompute;
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::GptModel> m, model::GptModel::create(c));
+    return std::unique_ptr<model::Model>(std::move(m));
+  };
+  return r;
+}
+
+// Every token of the data must be an id the model knows; the first one that is not is named.
+Status check_tokens_fit(const model::TokenDataset& data, const model::Model& m) {
+  const auto tokens = data.tokens();
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= m.vocab_size()) {
+      return Status::invalid_argument(fmt::format("{}: token {} (0-based) is {}, outside the model's vocabulary of {}",
+                                                  data.source(), i, tokens[i], m.vocab_size()));
+    }
+  }
+  return Status::ok();
+}
+
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
@@ -205,19 +269,16 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   // Data first: it decides the vocabulary.
   ZINF_ASSIGN_OR_RETURN(RunData run_data, load_run_data(o, saved, rules));
   model::TokenDataset& data = run_data.data;
-  auto mc = o.model.resolve(data.vocab_size());
-  if (!mc.is_ok()) return mc.status();
-  model::GptConfig gpt = mc.value();
-  if (gpt.vocab_size < data.vocab_size()) {
-    return Status::invalid_argument(fmt::format("--vocab {} is smaller than the data's vocabulary {} ({})",
-                                                gpt.vocab_size, data.vocab_size(), data.source()));
-  }
-  gpt.activation_checkpointing = o.activation_checkpointing;
+  ZINF_ASSIGN_OR_RETURN(RunModel run_model, resolve_run_model(o, data, saved));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> probe, run_model.make(false));
+  ZINF_RETURN_IF_ERROR(check_tokens_fit(data, *probe));
 
   // Rank 0 speaks for the job; the other ranks log only warnings and errors.
   if (comm.rank() != 0) set_log_level(LogLevel::kWarning);
   std::ostream& out = comm.rank() == 0 ? std::cout : null_stream();
-  ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(gpt.n_embd));
+  ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx,
+                        o.autos.context(probe->hidden_size() > 0 ? std::optional<std::int64_t>(probe->hidden_size())
+                                                                 : std::nullopt));
   ctx.run_steps = o.steps;  // the schedule's length only where total_num_steps is "auto"
   ctx.world_size = comm.world_size();
   TempDir swap_dir;
@@ -237,16 +298,21 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   if (comm.rank() == 0) warn_past_schedule(ds.value(), o.steps);
 
   // The ds_config block, like the flag, turns on block recompute in backward.
-  gpt.activation_checkpointing = o.activation_checkpointing || ds->activation_checkpointing.present;
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::GptModel> gpt_model, model::GptModel::create(gpt));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
+                        run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
+  const int T = the_model->max_seq();
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
-  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(gpt_model), eo, comm));
+  if (run_model.hf) {
+    eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
+      return hf->read_param(index, out).with_context("--model-dir");
+    };
+  }
+  ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(the_model), eo, comm));
   out << engine->describe() << "\n";
   out << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
 
   const auto& batch = ds->batch;
   const int B = static_cast<int>(batch.train_micro_batch_size_per_gpu);
-  const int T = gpt.max_seq;
   const int gas = static_cast<int>(batch.gradient_accumulation_steps);
   // The data order: the seed (the checkpoint's on resume) and the batch geometry.
   const BatchGeometry geometry{B, T, gas, comm.world_size()};
@@ -343,6 +409,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
                 "order then differs from an uninterrupted run)");
   cmd->add_option("--json-log", o->json_log, "append one JSON object per optimizer step to this file");
   cmd->add_option("--init-from", o->init_from, "start from the weights in this safetensors file");
+  cmd->add_option("--model-dir", o->model_dir,
+                  "a Hugging Face model folder (config.json + safetensors, model_type gpt2): its architecture and "
+                  "weights");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
   cmd->add_option("--comm", o->comm, "communicator: auto (mpi under mpirun with > 1 rank, else local), local, mpi, nccl")
       ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}));
@@ -351,6 +420,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 7 * 24 * 3600));
   cmd->callback([o, exit_code, cmd] {
     o->seed_given = cmd->count("--seed") > 0;
+    o->model_given = false;
+    for (const char* opt : {"--model", "--layers", "--hidden", "--heads", "--seq", "--vocab"}) {
+      o->model_given = o->model_given || cmd->count(opt) > 0;
+    }
     Result<std::unique_ptr<zero3::Communicator>> comm = make_communicator(*o);
     const Status s = comm.is_ok() ? run_train(*o, *comm.value()) : comm.status().with_context("--comm " + o->comm);
     if (s.is_ok()) {
@@ -363,7 +436,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
     std::cerr << (::isatty(STDOUT_FILENO) ? "\n" : "") << "zinf train: "
               << (world > 1 ? fmt::format("rank {}: ", rank) : "") << s.message() << "\n"
               << std::flush;
-    *exit_code = s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ? 2 : 1;
+    *exit_code = s.code() == ErrorCode::kInvalidArgument || s.code() == ErrorCode::kNotFound ||
+                         s.code() == ErrorCode::kUnsupported
+                     ? 2
+                     : 1;
     // One failed rank ends the job now; the others would otherwise sit in their next collective
     // until --comm-timeout. run_train has already released its engine and swap files.
     if (comm.is_ok() && world > 1) comm.value()->abort(*exit_code);

@@ -108,6 +108,11 @@ Result<SavedRun> SavedRun::read(const std::string& dir) {
       !engine["client_state"].is_string()) {
     return Status::corruption(fmt::format("--resume {}: {} has no client_state", dir, where));
   }
+  if (engine.contains("model") && engine["model"].is_object()) {
+    nlohmann::json m = engine["model"];
+    if (!m.contains("type")) m["type"] = "gpt";  // checkpoints from before the Model interface
+    r.model_json_ = m.dump();
+  }
   const auto j = nlohmann::json::parse(engine["client_state"].get<std::string>(), nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("row")) {
     return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", dir));

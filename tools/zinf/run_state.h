@@ -95,9 +95,11 @@ class SavedRun {
   Status restore_position(model::BatchLoader& loader, bool data_changed, const ResumeRules& rules) const;
 
   int world_size() const { return world_size_; }
+  // The model the checkpoint was saved from (its config_json(); empty if engine.json has none).
+  const std::string& model_json() const { return model_json_; }
 
  private:
-  std::string dir_, tag_, folder_;
+  std::string dir_, tag_, folder_, model_json_;
   model::BatchPosition position_;
   std::optional<std::uint64_t> seed_;
   std::optional<DataIdentity> data_;

@@ -45,6 +45,7 @@ class GptModel final : public Model {
   std::span<const ModuleSpec> modules() const override { return modules_; }
   int vocab_size() const override { return config_.vocab_size; }
   int max_seq() const override { return config_.max_seq; }
+  int hidden_size() const override { return config_.n_embd; }
 
   // One training micro-batch: inputs and targets are (B, T) token ids in [0, vocab_size), with
   // 1 <= T <= max_seq. Returns the mean cross-entropy over B*T positions and ADDS the gradients of

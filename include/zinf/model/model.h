@@ -50,6 +50,9 @@ class Model {
   // Token ids a batch may hold are [0, vocab_size()); sequences are 1..max_seq() long.
   virtual int vocab_size() const = 0;
   virtual int max_seq() const = 0;
+  // The width ds_config's "auto" bucket sizes derive from (HF's config.hidden_size); 0 when the
+  // model has none, and then those "auto" values need --hidden-size.
+  virtual int hidden_size() const { return 0; }
 
   // One training micro-batch: (B, T) inputs and targets. Returns the mean loss over the B*T
   // positions and ADDS the gradients of (loss * loss_scale) to the buffers given by
