@@ -195,10 +195,12 @@ TEST(LlamaEngineTest, ACheckpointOfAnotherLlamaIsRefusedByName) {
   const auto ds = ds_config("cpu", nvme.path());
   {
     EngineRun run(llama(tiny(true)), ds);
+    ASSERT_NE(run.engine, nullptr);
     ASSERT_TRUE(train(*run.engine, 0, 1).is_ok());
     ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "a", "{}").is_ok());
   }
   EngineRun other(llama(tiny(false)), ds);
+  ASSERT_NE(other.engine, nullptr);
   auto loaded = other.engine->load_checkpoint(ckpt.path(), "a");
   ASSERT_FALSE(loaded.is_ok());
   EXPECT_NE(loaded.status().message().find("\"tie_word_embeddings\":true"), std::string::npos)
