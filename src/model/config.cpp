@@ -131,38 +131,6 @@ uint64_t gpt_num_params(const GptConfig& c) {
 
 namespace detail {
 
-namespace {
-
-class LayoutBuilder {
- public:
-  LayoutBuilder(std::vector<ParamSpec>* params, std::vector<ModuleSpec>* modules)
-      : params_(params), modules_(modules) {}
-
-  void begin_module(std::string name, bool backward_reads_values = true) {
-    modules_->push_back(ModuleSpec{std::move(name), {}, backward_reads_values});
-  }
-  void add(std::string name, std::vector<int64_t> shape, ParamInit init, float std_dev = 0.0f) {
-    ParamSpec p;
-    p.name = std::move(name);
-    p.numel = 1;
-    for (int64_t d : shape) p.numel *= static_cast<size_t>(d);
-    p.shape = std::move(shape);
-    p.index = static_cast<int>(params_->size());
-    p.module = static_cast<int>(modules_->size()) - 1;
-    p.init = init;
-    p.init_std = std_dev;
-    modules_->back().params.push_back(p.index);
-    params_->push_back(std::move(p));
-  }
-  void reuse(int param) { modules_->back().params.push_back(param); }
-
- private:
-  std::vector<ParamSpec>* params_;
-  std::vector<ModuleSpec>* modules_;
-};
-
-}  // namespace
-
 void build_layout(const GptConfig& c, std::vector<ParamSpec>* params,
                   std::vector<ModuleSpec>* modules) {
   params->clear();

@@ -6,6 +6,7 @@
 #include <climits>
 #include <cstring>
 
+#include "model/carver.h"
 #include "model/kernels.h"
 #include "model/layout.h"
 #include "zinf/model/module_calls.h"
@@ -51,21 +52,7 @@ struct GptActivations {
 
 namespace {
 
-// Hands out 64-byte aligned views of one allocation; with base == nullptr it only counts.
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* take(size_t n) {
-    float* p = base_ != nullptr ? base_ + used_ : nullptr;
-    used_ += (n + 15) / 16 * 16;
-    return p;
-  }
-  size_t used() const { return used_; }
-
- private:
-  float* base_;
-  size_t used_ = 0;
-};
+using detail::Carver;
 
 // Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
 size_t carve(const GptConfig& c, size_t bt, size_t t, float* base, GptActivations* a) {

@@ -1,17 +1,58 @@
-// Internal: the parameter and module lists of a GPT-2 model, in forward order.
+// Internal: building parameter and module lists in forward order, and GPT-2's.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "zinf/model/config.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/params.h"
 
 namespace zinf::model::detail {
+
+// Appends modules and parameters in forward order; a parameter's owner is the module open when
+// it is added, and reuse() lists an earlier parameter in the open module (a tied head).
+class LayoutBuilder {
+ public:
+  LayoutBuilder(std::vector<ParamSpec>* params, std::vector<ModuleSpec>* modules)
+      : params_(params), modules_(modules) {}
+
+  void begin_module(std::string name, bool backward_reads_values = true) {
+    modules_->push_back(ModuleSpec{std::move(name), {}, backward_reads_values});
+  }
+  void add(std::string name, std::vector<int64_t> shape, ParamInit init, float std_dev = 0.0f) {
+    ParamSpec p;
+    p.name = std::move(name);
+    p.numel = 1;
+    for (int64_t d : shape) p.numel *= static_cast<size_t>(d);
+    p.shape = std::move(shape);
+    p.index = static_cast<int>(params_->size());
+    p.module = static_cast<int>(modules_->size()) - 1;
+    p.init = init;
+    p.init_std = std_dev;
+    modules_->back().params.push_back(p.index);
+    params_->push_back(std::move(p));
+  }
+  void reuse(int param) { modules_->back().params.push_back(param); }
+
+ private:
+  std::vector<ParamSpec>* params_;
+  std::vector<ModuleSpec>* modules_;
+};
 
 // Parameter order: wte, wpe, then per layer ln_1.{weight,bias}, attn.c_attn.{weight,bias},
 // attn.c_proj.{weight,bias}, ln_2.{weight,bias}, mlp.c_fc.{weight,bias}, mlp.c_proj.{weight,bias},
 // then ln_f.{weight,bias}. Modules as documented in gpt.h (module_* helpers).
 void build_layout(const GptConfig& config, std::vector<ParamSpec>* params,
                   std::vector<ModuleSpec>* modules);
+
+// HF LlamaForCausalLM's parameter names in forward order: model.embed_tokens.weight, per layer
+// input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj
+// (all .weight), then model.norm.weight and, untied, lm_head.weight. Modules as in llama.h.
+void build_llama_layout(const LlamaConfig& config, std::vector<ParamSpec>* params,
+                        std::vector<ModuleSpec>* modules);
 
 }  // namespace zinf::model::detail

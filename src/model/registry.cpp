@@ -5,10 +5,11 @@
 #include <nlohmann/json.hpp>
 
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 
 namespace zinf::model {
 
-std::vector<std::string> builtin_model_types() { return {"gpt"}; }
+std::vector<std::string> builtin_model_types() { return {"gpt", "llama"}; }
 
 Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, std::string_view source,
                                                   const BuiltinOptions& options) {
@@ -22,6 +23,12 @@ Result<std::unique_ptr<Model>> make_builtin_model(std::string_view config_json, 
     c.activation_checkpointing = options.activation_checkpointing;
     ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptModel> gpt, GptModel::create(c));
     return std::unique_ptr<Model>(std::move(gpt));
+  }
+  if (*type == "llama") {
+    ZINF_ASSIGN_OR_RETURN(LlamaConfig c, llama_config_from_json(config_json, source));
+    c.activation_checkpointing = options.activation_checkpointing;
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> llama, LlamaModel::create(c));
+    return std::unique_ptr<Model>(std::move(llama));
   }
   std::string known;
   for (const std::string& t : builtin_model_types()) known += (known.empty() ? "" : ", ") + t;

@@ -18,45 +18,7 @@ namespace zinf::model {
 namespace {
 
 using testing::micro_config;
-
-// Records every call as text and forwards to LocalParams; can fail the n-th call.
-class RecordingAccess final : public ParamAccess {
- public:
-  explicit RecordingAccess(LocalParams* inner) : inner_(inner) {}
-
-  Status acquire(int m, Phase ph, std::span<const float*> v) override {
-    ZINF_RETURN_IF_ERROR(maybe_fail());
-    log.push_back(fmt::format("acquire {} {}", m, phase_name(ph)));
-    held++;
-    return inner_->acquire(m, ph, v);
-  }
-  Status release(int m, Phase ph) override {
-    log.push_back(fmt::format("release {} {}", m, phase_name(ph)));
-    held--;
-    return inner_->release(m, ph);
-  }
-  Status grad_buffers(int m, std::span<float*> g) override {
-    ZINF_RETURN_IF_ERROR(maybe_fail());
-    log.push_back(fmt::format("grads {}", m));
-    return inner_->grad_buffers(m, g);
-  }
-  Status grads_ready(int m) override {
-    log.push_back(fmt::format("ready {}", m));
-    return inner_->grads_ready(m);
-  }
-
-  std::vector<std::string> log;
-  int held = 0;
-  int fail_at = -1;  // index among acquire/grad_buffers calls
-
- private:
-  Status maybe_fail() {
-    if (calls_++ == fail_at) return Status::io_error("pread", "/nvme/p.swp", 4096, 512, EIO);
-    return Status::ok();
-  }
-  LocalParams* inner_;
-  int calls_ = 0;
-};
+using testing::RecordingAccess;
 
 // The documented contract, written out: forward in module order, backward in reverse with the
 // embedding's values not fetched, checkpoint recompute of every block but the last.

@@ -1,8 +1,11 @@
-// Helpers shared by the model tests: small configurations, random parameters, temp folders.
+// Helpers shared by the model tests: small configurations, random parameters, a recording
+// ParamAccess, temp folders.
 #pragma once
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +16,7 @@
 #include "model/rng.h"
 #include "zinf/model/config.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/local_params.h"
 
 namespace zinf::model::testing {
@@ -80,6 +84,73 @@ inline GptModel make_gpt(const GptConfig& c) {
   }
   return std::move(*r.value());
 }
+
+// A tiny Llama for finite differences: grouped-query attention (4 query heads on 2 kv heads),
+// head_dim 4, T < max_seq, a small rope_theta so that both RoPE frequencies turn visibly.
+inline LlamaConfig micro_llama_config(bool tied, bool checkpointing = false) {
+  LlamaConfig c;
+  c.vocab_size = 37;
+  c.max_seq = 12;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_kv_head = 2;
+  c.n_embd = 16;
+  c.intermediate_size = 24;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 100.0;
+  c.tie_word_embeddings = tied;
+  c.activation_checkpointing = checkpointing;
+  return c;
+}
+
+// A LlamaModel for a configuration the test expects to be valid (a default one otherwise).
+inline LlamaModel make_llama(const LlamaConfig& c) {
+  Result<std::unique_ptr<LlamaModel>> r = LlamaModel::create(c);
+  if (!r.is_ok()) {
+    ADD_FAILURE() << r.status().to_string();
+    return std::move(*must(LlamaModel::create(LlamaConfig{})));
+  }
+  return std::move(*r.value());
+}
+
+// Records every call as text and forwards to LocalParams; can fail the n-th call.
+class RecordingAccess final : public ParamAccess {
+ public:
+  explicit RecordingAccess(LocalParams* inner) : inner_(inner) {}
+
+  Status acquire(int m, Phase ph, std::span<const float*> v) override {
+    ZINF_RETURN_IF_ERROR(maybe_fail());
+    log.push_back(fmt::format("acquire {} {}", m, phase_name(ph)));
+    held++;
+    return inner_->acquire(m, ph, v);
+  }
+  Status release(int m, Phase ph) override {
+    log.push_back(fmt::format("release {} {}", m, phase_name(ph)));
+    held--;
+    return inner_->release(m, ph);
+  }
+  Status grad_buffers(int m, std::span<float*> g) override {
+    ZINF_RETURN_IF_ERROR(maybe_fail());
+    log.push_back(fmt::format("grads {}", m));
+    return inner_->grad_buffers(m, g);
+  }
+  Status grads_ready(int m) override {
+    log.push_back(fmt::format("ready {}", m));
+    return inner_->grads_ready(m);
+  }
+
+  std::vector<std::string> log;
+  int held = 0;
+  int fail_at = -1;  // index among acquire/grad_buffers calls
+
+ private:
+  Status maybe_fail() {
+    if (calls_++ == fail_at) return Status::io_error("pread", "/nvme/p.swp", 4096, 512, EIO);
+    return Status::ok();
+  }
+  LocalParams* inner_;
+  int calls_ = 0;
+};
 
 // A fresh folder under $ZINF_TEST_TMPDIR (or /tmp), removed when the object goes away.
 class TempDir {

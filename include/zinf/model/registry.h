@@ -17,7 +17,7 @@ struct BuiltinOptions {
   bool activation_checkpointing = false;
 };
 
-// Builds the built-in model a config_json() text describes ("type": "gpt"; a text without
+// Builds the built-in model a config_json() text describes ("type": "gpt" or "llama"; a text without
 // "type" is a GPT, as checkpoints before the Model interface recorded it). A type zinf does not
 // build (a user's own model) is an unsupported error naming it and the built-in types; errors
 // name `source`.

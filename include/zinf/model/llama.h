@@ -1,0 +1,118 @@
+// LlamaModel: a Llama-architecture decoder (Hugging Face LlamaForCausalLM), forward and backward
+// on the CPU in fp32, and its configuration.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "zinf/model/model.h"
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+// The dimensions of a Llama model. Each field is the HF LlamaConfig field in the comment, with
+// the same meaning, so an HF config.json maps field by field. Field names double as the names
+// in error messages and in config_json().
+struct LlamaConfig {
+  int vocab_size = 256;           // vocab_size
+  int max_seq = 64;               // max_position_embeddings: the longest sequence T accepted
+  int n_layer = 2;                // num_hidden_layers
+  int n_head = 4;                 // num_attention_heads
+  int n_kv_head = 2;              // num_key_value_heads: query head h reads kv head h / (n_head / n_kv_head)
+  int n_embd = 64;                // hidden_size; head_dim = n_embd / n_head, even (RoPE rotates pairs)
+  int intermediate_size = 172;    // intermediate_size: the SwiGLU MLP width
+  double rms_norm_eps = 1e-6;     // rms_norm_eps: x / sqrt(mean(x^2) + eps), eps added in fp32
+  double rope_theta = 10000.0;    // rope_theta (rope_parameters.rope_theta in transformers 5)
+  bool tie_word_embeddings = false;  // the LM head reuses model.embed_tokens.weight
+  // Keep only block inputs in forward; recompute each block in backward. A run-time choice:
+  // not in config_json(), changes no bit of any result.
+  bool activation_checkpointing = false;
+
+  bool operator==(const LlamaConfig&) const = default;
+};
+
+// Checks every field; the error names the offending field and its value, e.g.
+// "n_head (4) must be divisible by n_kv_head (3)" or "head_dim (n_embd / n_head = 5) must be
+// even for rotary embeddings".
+Status validate_llama_config(const LlamaConfig& config);
+
+// The architecture as JSON text: {"type": "llama", every field above except
+// activation_checkpointing}. Doubles are written so that they read back to the same bits.
+std::string llama_config_json(const LlamaConfig& config);
+// Reads that object back (every key required, "type" must be "llama") and validates it; errors
+// name `source` and the key.
+Result<LlamaConfig> llama_config_from_json(std::string_view text, std::string_view source);
+
+// Parameter elements of a model with this configuration (a tied head counted once).
+uint64_t llama_num_params(const LlamaConfig& config);
+
+struct LlamaActivations;  // internal: the model's activation and scratch buffers
+
+// Token embedding; n_layer pre-norm blocks
+//   x = x + o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = input_layernorm(x)
+//   x = x + down_proj(silu(gate_proj(h)) * up_proj(h)),                      h = post_attention_layernorm(x)
+// with causal grouped-query attention and no biases; final RMSNorm (model.norm); LM head
+// (lm_head.weight, or embed_tokens.weight when tied); mean cross-entropy loss.
+//
+// Parameter names, shapes ([out, in], as torch Linear stores them) and order follow HF
+// LlamaForCausalLM, so HF weights load by name with no transpose. Modules, in forward order:
+// "model.embed_tokens"; per layer i "model.layers.i.input_layernorm", ".self_attn" (q, k, v,
+// o), ".post_attention_layernorm", ".mlp" (gate, up, down); "model.norm"; "lm_head" (owns
+// lm_head.weight, or lists embed_tokens.weight again when tied; the embedding module owns it
+// and its backward reads no values). The ParamAccess trace is GptModel's (gpt.h), module for
+// module.
+//
+// Deterministic like GptModel: the same inputs and parameter values give bit-identical loss and
+// gradients, with or without activation checkpointing. Not thread-safe: one pass at a time.
+class LlamaModel final : public Model {
+ public:
+  // Fails with the validate_llama_config() error (naming the field) for an invalid configuration.
+  static Result<std::unique_ptr<LlamaModel>> create(LlamaConfig config);
+  LlamaModel(LlamaModel&&) noexcept;
+  LlamaModel& operator=(LlamaModel&&) noexcept;
+  ~LlamaModel() override;
+
+  const LlamaConfig& config() const { return config_; }
+
+  std::string_view type() const override { return "llama"; }
+  std::string describe() const override;
+  std::string config_json() const override { return llama_config_json(config_); }
+  std::span<const ParamSpec> params() const override { return params_; }
+  std::span<const ModuleSpec> modules() const override { return modules_; }
+  int vocab_size() const override { return config_.vocab_size; }
+  int max_seq() const override { return config_.max_seq; }
+
+  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                                 ParamAccess& access, float loss_scale) override;
+  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                             ParamAccess& access) override;
+  // Inference: writes the (B, T, vocab_size) logits of `inputs` to `logits` (Phase::kEval).
+  Status forward_logits(std::span<const int32_t> inputs, int B, int T, ParamAccess& access,
+                        std::span<float> logits);
+
+  Status reserve(int B, int T) override;
+  uint64_t activation_bytes(int B, int T) const override;
+
+ private:
+  explicit LlamaModel(LlamaConfig config);
+  Status forward_to_logits(const int32_t* inputs, int B, int T, ParamAccess& access, Phase phase);
+  Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase, bool need_output);
+  Status backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T, ParamAccess& access,
+                       float loss_scale);
+  Status block_backward(int layer, int slot, int B, int T, ParamAccess& access);
+  int embed_module() const { return 0; }
+  int block_module(int layer, int k) const { return 1 + 4 * layer + k; }  // k: 0 ln, 1 attn, 2 ln, 3 mlp
+  int norm_module() const { return 1 + 4 * config_.n_layer; }
+  int head_module() const { return 2 + 4 * config_.n_layer; }
+
+  LlamaConfig config_;
+  std::vector<ParamSpec> params_;
+  std::vector<ModuleSpec> modules_;
+  std::unique_ptr<LlamaActivations> acts_;
+};
+
+}  // namespace zinf::model

@@ -1,0 +1,319 @@
+// LlamaModel: runs the Llama forward and backward module by module through a ParamAccess.
+#include "zinf/model/llama.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "model/carver.h"
+#include "model/kernels.h"
+#include "model/layout.h"
+#include "model/llama_kernels.h"
+#include "zinf/model/float_buffer.h"
+#include "zinf/model/module_calls.h"
+
+namespace zinf::model {
+
+namespace k = kernels;
+
+// Activations of one block, (B,T,...) packed at the pass's B and T; KV = n_kv_head * head_dim,
+// I = intermediate_size. Backward needs all of them; the block output lives in resid.
+struct LlamaLayerActs {
+  float* xn1;    // (B,T,C) input_layernorm output
+  float* rstd1;  // (B,T)
+  float* q;      // (B,T,C) after RoPE
+  float* k;      // (B,T,KV) after RoPE
+  float* v;      // (B,T,KV)
+  float* atty;   // (B,T,C) attention output before o_proj
+  float* lse;    // (B,NH,T)
+  float* res2;   // (B,T,C) residual stream after attention
+  float* xn2;    // (B,T,C) post_attention_layernorm output
+  float* rstd2;  // (B,T)
+  float* gate;   // (B,T,I)
+  float* up;     // (B,T,I)
+  float* act;    // (B,T,I) silu(gate) * up
+};
+
+struct LlamaActivations {
+  size_t cap_bt = 0;  // B*T the buffers hold
+  size_t cap_t = 0;   // T the attention scratch and RoPE tables hold
+  FloatBuffer storage;
+  std::vector<LlamaLayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
+  std::vector<float*> resid;           // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
+  float* xnf;                          // (B,T,C) model.norm output
+  float* rstdf;                        // (B,T)
+  float* logits;                       // (B,T,V): logits, then probabilities, then their gradient
+  float* losses;                       // (B,T)
+  float* dres;                         // (B,T,C) gradient of the residual stream
+  float* dx;                           // (B,T,C) scratch gradient
+  float* dx2;                          // (B,T,C) scratch gradient
+  float* dbig;                         // (B,T,max(C+2KV, 2I)): dq|dk|dv, or dact|dup
+  float* att_scratch;                  // gqa_attention_scratch_floats(T)
+  float* rope_cos;                     // (T, head_dim/2)
+  float* rope_sin;                     // (T, head_dim/2)
+};
+
+namespace {
+
+struct Dims {
+  int C, NH, NKV, hd, KV, I, V, L;
+  explicit Dims(const LlamaConfig& c)
+      : C(c.n_embd),
+        NH(c.n_head),
+        NKV(c.n_kv_head),
+        hd(c.n_embd / c.n_head),
+        KV(c.n_embd / c.n_head * c.n_kv_head),
+        I(c.intermediate_size),
+        V(c.vocab_size),
+        L(c.n_layer) {}
+};
+
+// Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
+size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActivations* a) {
+  const Dims d(c);
+  const size_t C = d.C, KV = d.KV, I = d.I;
+  detail::Carver cv(base);
+  a->layers.resize(c.activation_checkpointing ? 1 : c.n_layer);
+  for (LlamaLayerActs& l : a->layers) {
+    l = LlamaLayerActs{cv.take(bt * C), cv.take(bt),     cv.take(bt * C), cv.take(bt * KV), cv.take(bt * KV),
+                       cv.take(bt * C), cv.take(bt * d.NH), cv.take(bt * C), cv.take(bt * C), cv.take(bt),
+                       cv.take(bt * I), cv.take(bt * I), cv.take(bt * I)};
+  }
+  a->resid.resize(c.n_layer + 1);
+  for (float*& r : a->resid) r = cv.take(bt * C);
+  a->xnf = cv.take(bt * C);
+  a->rstdf = cv.take(bt);
+  a->logits = cv.take(bt * d.V);
+  a->losses = cv.take(bt);
+  a->dres = cv.take(bt * C);
+  a->dx = cv.take(bt * C);
+  a->dx2 = cv.take(bt * C);
+  a->dbig = cv.take(bt * std::max(C + 2 * KV, 2 * I));
+  a->att_scratch = cv.take(k::gqa_attention_scratch_floats(static_cast<int>(t)));
+  a->rope_cos = cv.take(t * (d.hd / 2));
+  a->rope_sin = cv.take(t * (d.hd / 2));
+  return cv.used();
+}
+
+// Turns logits (N,V) into probabilities in place and returns the mean cross-entropy.
+float mean_xent(float* logits, float* losses, const int32_t* targets, int N, int V) {
+  k::softmax_xent_forward(logits, losses, targets, N, V);
+  double sum = 0.0;  // fixed order
+  for (int n = 0; n < N; n++) sum += losses[n];
+  return static_cast<float>(sum / N);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::create(LlamaConfig config) {
+  ZINF_RETURN_IF_ERROR(validate_llama_config(config));
+  return std::unique_ptr<LlamaModel>(new LlamaModel(config));
+}
+
+LlamaModel::LlamaModel(LlamaConfig config) : config_(config) {
+  detail::build_llama_layout(config_, &params_, &modules_);
+}
+
+LlamaModel::LlamaModel(LlamaModel&&) noexcept = default;
+LlamaModel& LlamaModel::operator=(LlamaModel&&) noexcept = default;
+LlamaModel::~LlamaModel() = default;
+
+std::string LlamaModel::describe() const {
+  const LlamaConfig& c = config_;
+  return fmt::format("llama: {} layers, hidden {}, {} heads ({} kv), intermediate {}, seq {}, vocab {}, {} head{}",
+                     c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.intermediate_size, c.max_seq, c.vocab_size,
+                     c.tie_word_embeddings ? "tied" : "untied",
+                     c.activation_checkpointing ? ", activation checkpointing" : "");
+}
+
+uint64_t LlamaModel::activation_bytes(int B, int T) const {
+  LlamaActivations counting;
+  return carve(config_, static_cast<size_t>(B) * T, T, nullptr, &counting) * sizeof(float);
+}
+
+Status LlamaModel::reserve(int B, int T) {
+  if (B < 1 || T < 1 || T > config_.max_seq || static_cast<int64_t>(B) * T > INT_MAX / 4) {
+    return Status::invalid_argument(
+        fmt::format("reserve: B ({}) and T ({}) must be >= 1, T <= max_seq ({})", B, T, config_.max_seq));
+  }
+  const size_t bt = static_cast<size_t>(B) * T;
+  if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t) return Status::ok();
+  auto a = std::make_unique<LlamaActivations>();
+  a->cap_bt = acts_ ? std::max(bt, acts_->cap_bt) : bt;
+  a->cap_t = acts_ ? std::max<size_t>(T, acts_->cap_t) : T;
+  acts_.reset();  // free the old buffers before taking the new ones
+  const size_t floats = carve(config_, a->cap_bt, a->cap_t, nullptr, a.get());
+  a->storage = FloatBuffer::allocate(floats);
+  if (a->storage.data() == nullptr) {
+    return Status::resource_exhausted(
+        fmt::format("model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
+  }
+  carve(config_, a->cap_bt, a->cap_t, a->storage.data(), a.get());
+  k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), config_.n_embd / config_.n_head,
+                 config_.rope_theta);
+  acts_ = std::move(a);
+  return Status::ok();
+}
+
+Result<float> LlamaModel::forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
+                                           int T, ParamAccess& access, float loss_scale) {
+  ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(reserve(B, T));
+  ZINF_RETURN_IF_ERROR(forward_to_logits(inputs.data(), B, T, access, Phase::kForward));
+  const float loss = mean_xent(acts_->logits, acts_->losses, targets.data(), B * T, config_.vocab_size);
+  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), targets.data(), B, T, access, loss_scale));
+  return loss;
+}
+
+Result<float> LlamaModel::forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
+                                       int T, ParamAccess& access) {
+  ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
+  ZINF_RETURN_IF_ERROR(reserve(B, T));
+  ZINF_RETURN_IF_ERROR(forward_to_logits(inputs.data(), B, T, access, Phase::kEval));
+  return mean_xent(acts_->logits, acts_->losses, targets.data(), B * T, config_.vocab_size);
+}
+
+Status LlamaModel::forward_logits(std::span<const int32_t> inputs, int B, int T, ParamAccess& access,
+                                  std::span<float> logits) {
+  ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, inputs, B, T));  // no targets: the inputs stand in
+  const size_t n = static_cast<size_t>(B) * T * config_.vocab_size;
+  if (logits.size() != n) {
+    return Status::invalid_argument(
+        fmt::format("forward_logits: the output holds {} floats, (B, T, vocab_size) is {}", logits.size(), n));
+  }
+  ZINF_RETURN_IF_ERROR(reserve(B, T));
+  ZINF_RETURN_IF_ERROR(forward_to_logits(inputs.data(), B, T, access, Phase::kEval));
+  std::memcpy(logits.data(), acts_->logits, n * sizeof(float));
+  return Status::ok();
+}
+
+Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamAccess& access, Phase phase) {
+  LlamaActivations& a = *acts_;
+  const Dims d(config_);
+  const int N = B * T;
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, embed_module(), phase, [&](auto v) {
+    k::embedding_forward(a.resid[0], inputs, v[0], N, d.C);
+  }));
+  // Every layer gets its own slot only when backward will read it without recomputing.
+  const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
+  for (int l = 0; l < d.L; l++) {
+    ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
+  }
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, norm_module(), phase, [&](auto v) {
+    k::rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], v[0], eps, N, d.C);
+  }));
+  return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
+    k::matmul_forward(a.logits, a.xnf, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
+  });
+}
+
+Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
+                                 bool need_output) {
+  LlamaActivations& a = *acts_;
+  LlamaLayerActs& la = a.layers[slot];
+  const Dims d(config_);
+  const int N = B * T;
+  const size_t NC = static_cast<size_t>(N) * d.C;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float* x = a.resid[layer];  // (B,T,C)
+  float* y = a.resid[layer + 1];    // (B,T,C)
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 0), phase, [&](auto v) {
+    k::rmsnorm_forward(la.xn1, la.rstd1, x, v[0], eps, N, d.C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
+    k::matmul_forward(la.q, la.xn1, v[0], nullptr, N, d.C, d.C);
+    k::matmul_forward(la.k, la.xn1, v[1], nullptr, N, d.C, d.KV);
+    k::matmul_forward(la.v, la.xn1, v[2], nullptr, N, d.C, d.KV);
+    k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
+    k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+    k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
+    k::matmul_forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);
+    k::residual_add(la.res2, x, NC);
+  }));
+  ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
+    k::rmsnorm_forward(la.xn2, la.rstd2, la.res2, v[0], eps, N, d.C);
+  }));
+  return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
+    k::matmul_forward(la.gate, la.xn2, v[0], nullptr, N, d.C, d.I);
+    k::matmul_forward(la.up, la.xn2, v[1], nullptr, N, d.C, d.I);
+    k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
+    // Recompute for backward needs the block's internals, not its output.
+    if (need_output) {
+      k::matmul_forward(y, la.act, v[2], nullptr, N, d.I, d.C);
+      k::residual_add(y, la.res2, NC);
+    }
+  });
+}
+
+Status LlamaModel::backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T, ParamAccess& access,
+                                 float loss_scale) {
+  LlamaActivations& a = *acts_;
+  const Dims d(config_);
+  const int N = B * T;
+  // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
+  k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, d.V);
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
+    k::matmul_backward(a.dx, g[0], nullptr, a.logits, a.xnf, v[0], N, d.C, d.V);
+  }));
+  std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C);
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, norm_module(), [&](auto v, auto g) {
+    k::rmsnorm_backward(a.dres, g[0], a.dx, a.resid[d.L], v[0], a.rstdf, N, d.C);
+  }));
+  const bool ckpt = config_.activation_checkpointing;
+  for (int l = d.L - 1; l >= 0; l--) {
+    // With checkpointing the single slot still holds the last block from forward.
+    if (ckpt && l != d.L - 1) {
+      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, false));
+    }
+    ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
+  }
+  return run_module_backward(access, modules_, embed_module(), [&](auto, auto g) {
+    k::embedding_backward(g[0], a.dres, inputs, static_cast<size_t>(N), d.C);
+  });
+}
+
+// On entry dres holds d(block output); on exit d(block input).
+Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess& access) {
+  LlamaActivations& a = *acts_;
+  const LlamaLayerActs& la = a.layers[slot];
+  const Dims d(config_);
+  const int N = B * T;
+  const size_t NC = static_cast<size_t>(N) * d.C;
+  const size_t NI = static_cast<size_t>(N) * d.I;
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
+    float* dact = a.dbig;     // (B,T,I), then dgate
+    float* dup = a.dbig + NI;  // (B,T,I)
+    k::matmul_backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
+    k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
+    k::matmul_backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
+    k::matmul_backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
+    k::residual_add(a.dx, a.dx2, NC);
+  }));
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
+    k::rmsnorm_backward(a.dres, g[0], a.dx, la.res2, v[0], la.rstd2, N, d.C);
+  }));
+  ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 1), [&](auto v, auto g) {
+    float* datty = a.dx;                                  // (B,T,C)
+    float* dq = a.dbig;                                   // (B,T,C)
+    float* dk = dq + NC;                                  // (B,T,KV)
+    float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
+    k::matmul_backward(datty, g[3], nullptr, a.dres, la.atty, v[3], N, d.C, d.C);
+    k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.lse, a.att_scratch,
+                              k::GqaShape{B, T, d.NH, d.NKV, d.hd});
+    k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
+    k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+    k::matmul_backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
+    k::matmul_backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
+    k::residual_add(a.dx, a.dx2, NC);
+    k::matmul_backward(a.dx2, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
+    k::residual_add(a.dx, a.dx2, NC);
+  }));
+  return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
+    k::rmsnorm_backward(a.dres, g[0], a.dx, a.resid[layer], v[0], la.rstd1, N, d.C);
+  });
+}
+
+}  // namespace zinf::model

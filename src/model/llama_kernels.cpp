@@ -1,0 +1,140 @@
+// Elementwise, normalisation, rotary and embedding kernels of the Llama model (fp32).
+#include "model/llama_kernels.h"
+
+#include <cmath>
+
+#include "model/parallel.h"
+
+namespace zinf::model::kernels {
+
+using detail::parallel_for;
+using detail::row_grain;
+
+void embedding_forward(float* out, const int32_t* tokens, const float* table, size_t N, int C) {
+  parallel_for(N, row_grain(C), C, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; n++) {
+      const float* row = table + static_cast<size_t>(tokens[n]) * C;
+      float* o = out + n * C;  // (C)
+      for (int i = 0; i < C; i++) o[i] = row[i];
+    }
+  });
+}
+
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, size_t N, int C) {
+  for (size_t n = 0; n < N; n++) {
+    float* drow = dtable + static_cast<size_t>(tokens[n]) * C;
+    const float* d = dout + n * C;
+    for (int i = 0; i < C; i++) drow[i] += d[i];
+  }
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C) {
+  parallel_for(N, row_grain(3 * C), 3 * C, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; n++) {
+      const float* x = inp + n * C;
+      float ss = 0.0f;
+      for (int i = 0; i < C; i++) ss += x[i] * x[i];
+      const float s = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+      float* o = out + n * C;
+      for (int i = 0; i < C; i++) o[i] = weight[i] * (x[i] * s);  // HF's order: weight * normed
+      rstd[n] = s;
+    }
+  });
+}
+
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C) {
+  // y = w * x * s with s = (mean(x^2) + eps)^(-1/2), so with norm = x * s and dnorm = w * dout:
+  // dx = s * (dnorm - norm * mean(dnorm * norm)). Rows in parallel; dweight in row order here.
+  parallel_for(N, row_grain(6 * C), 6 * C, [&](size_t begin, size_t end) {
+    for (size_t n = begin; n < end; n++) {
+      const float* x = inp + n * C;
+      const float* dy = dout + n * C;
+      float* dx = dinp + n * C;
+      const float s = rstd[n];
+      float dot = 0.0f;
+      for (int i = 0; i < C; i++) dot += (weight[i] * dy[i]) * (x[i] * s);
+      dot /= static_cast<float>(C);
+      for (int i = 0; i < C; i++) dx[i] += (weight[i] * dy[i] - (x[i] * s) * dot) * s;
+    }
+  });
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + static_cast<size_t>(n) * C;
+    const float* dy = dout + static_cast<size_t>(n) * C;
+    const float s = rstd[n];
+    for (int i = 0; i < C; i++) dweight[i] += (x[i] * s) * dy[i];
+  }
+}
+
+void rope_tables(float* cos, float* sin, int max_seq, int head_dim, double theta) {
+  const int half = head_dim / 2;
+  for (int t = 0; t < max_seq; t++) {
+    for (int i = 0; i < half; i++) {
+      const double inv_freq = std::pow(theta, -2.0 * i / head_dim);
+      const double angle = t * inv_freq;
+      cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
+      sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+}
+
+namespace {
+
+// Rotates every head of every row by +angle (sign 1) or -angle (sign -1).
+void rope_rotate(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
+                 float sign) {
+  const int half = head_dim / 2;
+  const size_t width = static_cast<size_t>(n_heads) * head_dim;
+  parallel_for(static_cast<size_t>(B) * T, row_grain(3 * width), 3 * width, [&](size_t begin, size_t end) {
+    for (size_t bt = begin; bt < end; bt++) {
+      const float* c = cos + (bt % T) * half;  // (hd/2) at position t
+      const float* s = sin + (bt % T) * half;
+      for (int h = 0; h < n_heads; h++) {
+        float* lo = x + bt * width + static_cast<size_t>(h) * head_dim;  // (hd/2)
+        float* hi = lo + half;                                           // (hd/2)
+        for (int i = 0; i < half; i++) {
+          const float a = lo[i];
+          const float b = hi[i];
+          const float si = sign * s[i];
+          lo[i] = a * c[i] - b * si;
+          hi[i] = b * c[i] + a * si;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim) {
+  rope_rotate(x, cos, sin, B, T, n_heads, head_dim, 1.0f);
+}
+
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim) {
+  rope_rotate(dx, cos, sin, B, T, n_heads, head_dim, -1.0f);
+}
+
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
+  parallel_for(n, 1 << 13, 20, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i++) {
+      const float g = gate[i];
+      const float sig = 1.0f / (1.0f + std::exp(-g));
+      out[i] = (g * sig) * up[i];
+    }
+  });
+}
+
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n) {
+  parallel_for(n, 1 << 13, 25, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i++) {
+      const float g = gate[i];
+      const float d = dout[i];
+      const float sig = 1.0f / (1.0f + std::exp(-g));
+      // silu'(g) = sig + g * sig * (1 - sig)
+      dup[i] = d * (g * sig);
+      dgate[i] = d * up[i] * (sig * (1.0f + g * (1.0f - sig)));
+    }
+  });
+}
+
+}  // namespace zinf::model::kernels

@@ -1,0 +1,58 @@
+// CPU fp32 kernels of the Llama model (RMSNorm, rotary embeddings, SwiGLU, grouped-query causal
+// attention, the token embedding) and their backwards. Matrix products are kernels.h's
+// matmul_forward/matmul_backward with bias == nullptr.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zinf::model::kernels {
+
+// N = B*T rows throughout. "+=" in a comment means the kernel accumulates into that output.
+// Every reduction runs in a fixed order that does not depend on thread count.
+
+// out (N,C) = table[tokens[n]] (V,C)
+void embedding_forward(float* out, const int32_t* tokens, const float* table, size_t N, int C);
+// dtable += scatter of dout (N,C) by token, in row order
+void embedding_backward(float* dtable, const float* dout, const int32_t* tokens, size_t N, int C);
+
+// HF LlamaRMSNorm: out (N,C) = weight * (inp * rstd), rstd (N) = 1 / sqrt(mean(inp^2) + eps),
+// saved for backward.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C);
+// dinp (N,C) +=, dweight (C) +=
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, int N, int C);
+
+// cos, sin (max_seq, head_dim/2): angle t * theta^(-2i/head_dim), computed in double and
+// rounded once (HF computes the angle in fp32; see docs/model.md for the difference).
+void rope_tables(float* cos, float* sin, int max_seq, int head_dim, double theta);
+// In place on x (B,T,n_heads*head_dim): HF's rotate_half convention, each head's pair
+// (i, i + head_dim/2) at position t rotated by angle[t][i]:
+//   x[i] <- x[i] cos - x[i + hd/2] sin,  x[i + hd/2] <- x[i + hd/2] cos + x[i] sin.
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim);
+// In place on the gradient: the transpose, a rotation by -angle.
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim);
+
+// out = silu(gate) * up, silu(g) = g * sigmoid(g); n values each.
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
+// dgate, dup (n) overwritten from dout; dgate may alias dout.
+void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n);
+
+// Causal grouped-query self-attention. q (B,T,NH*hs), k and v (B,T,NKV*hs); query head h uses
+// kv head h / (NH/NKV); scores scaled by 1/sqrt(hs). out (B,T,NH*hs); lse (B,NH,T) keeps each
+// query row's log-sum-exp, from which backward rebuilds exactly forward's probabilities (as
+// kernels.h's attention does). scratch: gqa_attention_scratch_floats(T).
+struct GqaShape {
+  int B, T, NH, NKV, hs;
+};
+size_t gqa_attention_scratch_floats(int T);
+void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
+                           const GqaShape& s);
+// dq (B,T,NH*hs), dk and dv (B,T,NKV*hs) overwritten from dout (B,T,NH*hs); a kv head's
+// gradient sums its query heads in head order.
+void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                            const float* v, const float* lse, float* scratch, const GqaShape& s);
+// Direct loops over (b, t, h) with the explicit softmax (the tests' reference).
+void gqa_attention_forward_reference(float* out, const float* q, const float* k, const float* v, const GqaShape& s);
+
+}  // namespace zinf::model::kernels
