@@ -2,6 +2,7 @@
 // layouts <-> zinf's parameters, single or sharded safetensors files.
 #include "zinf/zero3/hf_folder.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <vector>
@@ -11,6 +12,7 @@
 
 #include "zero3/file_util.h"
 #include "zinf/model/config.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/registry.h"
 #include "zinf/zero3/safetensors.h"
 
@@ -96,6 +98,82 @@ bool gpt2_transposed(std::string_view name) {
   return false;
 }
 
+// ---- Llama ------------------------------------------------------------------------------------
+
+// A number key, or `fallback` when absent or null.
+Result<double> number_key(const json& c, const char* key, const std::string& source, double fallback) {
+  const auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return fallback;
+  if (!it->is_number()) return Status::invalid_argument(fmt::format("{}: \"{}\" must be a number, found {}", source, key, it->dump()));
+  return it->get<double>();
+}
+
+Result<std::string> llama_config_from_hf(const json& c, const std::string& source) {
+  model::LlamaConfig l;
+  ZINF_ASSIGN_OR_RETURN(l.vocab_size, int_key(c, "vocab_size", source));
+  ZINF_ASSIGN_OR_RETURN(l.max_seq, int_key(c, "max_position_embeddings", source, 2048));
+  ZINF_ASSIGN_OR_RETURN(l.n_layer, int_key(c, "num_hidden_layers", source));
+  ZINF_ASSIGN_OR_RETURN(l.n_head, int_key(c, "num_attention_heads", source));
+  ZINF_ASSIGN_OR_RETURN(l.n_kv_head, int_key(c, "num_key_value_heads", source, l.n_head));
+  ZINF_ASSIGN_OR_RETURN(l.n_embd, int_key(c, "hidden_size", source));
+  ZINF_ASSIGN_OR_RETURN(l.intermediate_size, int_key(c, "intermediate_size", source));
+  ZINF_ASSIGN_OR_RETURN(l.rms_norm_eps, number_key(c, "rms_norm_eps", source, 1e-6));
+  // transformers 5 nests rope_theta (and the scaling type) in rope_parameters.
+  const json none;
+  const json& rope = c.contains("rope_parameters") && c["rope_parameters"].is_object() ? c["rope_parameters"] : none;
+  ZINF_ASSIGN_OR_RETURN(l.rope_theta, number_key(rope.is_object() ? rope : c, "rope_theta", source, 10000.0));
+  const auto refuse = [&](const std::string& key, const json& value, const std::string& zinf_does) {
+    return Status::unsupported(fmt::format("{}: \"{}\" is {}; zinf's Llama {}", source, key, value.dump(), zinf_does));
+  };
+  if (c.contains("tie_word_embeddings")) {
+    if (!c["tie_word_embeddings"].is_boolean()) return refuse("tie_word_embeddings", c["tie_word_embeddings"], "needs true or false");
+    l.tie_word_embeddings = c["tie_word_embeddings"].get<bool>();
+  }
+  if (c.contains("hidden_act") && c["hidden_act"] != "silu") return refuse("hidden_act", c["hidden_act"], "uses SiLU (SwiGLU)");
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    if (c.contains(key) && c[key] != false) return refuse(key, c[key], "has no biases");
+  }
+  if (c.contains("pretraining_tp") && !c["pretraining_tp"].is_null() && c["pretraining_tp"] != 1) {
+    return refuse("pretraining_tp", c["pretraining_tp"], "computes the plain (tp 1) product");
+  }
+  if (c.contains("rope_scaling") && !c["rope_scaling"].is_null()) {
+    return refuse("rope_scaling", c["rope_scaling"], "has no RoPE scaling yet (default rotary embeddings only)");
+  }
+  if (rope.is_object() && rope.contains("rope_type") && rope["rope_type"] != "default") {
+    return refuse("rope_parameters.rope_type", rope["rope_type"], "has no RoPE scaling yet (default rotary embeddings only)");
+  }
+  if (c.contains("head_dim") && !c["head_dim"].is_null() && c["head_dim"] != l.n_embd / std::max(1, l.n_head)) {
+    return refuse("head_dim", c["head_dim"], fmt::format("uses hidden_size / num_attention_heads = {}", l.n_embd / std::max(1, l.n_head)));
+  }
+  ZINF_RETURN_IF_ERROR(model::validate_llama_config(l).with_context(source));
+  return model::llama_config_json(l);
+}
+
+json llama_config_to_hf(const json& z) {
+  const int n_embd = z.value("n_embd", 0), n_head = std::max(1, z.value("n_head", 1));
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", z["vocab_size"]},
+          {"max_position_embeddings", z["max_seq"]},
+          {"num_hidden_layers", z["n_layer"]},
+          {"num_attention_heads", z["n_head"]},
+          {"num_key_value_heads", z["n_kv_head"]},
+          {"hidden_size", n_embd},
+          {"head_dim", n_embd / n_head},
+          {"intermediate_size", z["intermediate_size"]},
+          {"rms_norm_eps", z["rms_norm_eps"]},
+          {"rope_theta", z["rope_theta"]},
+          {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", z["rope_theta"]}}},
+          {"tie_word_embeddings", z["tie_word_embeddings"]},
+          {"hidden_act", "silu"},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"pretraining_tp", 1},
+          {"torch_dtype", "float32"}};
+}
+
+bool never_transposed(std::string_view) { return false; }
+
 // ---- the architectures -----------------------------------------------------------------------
 
 struct Architecture {
@@ -109,6 +187,7 @@ struct Architecture {
 
 constexpr Architecture kArchitectures[] = {
     {"gpt2", "gpt", gpt2_config_from_hf, gpt2_config_to_hf, gpt2_transposed, "transformer."},
+    {"llama", "llama", llama_config_from_hf, llama_config_to_hf, never_transposed, ""},
 };
 
 std::string known_hf_types() {

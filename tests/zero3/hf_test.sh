@@ -9,8 +9,11 @@
 #  (c) training from --model-dir gives the same losses in memory and with NVMe offload;
 #  (d) errors name what is wrong: a missing tensor, a mis-shaped tensor, a config key zinf's
 #      GPT-2 cannot honour, an unknown model_type, --model-dir with --model.
+#  (e) Llama (tests/model/data/llama_tiny, tied and untied): the loss of transformers' fixture
+#      rows within 1e-4 (measured ~1e-7), and a bit-identical round trip through a checkpoint
+#      and --hf.
 set -euo pipefail
-zinf=$1 data=$2
+zinf=$1 data=$2 llama=$3
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/hf_test.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export ZINF_LOG_LEVEL=warning
@@ -118,4 +121,46 @@ sed -i 's/"model_type": "gpt2"/"model_type": "bert"/' "$tmp/act/config.json"
 expect_error 2 "model_type \"bert\" is not one zinf builds" "$zinf" eval --model-dir "$tmp/act" "${window[@]}"
 expect_error 2 "--model-dir takes the model from the folder's config.json" \
   "$zinf" train --model-dir "$data/fp32" --model tiny --steps 1
+# (e)
+for v in tied untied; do
+  # One llm.c token file per fixture row (rows are independent sequences of T+1 tokens).
+  python3 - "$llama/$v/expected.json" "$tmp/llama_$v" <<'PY'
+import json, struct, sys
+j = json.load(open(sys.argv[1]))
+B, T = j["B"], j["T"]
+for b in range(B):
+    row = j["inputs"][b * T:(b + 1) * T] + [j["targets"][(b + 1) * T - 1]]
+    header = [20240520, 1, len(row)] + [0] * 253
+    open(f"{sys.argv[2]}_row{b}.bin", "wb").write(struct.pack("<256i", *header) + struct.pack(f"<{len(row)}H", *row))
+both = j["inputs"] + j["targets"][-1:]  # 2T+1 tokens: one training window of the model's max_seq (2T)
+open(f"{sys.argv[2]}_both.bin", "wb").write(struct.pack("<256i", 20240520, 1, len(both), *[0] * 253) +
+                                          struct.pack(f"<{len(both)}H", *both))
+PY
+  l0=$("$zinf" eval --model-dir "$llama/$v" --data "$tmp/llama_${v}_row0.bin" --batch 1 --seq 16 --batches 1 --json | loss_of)
+  l1=$("$zinf" eval --model-dir "$llama/$v" --data "$tmp/llama_${v}_row1.bin" --batch 1 --seq 16 --batches 1 --json | loss_of)
+  python3 - "$llama/$v/expected.json" "$l0" "$l1" "$v" <<'PY'
+import json, sys
+want = json.load(open(sys.argv[1]))["loss_fp32"]
+got = (float(sys.argv[2]) + float(sys.argv[3])) / 2
+rel = abs(got - want) / abs(want)
+assert rel <= 1e-4, f"llama {sys.argv[4]}: zinf {got} vs transformers {want}"
+print(f"hf_test (e): llama {sys.argv[4]}: zinf {got:.9f}, transformers {want:.9f}, relative {rel:.1e}")
+PY
+  "$zinf" train --config "$tmp/lr0.json" --model-dir "$llama/$v" --data "$tmp/llama_${v}_both.bin" --steps 1 \
+    --save "$tmp/llama_ck_$v" > "$tmp/llama_train.out" 2>&1 || { cat "$tmp/llama_train.out"; exit 1; }
+  "$zinf" consolidate "$tmp/llama_ck_$v" "$tmp/llama_out_$v" --hf > /dev/null
+  python3 - "$llama/$v/model.safetensors" "$tmp/llama_out_$v/model.safetensors" "$v" <<'PY'
+import json, struct, sys
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+ref, out = tensors(sys.argv[1]), tensors(sys.argv[2])
+assert ref == out, f"llama {sys.argv[3]}: tensors differ: {sorted(set(ref) ^ set(out))}"
+print(f"hf_test (e): llama {sys.argv[3]}: {len(ref)} tensors bit-identical after the round trip")
+PY
+done
 echo "hf_test: transformers' losses, bit-identical round trip, sharding, offload and errors checked"

@@ -85,6 +85,7 @@ class LlamaModel final : public Model {
   std::span<const ModuleSpec> modules() const override { return modules_; }
   int vocab_size() const override { return config_.vocab_size; }
   int max_seq() const override { return config_.max_seq; }
+  int hidden_size() const override { return config_.n_embd; }
 
   Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
                                  ParamAccess& access, float loss_scale) override;

@@ -1,5 +1,5 @@
 // Hugging Face model folders in and out: config.json plus model.safetensors, or shards listed
-// by model.safetensors.index.json, for the architectures zinf builds (model_type "gpt2").
+// by model.safetensors.index.json, for the architectures zinf builds (model_type "gpt2", "llama").
 #pragma once
 
 #include <cstddef>
@@ -27,7 +27,7 @@ class HfFolder {
   ~HfFolder();
 
   const std::string& dir() const;
-  const std::string& model_type() const;  // "gpt2"
+  const std::string& model_type() const;  // "gpt2" or "llama"
   // The folder's architecture, as a new model (the same every call).
   Result<std::unique_ptr<model::Model>> make_model(bool activation_checkpointing = false) const;
   // Parameter `index` of make_model()'s params(), fp32, in zinf's layout (HF GPT-2's Conv1D
