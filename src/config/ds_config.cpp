@@ -216,6 +216,28 @@ Status parse_batch(ParseState& st, ObjectReader& top, DsConfig* c) {
     // Nothing to derive from: an "auto" here needs the command line (the micro-batch, from
     // which train_batch_size follows). The batch stays 0; missing options are reported together.
     Key* k = micro.auto_unset ? &micro : train.auto_unset ? &train : nullptr;
+    // A file with no batch key at all was written for a trainer that fills it (HF's legacy
+    // examples): under trainer_defaults it gets the Trainer's batch, as an "auto" would.
+    const bool none_present = top.raw(keys[0].name) == nullptr && top.raw(keys[1].name) == nullptr &&
+                              top.raw(keys[2].name) == nullptr;
+    if ((k != nullptr || none_present) && ctx.trainer_defaults) {
+      // The Trainer's per-device batch; gradient_accumulation_steps follows below (its own
+      // "auto" takes the Trainer's 1 when nothing else decides it).
+      micro.value = TrainerDefaults::kMicroBatch;
+      st.note_auto("train_micro_batch_size_per_gpu", std::to_string(*micro.value),
+                   detail::trainer_default_source(micro.option));
+      Key& accum = keys[2];
+      if (!accum.value && (accum.auto_unset || top.raw(accum.name) == nullptr)) {
+        accum.value = TrainerDefaults::kGradAccum;
+        if (accum.auto_unset) {
+          st.note_auto("gradient_accumulation_steps", std::to_string(*accum.value),
+                       detail::trainer_default_source(accum.option));
+          accum.auto_unset = false;
+        }
+      }
+      micro.auto_unset = false;
+      k = nullptr;
+    }
     if (k != nullptr) {
       std::string option = k == &micro ? std::string(micro.option)
                                        : fmt::format("{} or {}", micro.option, train.option);
@@ -275,7 +297,8 @@ Status parse_small_top_level(ParseState& st, ObjectReader& top, DsConfig* c) {
   ZINF_ASSIGN_OR_RETURN(auto clip, top.number("gradient_clipping", detail::NumberRange{0.0}));
   ZINF_RETURN_IF_ERROR(detail::take_from_context(st, "gradient_clipping", clip,
                                                  st.ctx().gradient_clipping, cli_option::kClip,
-                                                 &c->gradient_clipping));
+                                                 &c->gradient_clipping,
+                                                 std::optional<double>(TrainerDefaults::kGradientClipping)));
   ZINF_ASSIGN_OR_RETURN(auto spp, top.integer("steps_per_print", detail::kPositive));
   detail::take_or_default(st, "steps_per_print", spp, &c->steps_per_print);
   for (auto [key, out] :

@@ -30,6 +30,21 @@ std::optional<double> number_from(const AutoContext& ctx, ParamSource s) {
   }
 }
 
+// What an unfilled "auto" of this source resolves to under AutoContext::trainer_defaults.
+std::optional<double> trainer_number(ParamSource s) {
+  switch (s) {
+    case ParamSource::kLr: return TrainerDefaults::kLr;
+    case ParamSource::kEps: return TrainerDefaults::kEps;
+    case ParamSource::kWeightDecay: return TrainerDefaults::kWeightDecay;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<std::int64_t> trainer_int(ParamSource s) {
+  if (s == ParamSource::kWarmupSteps) return TrainerDefaults::kWarmupSteps;
+  return std::nullopt;  // total_num_steps: from --steps (zinf train) or --total-steps only
+}
+
 std::optional<std::int64_t> int_from(const AutoContext& ctx, ParamSource s) {
   switch (s) {
     case ParamSource::kWarmupSteps: return ctx.warmup_steps;
@@ -68,7 +83,8 @@ Status resolve_plain(ParseState& st, const ParamSpec& s, const std::string& path
 template <typename T>
 Status resolve_sourced(ParseState& st, const ParamSpec& s, const std::string& path,
                        const Field<T>& f, const std::optional<T>& given, T def,
-                       std::string_view owner, ParamList* out) {
+                       std::string_view owner, ParamList* out,
+                       const std::optional<T>& trainer_default = std::nullopt) {
   if (s.source == ParamSource::kNone || s.source == ParamSource::kZero) {
     return resolve_plain(st, s, path, f, def, owner, out);
   }
@@ -80,7 +96,7 @@ Status resolve_sourced(ParseState& st, const ParamSpec& s, const std::string& pa
     if (s.presence == Presence::kOptional) return Status::ok();
   }
   T value = def;
-  ZINF_RETURN_IF_ERROR(take_from_context(st, path, f, given, option_of(s.source), &value));
+  ZINF_RETURN_IF_ERROR(take_from_context(st, path, f, given, option_of(s.source), &value, trainer_default));
   out->items.push_back(Param{std::string(s.name), ParamValue(value)});
   return Status::ok();
 }
@@ -127,7 +143,8 @@ Status read_one(ParseState& st, ObjectReader& r, const ParamSpec& s, std::string
     }
     case ParamKind::kNumber: {
       ZINF_ASSIGN_OR_RETURN(auto f, r.number(s.name, s.range));
-      return resolve_sourced<double>(st, s, path, f, number_from(ctx, s.source), s.def, owner, out);
+      return resolve_sourced<double>(st, s, path, f, number_from(ctx, s.source), s.def, owner, out,
+                                     trainer_number(s.source));
     }
     case ParamKind::kInt: {
       ZINF_ASSIGN_OR_RETURN(auto f, r.integer(s.name, int_range(s.range)));
@@ -138,7 +155,7 @@ Status read_one(ParseState& st, ObjectReader& r, const ParamSpec& s, std::string
         return Status::ok();
       }
       return resolve_sourced<std::int64_t>(st, s, path, f, int_from(ctx, s.source),
-                                   static_cast<std::int64_t>(s.def), owner, out);
+                                   static_cast<std::int64_t>(s.def), owner, out, trainer_int(s.source));
     }
     case ParamKind::kBetas: {
       ZINF_ASSIGN_OR_RETURN(auto f, r.numbers(s.name, 2, s.range));
@@ -146,7 +163,11 @@ Status read_one(ParseState& st, ObjectReader& r, const ParamSpec& s, std::string
       if (s.source == ParamSource::kBetas && ctx.betas) {
         given = std::vector<double>{(*ctx.betas)[0], (*ctx.betas)[1]};
       }
-      return resolve_sourced<std::vector<double>>(st, s, path, f, given, {s.def, s.def2}, owner, out);
+      const std::optional<std::vector<double>> trainer =
+          s.source == ParamSource::kBetas
+              ? std::optional(std::vector<double>{TrainerDefaults::kBeta1, TrainerDefaults::kBeta2})
+              : std::nullopt;
+      return resolve_sourced<std::vector<double>>(st, s, path, f, given, {s.def, s.def2}, owner, out, trainer);
     }
   }
   return Status::ok();

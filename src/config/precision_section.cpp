@@ -13,6 +13,12 @@ Status read_enabled(ParseState& st, ObjectReader& r, Precision mine, bool* enabl
   const std::optional<Precision>& given = st.ctx().precision;
   std::string option = given ? fmt::format("{} {}", cli_option::kPrecision, precision_name(*given)) : "";
   if (f.is_auto) {
+    if (!given && st.ctx().trainer_defaults) {
+      *enabled = false;  // the Trainer's fp16=False, bf16=False
+      st.note_auto(r.key_path("enabled"), value_text(false),
+                   trainer_default_source(fmt::format("{} fp32|fp16|bf16", cli_option::kPrecision)));
+      return Status::ok();
+    }
     if (!given) {
       std::string option = fmt::format("{} fp32|fp16|bf16", cli_option::kPrecision);
       st.need_option(r.key_path("enabled"), option,

@@ -144,6 +144,10 @@ void ParseState::note_auto(std::string key, std::string value, std::string sourc
   autos_.push_back(AutoResolution{std::move(key), std::move(value), std::move(source)});
 }
 
+std::string trainer_default_source(std::string_view option) {
+  return fmt::format("the Hugging Face Trainer's default (pass {} to choose; --strict-auto to require it)", option);
+}
+
 void ParseState::need_option(std::string path, std::string option, std::string message) {
   missing_.push_back(Missing{std::move(path), std::move(option), std::move(message)});
 }

@@ -41,10 +41,20 @@ void take_or_default(ParseState& st, const std::string& path, const Field<T>& f,
 // A key the command line also sets (`given`, spelled `option`): "auto" takes the command-line
 // value (an error when there is none), an explicit value must agree with it, and a key the
 // file leaves out takes it. `*out` holds the default on entry.
+// How a note names a TrainerDefaults value: "the Hugging Face Trainer's default (pass --lr to
+// choose; --strict-auto to require it)".
+std::string trainer_default_source(std::string_view option);
+
 template <typename T>
 Status take_from_context(ParseState& st, const std::string& path, const Field<T>& f,
-                         const std::optional<T>& given, std::string_view option, T* out) {
+                         const std::optional<T>& given, std::string_view option, T* out,
+                         const std::optional<T>& trainer_default = std::nullopt) {
   if (f.is_auto) {
+    if (!given && trainer_default && st.ctx().trainer_defaults) {
+      *out = *trainer_default;
+      st.note_auto(path, value_text(*trainer_default), trainer_default_source(option));
+      return Status::ok();
+    }
     if (!given) {
       st.need_option(path, std::string(option),
                      fmt::format("is \"auto\", which takes its value from the command line; "

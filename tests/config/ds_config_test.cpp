@@ -582,3 +582,68 @@ TEST(DsConfigTest, ResolvedJsonUsesTheReferenceNames) {
 
 }  // namespace
 }  // namespace zinf::config
+
+namespace zinf::config {
+namespace {
+
+// With trainer_defaults (zinf's CLI unless --strict-auto), an "auto" no option fills takes the
+// Hugging Face Trainer's default and says so; without it (the library default, --strict-auto)
+// the same file is an error naming the options to pass.
+TEST(DsConfigTrainerDefaultsTest, UnfilledAutosTakeTheTrainersDefaults) {
+  AutoContext ctx;
+  ctx.hidden_size = 768;
+  ctx.run_steps = 100;
+  auto strict = load_ds_config(testing::data_path("hf_zero2_auto.json"), ctx);
+  ASSERT_FALSE(strict.is_ok());
+  EXPECT_NE(strict.status().message().find("--micro-batch"), std::string::npos) << strict.status().message();
+  EXPECT_NE(strict.status().message().find("--lr"), std::string::npos) << strict.status().message();
+
+  ctx.trainer_defaults = true;
+  auto r = load_ds_config(testing::data_path("hf_zero2_auto.json"), ctx);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->batch.train_micro_batch_size_per_gpu, TrainerDefaults::kMicroBatch);
+  EXPECT_EQ(r->batch.gradient_accumulation_steps, 1);
+  EXPECT_EQ(r->batch.train_batch_size, 8);
+  EXPECT_EQ(r->gradient_clipping, 1.0);
+  EXPECT_FALSE(r->fp16.enabled);
+  EXPECT_FALSE(r->bf16.enabled);
+  const ParamList& o = r->optimizer->params;
+  EXPECT_EQ(o.number("lr"), 5e-5);
+  EXPECT_EQ(o.numbers("betas"), (std::vector<double>{0.9, 0.999}));
+  EXPECT_EQ(o.number("eps"), 1e-8);
+  EXPECT_EQ(o.number("weight_decay"), 0.0);
+  const ParamList& s = r->scheduler->params;
+  EXPECT_EQ(s.integer("warmup_num_steps"), 0);
+  EXPECT_EQ(s.number("warmup_max_lr"), 5e-5);
+  EXPECT_EQ(s.integer("total_num_steps"), 100);  // from --steps, not a Trainer default
+  int trainer_notes = 0;
+  for (const AutoResolution& a : r->auto_resolved) {
+    trainer_notes += a.source.find("Hugging Face Trainer's default") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GE(trainer_notes, 10);
+
+  // A command-line value still wins, and an explicit file value is still checked against it.
+  ctx.lr = 2e-4;
+  auto with_lr = load_ds_config(testing::data_path("hf_zero2_auto.json"), ctx);
+  ASSERT_TRUE(with_lr.is_ok());
+  EXPECT_EQ(with_lr->optimizer->params.number("lr"), 2e-4);
+}
+
+TEST(DsConfigTrainerDefaultsTest, AFileWithNoBatchKeyTakesTheTrainersBatch) {
+  AutoContext ctx;
+  ctx.trainer_defaults = true;
+  auto r = parse_ds_config(R"({"zero_optimization": {"stage": 3}})", "legacy.json", ctx);
+  ASSERT_TRUE(r.is_ok()) << r.status().message();
+  EXPECT_EQ(r->batch.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(r->batch.train_batch_size, 8);
+  ctx.trainer_defaults = false;
+  EXPECT_FALSE(parse_ds_config(R"({"zero_optimization": {"stage": 3}})", "legacy.json", ctx).is_ok());
+  // An explicit train_batch_size is not overridden: the micro-batch is derived from it.
+  ctx.trainer_defaults = true;
+  auto t = parse_ds_config(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": "auto"})", "t.json", ctx);
+  ASSERT_TRUE(t.is_ok()) << t.status().message();
+  EXPECT_EQ(t->batch.train_batch_size, 32);
+}
+
+}  // namespace
+}  // namespace zinf::config

@@ -20,10 +20,14 @@ void AutoOptions::add_to(CLI::App& cmd) {
   cmd.add_option(std::string(opt::kPrecision), precision, "fp32, fp16 or bf16")
       ->check(CLI::IsMember({"fp32", "fp16", "bf16"}));
   cmd.add_option(std::string(opt::kWorldSize), world_size, "data-parallel ranks (default: 1, or the MPI world)");
+  cmd.add_flag("--strict-auto", strict_auto,
+               "an \"auto\" no option fills is an error naming the option (default: the Hugging Face Trainer's "
+               "default, noted)");
 }
 
 Result<config::AutoContext> AutoOptions::context(std::optional<std::int64_t> hidden_size) const {
   config::AutoContext ctx;
+  ctx.trainer_defaults = !strict_auto;
   ctx.hidden_size = hidden_size;
   if (world_size) {
     if (*world_size < 1) return Status::invalid_argument(fmt::format("--world-size {}: must be at least 1", *world_size));

@@ -18,6 +18,7 @@ struct AutoOptions {
   std::optional<std::int64_t> micro_batch, grad_accum, train_batch, warmup_steps, total_steps, world_size;
   std::vector<double> betas;
   std::string precision;
+  bool strict_auto = false;  // --strict-auto: an "auto" no option fills is an error, not the Trainer's default
 
   // Adds the options with the spellings config error messages name (config::cli_option).
   void add_to(CLI::App& cmd);

@@ -18,11 +18,16 @@ void add_config_command(CLI::App& app, int* exit_code) {
     std::string file;
     ModelOptions model;
     AutoOptions autos;
+    std::optional<std::int64_t> steps;
   };
   auto o = std::make_shared<Opts>();
   check->add_option("FILE", o->file, "the ds_config.json")->required();
   o->model.add_to(*check, "");
   o->autos.add_to(*check);
+  check->add_option("--steps", o->steps,
+                    "the run's length, as zinf train --steps: fills an \"auto\" total_num_steps when --total-steps "
+                    "is not given (without either, that \"auto\" is an error)")
+      ->check(CLI::PositiveNumber);
   check->callback([o, exit_code] {
     std::optional<std::int64_t> hidden;
     if (o->model.given()) {
@@ -40,6 +45,7 @@ void add_config_command(CLI::App& app, int* exit_code) {
       *exit_code = config::kConfigCheckInvalid;
       return;
     }
+    ctx->run_steps = o->steps;
     *exit_code = config::run_config_check(o->file, ctx.value(), std::cout, std::cerr);
   });
 }

@@ -59,7 +59,26 @@ inline constexpr std::string_view kPrecision = "--precision";
 // needs it is an error naming the option to pass. A value given here and a different explicit
 // value in the file is an error too (as in the Hugging Face integration); a key the file leaves
 // out takes the value given here.
+// The Hugging Face Trainer's TrainingArguments defaults: what an "auto" that no command-line
+// option fills resolves to when AutoContext::trainer_defaults is on (zinf's CLI, unless
+// --strict-auto), as the HF integration would fill it from a Trainer left at its defaults.
+struct TrainerDefaults {
+  static constexpr double kLr = 5e-5;               // learning_rate (optimizer lr, warmup_max_lr)
+  static constexpr double kBeta1 = 0.9;             // adam_beta1
+  static constexpr double kBeta2 = 0.999;           // adam_beta2
+  static constexpr double kEps = 1e-8;              // adam_epsilon
+  static constexpr double kWeightDecay = 0.0;       // weight_decay
+  static constexpr std::int64_t kMicroBatch = 8;    // per_device_train_batch_size
+  static constexpr std::int64_t kGradAccum = 1;     // gradient_accumulation_steps
+  static constexpr double kGradientClipping = 1.0;  // max_grad_norm
+  static constexpr std::int64_t kWarmupSteps = 0;   // warmup_steps
+  // fp16 / bf16: off (the Trainer's fp16=False, bf16=False); total_num_steps: --steps.
+};
+
 struct AutoContext {
+  // "auto" with no command-line value: false, an error naming the option to pass (as the
+  // reference without the HF integration); true, the TrainerDefaults value, noted.
+  bool trainer_defaults = false;
   std::int64_t world_size = 1;                   // data-parallel ranks (--world-size)
   std::optional<std::int64_t> hidden_size;       // model hidden size h (--hidden or --model)
   std::optional<std::int64_t> micro_batch;       // train_micro_batch_size_per_gpu (--micro-batch)
