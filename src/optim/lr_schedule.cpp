@@ -30,8 +30,10 @@ struct Warmup {
 
   Status read(ParamReader& r) {
     ZINF_RETURN_IF_ERROR(r.integer("warmup_num_steps", &steps));
-    if (steps <= 0) return r.error("warmup_num_steps", fmt::format("must be a positive integer, got {}", steps));
-    steps = std::max<std::int64_t>(2, steps);  // as the reference: one warmup step is taken as two
+    if (steps < 0) return r.error("warmup_num_steps", fmt::format("must be a non-negative integer, got {}", steps));
+    // As the reference: fewer than two warmup steps (0 and 1, what the HF Trainer's default
+    // warmup_steps 0 gives) are taken as two.
+    steps = std::max<std::int64_t>(2, steps);
     std::string type = "log";
     ZINF_RETURN_IF_ERROR(r.text("warmup_type", &type));
     if (type != "log" && type != "linear") {

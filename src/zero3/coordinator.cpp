@@ -189,6 +189,9 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
         farthest = d;
       }
     }
+    // 0 is the reference's "no prefetch" (its budget never limits demand fetches): hold only
+    // the modules in use, nothing kept or prefetched beyond them.
+    if (victim < 0 && opt_.max_live_parameters == 0) break;
     if (victim < 0) {
       return Status::resource_exhausted(fmt::format(
           "stage3_max_live_parameters = {} elements, but module {} needs {} more gathered elements while {} are "

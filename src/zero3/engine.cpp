@@ -214,6 +214,11 @@ Status Engine::Impl::init() {
   co.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
   co.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
   co.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
+  if (co.max_live_parameters == 0) {
+    log(LogLevel::kNotice, fmt::format("{}: stage3_max_live_parameters 0: no prefetch and nothing kept; only the "
+                                       "modules in use are gathered (as the reference, which reads 0 as no prefetch)",
+                                       ds.source));
+  }
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
   coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, comm, co, grad_acc);

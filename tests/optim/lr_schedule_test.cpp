@@ -48,6 +48,11 @@ TEST(WarmupLR, LinearWarmupAndDefaults) {
   ASSERT_NE(two, nullptr);
   EXPECT_EQ(two->lr(0), 0.0);
   EXPECT_EQ(two->lr(1), 1.0);
+  // Zero (the HF Trainer's default warmup_steps, through "auto") too, as the reference's max(2, W).
+  auto zero = make("WarmupLR", {{"warmup_max_lr", 1.0}, {"warmup_num_steps", 0.0}});
+  ASSERT_NE(zero, nullptr);
+  EXPECT_EQ(zero->lr(0), 0.0);
+  EXPECT_EQ(zero->lr(1), 1.0);
 }
 
 TEST(WarmupDecayLR, LinearDecayAfterWarmup) {
@@ -150,7 +155,7 @@ TEST(Schedules, ErrorsNameTheParameter) {
   EXPECT_NE(unknown.find("scheduler.params.warmup_steps: unknown parameter for WarmupLR"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("warmup_num_steps"), std::string::npos) << "lists the known names: " << unknown;
   EXPECT_NE(error_of("WarmupLR", {{"warmup_num_steps", 2.5}}).find("warmup_num_steps"), std::string::npos);
-  EXPECT_NE(error_of("WarmupLR", {{"warmup_num_steps", 0.0}}).find("warmup_num_steps"), std::string::npos);
+  EXPECT_NE(error_of("WarmupLR", {{"warmup_num_steps", -1.0}}).find("warmup_num_steps"), std::string::npos);
   EXPECT_NE(error_of("WarmupLR", {{"warmup_type", std::string("cosine")}}).find("warmup_type"), std::string::npos);
   EXPECT_NE(error_of("WarmupLR", {{"warmup_max_lr", std::string("auto")}}).find("expected a number"), std::string::npos);
   EXPECT_NE(error_of("CosineAnnealing", {}).find("scheduler.type"), std::string::npos);

@@ -204,6 +204,22 @@ TEST(CoordinatorTest, TheLiveBudgetHoldsAndEvictsTheCopyUsedLast) {
   EXPECT_EQ(std::count(reads.begin(), reads.end(), std::size_t{0}), 1);
 }
 
+// 0 is what some real configs write (axolotl's zero3_bf16_cpuoffload_all.json); the reference
+// reads it as "no prefetch". zinf then holds only the modules in use: every acquire reads (no
+// prefetch; a released copy stays only while nothing else needs room, so only head's p0,
+// used again by the very next acquire, is reused), and the pass completes.
+TEST(CoordinatorTest, MaxLiveZeroHoldsOnlyTheModulesInUse) {
+  CoordinatorOptions o = options();
+  o.max_live_parameters = 0;
+  o.max_reuse_distance = 1000000000;
+  Harness h(10, o);
+  h.pass();
+  h.pass();
+  EXPECT_EQ(h.tier->prefetches, 0);
+  EXPECT_EQ(h.tier->reads.size(), 23u);  // 24 acquires; head's backward reuses forward's p0
+  EXPECT_EQ(h.coordinator->stats().live_high_water, kSize);
+}
+
 TEST(CoordinatorTest, MaxReuseDistanceDecidesWhatAReleasedCopyKeeps) {
   // After embed releases p0, head uses it again after m1..m10: 10 x 100 elements of traffic.
   for (std::uint64_t distance : {0ull, 999ull, 1000ull, 1000000000ull}) {
