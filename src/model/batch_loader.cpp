@@ -67,7 +67,7 @@ Status BatchLoader::next(std::span<int32_t> inputs, std::span<int32_t> targets) 
         "BatchLoader::next: inputs ({}) and targets ({}) must each hold B*T = {} tokens",
         inputs.size(), targets.size(), B * T));
   }
-  std::span<const uint16_t> tokens = data_.tokens();
+  std::span<const uint32_t> tokens = data_.tokens();
   for (size_t j = 0; j < B; j++) {
     // Global row rank*B + j of this batch, counted from the current position.
     const uint64_t g = pos_.row + static_cast<uint64_t>(opt_.rank) * B + j;

@@ -24,7 +24,7 @@ void write(const std::string& path, std::string_view bytes) {
 
 std::string text_of(const TokenDataset& ds) {
   std::string s;
-  for (uint16_t t : ds.tokens()) s.push_back(static_cast<char>(t));
+  for (uint32_t t : ds.tokens()) s.push_back(static_cast<char>(t));
   return s;
 }
 
@@ -34,8 +34,8 @@ TEST(DataTest, TextFileIsBytes) {
   Result<TokenDataset> ds = TokenDataset::load(dir.file("a.txt"));
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
   EXPECT_EQ(ds->vocab_size(), 256);
-  EXPECT_EQ(std::vector<uint16_t>(ds->tokens().begin(), ds->tokens().end()),
-            (std::vector<uint16_t>{'h', 255, 'i', 0}));
+  EXPECT_EQ(std::vector<uint32_t>(ds->tokens().begin(), ds->tokens().end()),
+            (std::vector<uint32_t>{'h', 255, 'i', 0}));
   EXPECT_NE(ds->source().find("a.txt"), std::string::npos);
 }
 
@@ -69,7 +69,8 @@ TEST(DataTest, LlmcTokenFileRoundTrip) {
   Result<TokenDataset> ds = TokenDataset::load(dir.file("train.bin"));
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
   EXPECT_EQ(ds->vocab_size(), kGpt2Vocab);
-  EXPECT_EQ(std::vector<uint16_t>(ds->tokens().begin(), ds->tokens().end()), toks);
+  EXPECT_EQ(std::vector<uint32_t>(ds->tokens().begin(), ds->tokens().end()),
+            std::vector<uint32_t>(toks.begin(), toks.end()));
   EXPECT_EQ(std::filesystem::file_size(dir.file("train.bin")), 1024u + 2 * toks.size());
   // A folder of token files concatenates them; "more" is detected by its magic alone.
   Result<TokenDataset> all = TokenDataset::load(dir.path().string());
@@ -89,11 +90,12 @@ TEST(DataTest, TokenFileErrorsNameThePath) {
   struct Case {
     std::string name, bytes, expect;
     ErrorCode code;
+    DataFormat format = DataFormat::kAuto;
   };
   const std::string two_tokens("\x01\x00\x02\x00", 4);
   const std::vector<Case> cases = {
       {"magic.bin", header_bytes(12345, 1, 2) + two_tokens, "bad magic 12345",
-       ErrorCode::kCorruption},
+       ErrorCode::kCorruption, DataFormat::kLlmc},
       {"version.bin", header_bytes(kLlmcMagic, 2, 2) + two_tokens, "version 2",
        ErrorCode::kUnsupported},
       {"short.bin", header_bytes(kLlmcMagic, 1, 3) + two_tokens, "header says 3 tokens",
@@ -102,18 +104,120 @@ TEST(DataTest, TokenFileErrorsNameThePath) {
        ErrorCode::kCorruption},
       {"header.bin", header_bytes(kLlmcMagic, 1, 0).substr(0, 100),
        "less than the 1024-byte header", ErrorCode::kCorruption},
-      {"vocab.bin", header_bytes(kLlmcMagic, 1, 1) + std::string("\xff\xff", 2), "token 65535",
+      {"vocab.bin", header_bytes(kLlmcMagic, 1, 1) + std::string("\xff\xff", 2),
+       "token 65535 at byte offset 1024", ErrorCode::kCorruption},
+      {"odd.bin", std::string("\x01\x00\x02", 3), "3 bytes is not a whole number of 2-byte uint16",
        ErrorCode::kCorruption},
+      {"odd32", std::string(6, '\0'), "6 bytes is not a whole number of 4-byte uint32",
+       ErrorCode::kCorruption, DataFormat::kUint32},
+      {"huge", std::string("\xff\xff\xff\xff", 4), "token at byte offset 0 is 4294967295",
+       ErrorCode::kCorruption, DataFormat::kUint32},
   };
   for (const Case& c : cases) {
     write(dir.file(c.name), c.bytes);
-    Result<TokenDataset> ds = TokenDataset::load(dir.file(c.name));
+    Result<TokenDataset> ds = TokenDataset::load(dir.file(c.name), c.format);
     ASSERT_FALSE(ds.is_ok()) << c.name;
     EXPECT_EQ(ds.status().code(), c.code) << ds.status().to_string();
     EXPECT_NE(ds.status().message().find(dir.file(c.name)), std::string::npos)
         << ds.status().to_string();
     EXPECT_NE(ds.status().message().find(c.expect), std::string::npos) << ds.status().to_string();
   }
+}
+
+// Raw little-endian ids of type Id, no header (nanoGPT's train.bin is uint16).
+template <typename Id>
+void write_raw(const std::string& path, const std::vector<Id>& ids) {
+  write(path, std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(Id)));
+}
+
+std::vector<uint32_t> ids_of(const TokenDataset& ds) {
+  return std::vector<uint32_t>(ds.tokens().begin(), ds.tokens().end());
+}
+
+TEST(DataTest, RawUint16File) {
+  TempDir dir;
+  write_raw<uint16_t>(dir.file("train.bin"), {7, 65535, 0, 300});
+  // auto: a *.bin without the llm.c magic is raw uint16; its vocabulary is the largest id + 1.
+  for (DataFormat f : {DataFormat::kAuto, DataFormat::kUint16}) {
+    Result<TokenDataset> ds = TokenDataset::load(dir.file("train.bin"), f);
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    EXPECT_EQ(ids_of(*ds), (std::vector<uint32_t>{7, 65535, 0, 300}));
+    EXPECT_EQ(ds->vocab_size(), 65536);
+    EXPECT_NE(ds->source().find("uint16"), std::string::npos) << ds->source();
+  }
+  // The same bytes as text are bytes; as llm.c they lack the header.
+  Result<TokenDataset> text = TokenDataset::load(dir.file("train.bin"), DataFormat::kText);
+  ASSERT_TRUE(text.is_ok());
+  EXPECT_EQ(text->size(), 8u);
+  EXPECT_EQ(text->vocab_size(), 256);
+  EXPECT_FALSE(TokenDataset::load(dir.file("train.bin"), DataFormat::kLlmc).is_ok());
+}
+
+TEST(DataTest, RawUint32FileKeepsLargeIds) {
+  TempDir dir;
+  const std::vector<uint32_t> ids = {128000, 65536, 1, 128255, 70000};
+  write_raw<uint32_t>(dir.file("llama.u32"), ids);
+  Result<TokenDataset> ds = TokenDataset::load(dir.file("llama.u32"), DataFormat::kUint32);
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  EXPECT_EQ(ids_of(*ds), ids);
+  EXPECT_EQ(ds->vocab_size(), 128256);
+  // auto reads a non-.bin file as text; a .bin as uint16 (halves of each id).
+  EXPECT_EQ(testing::must(TokenDataset::load(dir.file("llama.u32"))).vocab_size(), 256);
+  write_raw<uint32_t>(dir.file("llama.bin"), ids);
+  EXPECT_EQ(testing::must(TokenDataset::load(dir.file("llama.bin"))).size(), 2 * ids.size());
+}
+
+TEST(DataTest, AutoDetection) {
+  TempDir dir;
+  std::filesystem::create_directories(dir.file("a"));
+  ASSERT_TRUE(write_llmc_tokens(dir.file("a/llmc.bin"), std::vector<uint16_t>{1, 2}).is_ok());
+  write_raw<uint16_t>(dir.file("a/raw.bin"), {60000, 3});
+  Result<TokenDataset> llmc = TokenDataset::load(dir.file("a/llmc.bin"));
+  ASSERT_TRUE(llmc.is_ok()) << llmc.status().to_string();
+  EXPECT_EQ(llmc->vocab_size(), kGpt2Vocab);
+  EXPECT_NE(llmc->source().find("llm.c token"), std::string::npos) << llmc->source();
+  // A folder may hold llm.c and raw files: the vocabulary covers both.
+  Result<TokenDataset> both = TokenDataset::load(dir.file("a"));
+  ASSERT_TRUE(both.is_ok()) << both.status().to_string();
+  EXPECT_EQ(ids_of(*both), (std::vector<uint32_t>{1, 2, 60000, 3}));
+  EXPECT_EQ(both->vocab_size(), 60001);
+  write(dir.file("a/notes.txt"), "hi");
+  Result<TokenDataset> mixed = TokenDataset::load(dir.file("a"));
+  ASSERT_FALSE(mixed.is_ok());
+  EXPECT_NE(mixed.status().message().find("cannot mix"), std::string::npos);
+  // Forcing a format reads every file that way.
+  Result<TokenDataset> as_text = TokenDataset::load(dir.file("a"), DataFormat::kText);
+  ASSERT_TRUE(as_text.is_ok()) << as_text.status().to_string();
+  EXPECT_EQ(as_text->size(), 1024u + 4 + 4 + 2);
+  EXPECT_EQ(parse_data_format("uint32").value(), DataFormat::kUint32);
+  EXPECT_EQ(parse_data_format("u32").status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(parse_data_format("u32").status().message().find("'u32'"), std::string::npos);
+}
+
+TEST(DataTest, FolderOfRawFilesAndOffsets) {
+  TempDir dir;
+  write_raw<uint32_t>(dir.file("d/0.bin"), {1, 2, 3});
+  write_raw<uint32_t>(dir.file("d/1.bin"), {});
+  write_raw<uint32_t>(dir.file("d/2.bin"), {100000, 5});
+  Result<TokenDataset> ds = TokenDataset::load(dir.file("d"), DataFormat::kUint32);
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  EXPECT_EQ(ids_of(*ds), (std::vector<uint32_t>{1, 2, 3, 100000, 5}));
+  EXPECT_EQ(ds->vocab_size(), 100001);
+  EXPECT_EQ(ds->locate(0), dir.file("d/0.bin") + ": token at byte offset 0");
+  EXPECT_EQ(ds->locate(2), dir.file("d/0.bin") + ": token at byte offset 8");
+  EXPECT_EQ(ds->locate(3), dir.file("d/2.bin") + ": token at byte offset 0");  // past the empty file
+  EXPECT_EQ(ds->locate(4), dir.file("d/2.bin") + ": token at byte offset 4");
+  EXPECT_EQ(ds->slice(3, 5).locate(1), dir.file("d/2.bin") + ": token at byte offset 4");
+  // llm.c offsets count the header; text offsets are byte indices.
+  std::filesystem::create_directories(dir.file("l"));
+  ASSERT_TRUE(write_llmc_tokens(dir.file("l/x.bin"), std::vector<uint16_t>{4, 5, 6}).is_ok());
+  EXPECT_EQ(testing::must(TokenDataset::load(dir.file("l/x.bin"))).locate(2),
+            dir.file("l/x.bin") + ": token at byte offset 1028");
+  write(dir.file("t/a.txt"), "abc");
+  write(dir.file("t/b.txt"), "de");
+  EXPECT_EQ(testing::must(TokenDataset::load(dir.file("t"))).locate(4),
+            dir.file("t/b.txt") + ": token at byte offset 1");
+  EXPECT_EQ(TokenDataset::from_text("xyz", "mem").locate(1), "mem: token 1 (0-based)");
 }
 
 TEST(DataTest, PathErrors) {
@@ -180,7 +284,7 @@ Rows take(BatchLoader& loader, int steps) {
 }
 
 TokenDataset counting_dataset(size_t n) {
-  std::vector<uint16_t> t(n);
+  std::vector<uint32_t> t(n);
   for (size_t i = 0; i < n; i++) t[i] = static_cast<uint16_t>(i);
   return testing::must(TokenDataset::from_tokens(t, 65536, "counting"));
 }

@@ -56,8 +56,28 @@ tokens = [i % 200 for i in range(70)] + [300] + [5] * 100
 header = [20240520, 1, len(tokens)] + [0] * 253
 open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + struct.pack(f"<{len(tokens)}H", *tokens))
 PY
-expect_error 2 "token 70 (0-based) is 300, outside the model's vocabulary of 256" --resume "$tmp/ck" \
-  --data "$tmp/tokens.bin" --seq 16 --batch 2 --batches 5
+expect_error 2 "tokens.bin: token at byte offset 1164 is 300, outside the model's vocabulary of 256" \
+  --resume "$tmp/ck" --data "$tmp/tokens.bin" --seq 16 --batch 2 --batches 5
+# A raw little-endian uint32 file (Llama-3-sized ids) whose token 50 is 128300: byte offset 200.
+python3 - "$tmp/ids.u32" "$tmp/odd.u16" <<'PY'
+import struct, sys
+tokens = [i % 200 for i in range(50)] + [128300] + [5] * 150
+open(sys.argv[1], "wb").write(struct.pack(f"<{len(tokens)}I", *tokens))
+open(sys.argv[2], "wb").write(b"\x01\x00\x02")
+PY
+expect_error 2 "ids.u32: token at byte offset 200 is 128300, outside the model's vocabulary of 256" \
+  --resume "$tmp/ck" --data "$tmp/ids.u32" --data-format uint32 --seq 16 --batch 2 --batches 5
+expect_error 1 "odd.u16: 3 bytes is not a whole number of 2-byte uint16 tokens" \
+  --resume "$tmp/ck" --data "$tmp/odd.u16" --data-format uint16
+expect_error 2 "--data-format" --resume "$tmp/ck" --data "$tmp/ids.u32" --data-format u32
+# zinf train names the same token before it builds an engine.
+set +e
+"$zinf" train --config "$tmp/ds.json" --steps 42 --resume "$tmp/ck" --data "$tmp/ids.u32" --data-format uint32 \
+  --allow-data-change >"$tmp/train_oov.out" 2>&1
+got=$?
+set -e
+[ "$got" -ne 0 ] && grep -qF "ids.u32: token at byte offset 200 is 128300, outside the model's vocabulary of 256" \
+  "$tmp/train_oov.out" || { echo "zinf train: exit $got, expected the out-of-vocabulary token named"; cat "$tmp/train_oov.out"; exit 1; }
 # A resume with no model option trains the checkpoint's model (here tiny, not the default small).
 "$zinf" train --config "$tmp/ds.json" --steps 42 --resume "$tmp/ck" >"$tmp/resume.out" 2>&1 \
   || { cat "$tmp/resume.out"; exit 1; }

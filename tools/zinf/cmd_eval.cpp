@@ -25,6 +25,7 @@ struct EvalOptions {
   std::string resume;
   std::string model_dir;
   std::string data;
+  std::string data_format = "auto";
   int batch = 8;
   int seq = 0;      // 0: the model's max_seq
   int batches = 0;  // 0: every whole batch the data holds
@@ -85,9 +86,10 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   if (!made.is_ok()) return made.status().with_context(o.resume.empty() ? "--model-dir" : "--resume");
   LoadedModel loaded = std::move(made).value();
   model::Model& m = *loaded.model;
+  ZINF_ASSIGN_OR_RETURN(const model::DataFormat format, model::parse_data_format(o.data_format));
   model::TokenDataset data = model::TokenDataset::load_default();
   if (!o.data.empty()) {
-    auto d = model::TokenDataset::load(o.data);
+    auto d = model::TokenDataset::load(o.data, format);
     if (!d.is_ok()) return d.status().with_context("--data");
     data = std::move(d).value();
   }
@@ -107,11 +109,11 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   // Every token the windows read must be one the model knows: say which one is not.
   const std::uint64_t used = static_cast<std::uint64_t>(N) * static_cast<std::uint64_t>(o.batch) * T + 1;
   const auto tokens = data.tokens();
+  const auto vocab = static_cast<std::uint32_t>(m.vocab_size());
   for (std::uint64_t i = 0; i < used; ++i) {
-    if (tokens[i] >= m.vocab_size()) {
-      return Status::invalid_argument(fmt::format("--data {}: token {} (0-based) is {}, outside the model's vocabulary "
-                                                  "of {}",
-                                                  data.source(), i, tokens[i], m.vocab_size()));
+    if (tokens[i] >= vocab) {
+      return Status::invalid_argument(fmt::format("--data {} is {}, outside the model's vocabulary of {}",
+                                                  data.locate(i), tokens[i], m.vocab_size()));
     }
   }
   ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(data, {o.batch, T, 0, 1, 0, false}));
@@ -143,7 +145,11 @@ void add_eval_command(CLI::App& app, int* exit_code) {
   auto o = std::make_shared<EvalOptions>();
   cmd->add_option("--resume", o->resume, "checkpoint folder (with 'latest') or one tag's folder");
   cmd->add_option("--model-dir", o->model_dir, "a Hugging Face model folder (config.json + safetensors, model_type gpt2)");
-  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus)");
+  cmd->add_option("--data", o->data, "text file, folder, or token file (default: built-in corpus)");
+  cmd->add_option("--data-format", o->data_format,
+                  "how --data files are read: auto (llm.c magic -> llmc, other *.bin -> uint16, else text), text, "
+                  "llmc, uint16 or uint32 (raw little-endian ids)")
+      ->check(CLI::IsMember({"auto", "text", "llmc", "uint16", "uint32"}));
   cmd->add_option("--batch", o->batch, "windows per forward pass (B)")->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--seq", o->seq, "tokens per window (T; default: the model's max_seq)")->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--batches", o->batches, "forward passes (N; default: every whole batch in the data)")

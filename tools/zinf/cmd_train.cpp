@@ -39,6 +39,8 @@ struct TrainOptions {
   ModelOptions model;
   AutoOptions autos;
   std::string data;
+  std::string data_format = "auto";  // --data-format: auto | text | llmc | uint16 | uint32
+  bool data_format_given = false;    // a resume reads the checkpoint's data with its format unless given
   int steps = 50;
   std::string save_dir;
   int save_interval = 0;
@@ -181,10 +183,15 @@ Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRu
     ZINF_ASSIGN_OR_RETURN(r.seed, saved->seed(o.seed_given ? std::optional(o.seed) : std::nullopt, o.seed, rules));
   }
   const std::string path = saved ? saved->data_path(o.data) : o.data;
+  ZINF_ASSIGN_OR_RETURN(const model::DataFormat given_format, model::parse_data_format(o.data_format));
+  model::DataFormat format = given_format;
+  if (saved) {
+    ZINF_ASSIGN_OR_RETURN(format, saved->data_format(o.data_format_given ? std::optional(given_format) : std::nullopt));
+  }
   if (path.empty()) {
     r.data = model::TokenDataset::load_default();
   } else {
-    auto loaded = model::TokenDataset::load(path);
+    auto loaded = model::TokenDataset::load(path, format);
     if (!loaded.is_ok()) {
       return loaded.status().with_context(
           o.data.empty() ? fmt::format("--resume {}: the checkpoint's data (give --data if it has moved)", o.resume_dir)
@@ -192,7 +199,7 @@ Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRu
     }
     r.data = std::move(loaded).value();
   }
-  r.id = identify_data(r.data, path);
+  r.id = identify_data(r.data, path, format);
   if (saved) {
     ZINF_ASSIGN_OR_RETURN(r.changed, saved->check_data(r.id, !o.data.empty(), rules));
   }
@@ -245,13 +252,15 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
   return r;
 }
 
-// Every token of the data must be an id the model knows; the first one that is not is named.
+// Every token of the data must be an id the model knows; the first one that is not is named by
+// its file and byte offset.
 Status check_tokens_fit(const model::TokenDataset& data, const model::Model& m) {
   const auto tokens = data.tokens();
+  const auto vocab = static_cast<std::uint32_t>(m.vocab_size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= m.vocab_size()) {
-      return Status::invalid_argument(fmt::format("{}: token {} (0-based) is {}, outside the model's vocabulary of {}",
-                                                  data.source(), i, tokens[i], m.vocab_size()));
+    if (tokens[i] >= vocab) {
+      return Status::invalid_argument(fmt::format("{} is {}, outside the model's vocabulary of {}", data.locate(i),
+                                                  tokens[i], m.vocab_size()));
     }
   }
   return Status::ok();
@@ -397,7 +406,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--config", o->config_path, "ds_config.json (default: a built-in ZeRO-3 NVMe-offload config)");
   o->model.add_to(*cmd, "small");
   o->autos.add_to(*cmd);
-  cmd->add_option("--data", o->data, "text file, folder, or llm.c token file (default: built-in corpus; a resumed run: the checkpoint's)");
+  cmd->add_option("--data", o->data, "text file, folder, or token file (default: built-in corpus; a resumed run: the checkpoint's)");
+  cmd->add_option("--data-format", o->data_format,
+                  "how --data files are read: auto (llm.c magic -> llmc, other *.bin -> uint16, else text), text, "
+                  "llmc, uint16 or uint32 (raw little-endian ids; a resumed run: the checkpoint's)")
+      ->check(CLI::IsMember({"auto", "text", "llmc", "uint16", "uint32"}));
   cmd->add_option("--steps", o->steps, "the optimizer step to reach (default 50); the schedule's length is its total_num_steps")->check(CLI::PositiveNumber);
   cmd->add_option("--save", o->save_dir, "checkpoint folder (saved at the end, and every --save-interval steps)");
   cmd->add_option("--save-interval", o->save_interval, "steps between checkpoints")->check(CLI::NonNegativeNumber);
@@ -420,6 +433,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(1, 7 * 24 * 3600));
   cmd->callback([o, exit_code, cmd] {
     o->seed_given = cmd->count("--seed") > 0;
+    o->data_format_given = cmd->count("--data-format") > 0;
     o->model_given = false;
     for (const char* opt : {"--model", "--layers", "--hidden", "--heads", "--seq", "--vocab"}) {
       o->model_given = o->model_given || cmd->count(opt) > 0;

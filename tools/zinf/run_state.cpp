@@ -2,6 +2,7 @@
 // that make --resume continue the saved run rather than silently start another data order.
 #include "run_state.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -37,30 +38,36 @@ std::string DataIdentity::describe() const {
                      path.empty() ? "the built-in corpus, " + source : path, tokens, vocab, hash);
 }
 
-std::uint64_t content_hash(std::span<const std::uint16_t> tokens) {
-  // FNV-1a's constants over 64-bit words (four tokens), each step followed by a xor-shift so
-  // that high bits reach low ones; every step is a bijection of h, so any one changed word
-  // changes the result. The length goes in last.
+std::uint64_t content_hash(std::span<const std::uint32_t> tokens) {
+  // FNV-1a's constants over 64-bit words, each step followed by a xor-shift so that high bits
+  // reach low ones; every step is a bijection of h, so any one changed word changes the result.
+  // The length goes in last. Ids below 65536 are packed four to a word as 16-bit values, which
+  // keeps the hash of such data what it was when zinf held tokens as uint16 (checkpoints from
+  // then still recognise their data); data with a larger id packs two 32-bit ids to a word and
+  // mixes a marker first, so it never matches a 16-bit packing.
   constexpr std::uint64_t kPrime = 0x100000001b3ULL;
   std::uint64_t h = 0xcbf29ce484222325ULL;
   auto mix = [&](std::uint64_t word) {
     h = (h ^ word) * kPrime;
     h ^= h >> 32;
   };
+  const bool wide = std::any_of(tokens.begin(), tokens.end(), [](std::uint32_t t) { return t > 0xffff; });
+  const std::size_t per_word = wide ? 2 : 4, bits = wide ? 32 : 16;
+  if (wide) mix(0x3233746e69753a77ULL);  // "w:uint32"
   std::size_t i = 0;
-  for (; i + 4 <= tokens.size(); i += 4) {
+  for (; i + per_word <= tokens.size(); i += per_word) {
     std::uint64_t word = 0;
-    std::memcpy(&word, tokens.data() + i, sizeof(word));
+    for (std::size_t k = 0; k < per_word; ++k) word |= static_cast<std::uint64_t>(tokens[i + k]) << (bits * k);
     mix(word);
   }
   std::uint64_t tail = 0;
-  for (std::size_t k = 0; i + k < tokens.size(); ++k) tail |= static_cast<std::uint64_t>(tokens[i + k]) << (16 * k);
+  for (std::size_t k = 0; i + k < tokens.size(); ++k) tail |= static_cast<std::uint64_t>(tokens[i + k]) << (bits * k);
   mix(tail);
   mix(tokens.size());
   return h;
 }
 
-DataIdentity identify_data(const model::TokenDataset& data, const std::string& path) {
+DataIdentity identify_data(const model::TokenDataset& data, const std::string& path, model::DataFormat format) {
   DataIdentity id;
   if (!path.empty()) {
     std::error_code ec;
@@ -71,6 +78,7 @@ DataIdentity identify_data(const model::TokenDataset& data, const std::string& p
   id.tokens = data.size();
   id.vocab = data.vocab_size();
   id.hash = content_hash(data.tokens());
+  id.format = model::data_format_name(format);
   return id;
 }
 
@@ -89,6 +97,7 @@ std::string run_state_json(const RunState& s) {
                               {"source", s.data.source},
                               {"tokens", s.data.tokens},
                               {"vocab", s.data.vocab},
+                              {"format", s.data.format},
                               {"hash", fmt::format("{:016x}", s.data.hash)}}}};
   return j.dump();
 }
@@ -133,6 +142,7 @@ Result<SavedRun> SavedRun::read(const std::string& dir) {
       id.source = d.value("source", std::string());
       id.tokens = d.at("tokens").get<std::uint64_t>();
       id.vocab = d.at("vocab").get<int>();
+      id.format = d.value("format", std::string("auto"));  // checkpoints from before --data-format
       const std::string hash = d.at("hash").get<std::string>();
       std::size_t used = 0;
       id.hash = std::stoull(hash, &used, 16);
@@ -170,6 +180,13 @@ Result<std::uint64_t> SavedRun::seed(std::optional<std::uint64_t> given, std::ui
                                         dir_, *given, *seed_));
   }
   return *given;
+}
+
+Result<model::DataFormat> SavedRun::data_format(std::optional<model::DataFormat> given) const {
+  if (given || !data_) return given.value_or(model::DataFormat::kAuto);
+  auto f = model::parse_data_format(data_->format);
+  if (!f.is_ok()) return f.status().with_context(fmt::format("--resume {}: {}", dir_, tag_));
+  return f;
 }
 
 std::string SavedRun::data_path(const std::string& given) const {

@@ -20,6 +20,7 @@ struct DataIdentity {
   std::uint64_t tokens = 0;
   int vocab = 0;
   std::uint64_t hash = 0;  // content_hash() of the tokens
+  std::string format = "auto";  // the --data-format it was read with (data_format_name)
 
   bool same_data(const DataIdentity& other) const {
     return tokens == other.tokens && vocab == other.vocab && hash == other.hash;
@@ -30,9 +31,11 @@ struct DataIdentity {
 
 // 64-bit hash of the token values, a few GB/s: it tells one data file from another (it is not
 // meant to resist deliberate collisions).
-std::uint64_t content_hash(std::span<const std::uint16_t> tokens);
+// Data whose ids are all below 65536 hashes as it did when tokens were held as uint16.
+std::uint64_t content_hash(std::span<const std::uint32_t> tokens);
 // `path` is the --data argument as given (empty: the built-in corpus); it is stored absolute.
-DataIdentity identify_data(const model::TokenDataset& data, const std::string& path);
+DataIdentity identify_data(const model::TokenDataset& data, const std::string& path,
+                           model::DataFormat format = model::DataFormat::kAuto);
 
 // How the loader cuts the data into steps.
 struct BatchGeometry {
@@ -83,6 +86,8 @@ class SavedRun {
   // The --data path to read: `given` when not empty, else the checkpoint's (empty: the built-in
   // corpus; an older checkpoint without a record: the built-in corpus, as before).
   std::string data_path(const std::string& given) const;
+  // How to read it: `given` (--data-format) when set, else the checkpoint's, else auto.
+  Result<model::DataFormat> data_format(std::optional<model::DataFormat> given) const;
   // The data actually read must be the checkpoint's; `given` says whether --data named it.
   // Returns whether it differs (allowed by allow_data_change, with a warning).
   Result<bool> check_data(const DataIdentity& now, bool given, const ResumeRules& rules) const;

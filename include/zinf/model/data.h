@@ -1,5 +1,5 @@
-// Training data: byte-level text, a built-in default corpus and llm.c token files, cut into
-// (inputs, targets) batches that are sharded across ranks deterministically.
+// Training data: byte-level text, a built-in default corpus, llm.c token files and raw uint16 /
+// uint32 token files, cut into (inputs, targets) batches sharded across ranks deterministically.
 #pragma once
 
 #include <cstdint>
@@ -19,18 +19,38 @@ inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
 inline constexpr int kLlmcHeaderInts = 256;  // header: 256 int32, then uint16 tokens
 inline constexpr const char* kDefaultCorpusDir = "/usr/share/common-licenses";
+// The largest token id a dataset may hold: ids travel as int32 and vocab_size() is an int.
+inline constexpr uint32_t kMaxTokenId = 0x7ffffffe;
+
+// How the files of a dataset are read (`--data-format`).
+enum class DataFormat {
+  kAuto,    // per file: the llm.c magic -> kLlmc; a *.bin without it -> kUint16; else kText
+  kText,    // one token per byte, vocab 256
+  kLlmc,    // llm.c: 1024-byte header (int32 magic, version 1, count), then uint16 tokens
+  kUint16,  // raw little-endian uint16 ids, no header (nanoGPT's train.bin)
+  kUint32,  // raw little-endian uint32 ids, no header (vocabularies over 65535)
+};
+// "auto", "text", "llmc", "uint16", "uint32"; anything else is an invalid_argument naming it.
+Result<DataFormat> parse_data_format(std::string_view name);
+const char* data_format_name(DataFormat format);
 
 // An immutable token sequence with its vocabulary size. Copies share the storage (cheap).
+// Ids are held as uint32 whatever the file's width (4 bytes a token in memory, twice a uint16
+// file's size): one element type keeps tokens() a plain span for every caller, and the whole
+// dataset is read into memory as before, so a corpus must fit in RAM at 4 bytes a token.
 class TokenDataset {
  public:
   TokenDataset() = default;
 
   // `path` is a file or a folder. A folder is read recursively: regular files (symlinks to
   // regular files count, each target once), names sorted bytewise, names starting with '.'
-  // skipped, files concatenated with nothing in between. A file that starts with the llm.c
-  // magic is a token file (vocab 50257); a file named *.bin must be one; anything else is text,
-  // one token per byte (vocab 256). Mixing the two kinds is an error. Errors name the path.
-  static Result<TokenDataset> load(const std::string& path);
+  // skipped, files concatenated with nothing in between. `format` says how every file is read;
+  // kAuto decides per file (see DataFormat; a *.bin read as raw uint16 is logged as a note).
+  // Vocabulary: text 256; llm.c 50257 (ids checked below it); raw files the largest id + 1
+  // (with llm.c files in the same dataset, at least 50257). Mixing text and token files is an
+  // error. A raw file whose size is not a multiple of its id width is an error. Errors name the
+  // path.
+  static Result<TokenDataset> load(const std::string& path, DataFormat format = DataFormat::kAuto);
 
   // The built-in corpus for `zinf train` without --data: every file under `licenses_dir`
   // (Debian's license texts, ~250 KB), or, when that is missing, unreadable or under 16 KB,
@@ -38,22 +58,37 @@ class TokenDataset {
   static TokenDataset load_default(const std::string& licenses_dir = kDefaultCorpusDir);
 
   static TokenDataset from_text(std::string_view text, std::string source);
-  // Fails when a token is >= vocab_size.
-  static Result<TokenDataset> from_tokens(std::vector<uint16_t> tokens, int vocab_size,
+  // Fails when a token is >= vocab_size or vocab_size is not in [1, kMaxTokenId + 1].
+  static Result<TokenDataset> from_tokens(std::vector<uint32_t> tokens, int vocab_size,
                                           std::string source);
 
   int vocab_size() const { return vocab_size_; }
   size_t size() const { return end_ - begin_; }
-  std::span<const uint16_t> tokens() const;
+  std::span<const uint32_t> tokens() const;
   // Where the tokens came from, for logs: "2 files, 12,345 tokens under /data/x".
   const std::string& source() const { return source_; }
+  // Where token `index` (0-based within this dataset or slice) was read, for errors:
+  // "corpus/train.bin: token at byte offset 1048576" (the offset counts any header), or for
+  // in-memory data "<source>: token 12 (0-based)". index must be below size().
+  std::string locate(size_t index) const;
 
   // Tokens [begin, end) (clamped to size()), sharing this dataset's storage; e.g. a validation
   // tail split off a training set.
   TokenDataset slice(size_t begin, size_t end) const;
 
  private:
-  std::shared_ptr<const std::vector<uint16_t>> storage_;
+  // One row per file read, by first token: token i of storage_ lies in the last row whose
+  // first_token <= i, at byte header_bytes + (i - first_token) * element_bytes of path.
+  struct FileSpan {
+    size_t first_token = 0;
+    std::string path;
+    uint64_t header_bytes = 0;
+    uint32_t element_bytes = 1;
+  };
+  friend class DatasetBuilder;
+
+  std::shared_ptr<const std::vector<uint32_t>> storage_;
+  std::shared_ptr<const std::vector<FileSpan>> files_;  // empty for in-memory data
   size_t begin_ = 0;
   size_t end_ = 0;
   int vocab_size_ = kByteVocab;
