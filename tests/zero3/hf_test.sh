@@ -6,7 +6,8 @@
 #  (b) loaded, trained one step at lr 0, saved and consolidated with --hf, every tensor comes
 #      back bit-identical to the fp32 folder's, and the exported folder evaluates exactly as the
 #      checkpoint does; with --max-shard-size the export is sharded with an index, same loss;
-#  (c) training from --model-dir gives the same losses in memory and with NVMe offload;
+#  (c) training from --model-dir (GPT-2, Llama tied and untied) gives the same losses in memory
+#      and with NVMe offload;
 #  (d) errors name what is wrong: a missing tensor, a mis-shaped tensor, a config key zinf's
 #      GPT-2 cannot honour, an unknown model_type, --model-dir with --model.
 #  (e) Llama (tests/model/data/llama_tiny, tied and untied): the loss of transformers' fixture
@@ -71,24 +72,27 @@ c=$("$zinf" eval --model-dir "$tmp/sharded" "${window[@]}" | loss_of)
 [ "$a" = "$b" ] && [ "$a" = "$c" ] || { echo "exported $a, checkpoint $b, sharded $c differ"; exit 1; }
 
 # (c)
-for dev in none nvme; do
-  op='"offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}'
-  [ "$dev" = nvme ] && op="\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/swap\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/swap\"}"
-  mkdir -p "$tmp/swap"
-  cat > "$tmp/$dev.json" <<JSON
-{"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+for m in "$data/fp32" "$llama/untied" "$llama/tied"; do
+  for dev in none nvme; do
+    op='"offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}'
+    [ "$dev" = nvme ] && op="\"offload_param\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/swap\"}, \"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"$tmp/swap\"}"
+    mkdir -p "$tmp/swap"
+    cat > "$tmp/$dev.json" <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
  "zero_optimization": {"stage": 3, "sub_group_size": 5000, $op}}
 JSON
-  "$zinf" train --config "$tmp/$dev.json" --model-dir "$data/fp32" --data "$data/tokens.bin" --steps 6 \
-    --json-log "$tmp/$dev.jsonl" > "$tmp/$dev.out" 2>&1 || { cat "$tmp/$dev.out"; exit 1; }
-done
-python3 - "$tmp/none.jsonl" "$tmp/nvme.jsonl" <<'PY'
+    "$zinf" train --config "$tmp/$dev.json" --model-dir "$m" --data "$data/tokens.bin" --steps 6 \
+      --json-log "$tmp/$dev.jsonl" > "$tmp/$dev.out" 2>&1 || { cat "$tmp/$dev.out"; exit 1; }
+  done
+  python3 - "$tmp/none.jsonl" "$tmp/nvme.jsonl" "$m" <<'PY'
 import json, sys
-a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:])
-assert len(a) == 6 and a == b, f"memory {a} vs nvme {b}"
-print(f"hf_test (c): 6 steps from --model-dir, identical in memory and on NVMe: {a[0]:.4f} -> {a[-1]:.4f}")
+a, b = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+assert len(a) == 6 and a == b, f"{sys.argv[3]}: memory {a} vs nvme {b}"
+print(f"hf_test (c): {sys.argv[3]}: 6 steps from --model-dir, identical in memory and on NVMe: {a[0]:.4f} -> {a[-1]:.4f}")
 PY
+  rm -f "$tmp/none.jsonl" "$tmp/nvme.jsonl"
+done
 
 # (d)
 expect_error() {  # STATUS TEXT COMMAND...

@@ -1,4 +1,5 @@
-// `zinf train`: ZeRO-3 training of a GPT model with state offloaded per ds_config.
+// `zinf train`: ZeRO-3 training of a GPT preset, a Hugging Face folder (--model-dir) or a checkpoint's model,
+// with state offloaded per ds_config.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -401,7 +402,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
 }  // namespace
 
 void add_train_command(CLI::App& app, int* exit_code) {
-  auto* cmd = app.add_subcommand("train", "train a GPT model with ZeRO-3 (state in memory, CPU or NVMe per ds_config)");
+  auto* cmd = app.add_subcommand("train", "train a model (a GPT preset, --model-dir an HF gpt2/llama folder, or the --resume checkpoint's) with ZeRO-3 (state in memory, CPU or NVMe per ds_config)");
   auto o = std::make_shared<TrainOptions>();
   cmd->add_option("--config", o->config_path, "ds_config.json (default: a built-in ZeRO-3 NVMe-offload config)");
   o->model.add_to(*cmd, "small");
