@@ -1,13 +1,5 @@
-// The swap store's manifest: JSON (de)serialisation and atomic file replacement.
+// The swap store's manifest: JSON (de)serialisation.
 #include "swap/store_manifest.h"
-
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,30 +9,6 @@ namespace zinf::swap::detail {
 namespace {
 
 using nlohmann::json;
-
-// Writes all of `text` to fd, handling short writes and EINTR.
-Status write_all(int fd, const std::string& text, const std::string& path) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::io_error("write", path, done, text.size() - done, errno);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
-Status fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return Status::sys_error("open " + path, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::sys_error("fsync " + path, err);
-  return Status::ok();
-}
 
 TensorRecord record_from_json(const std::string& key, const json& j) {
   TensorRecord r;
@@ -112,28 +80,6 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
   } catch (const json::exception& e) {
     return Status::corruption(fmt::format("swap store manifest {}: {}", path, e.what()));
   }
-}
-
-Status write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::sys_error("open " + tmp, errno);
-  Status st = write_all(fd, text, tmp);
-  if (st.is_ok() && ::fsync(fd) != 0) st = Status::sys_error("fsync " + tmp, errno);
-  ::close(fd);
-  if (!st.is_ok()) return st;
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::sys_error("rename " + tmp + " to " + path, errno);
-  const std::string folder = std::filesystem::path(path).parent_path().string();
-  return fsync_path(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
-}
-
-Result<std::string> read_small_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::sys_error("open " + path, errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::sys_error("read " + path, errno);
-  return text.str();
 }
 
 }  // namespace zinf::swap::detail

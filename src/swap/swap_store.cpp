@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "common/file_io.h"
 #include "swap/free_list.h"
 #include "swap/store_manifest.h"
 #include "zinf/log.h"
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 struct DataFile {
   std::string path;
   std::string name;
-  int fd = -1;
+  fileio::UniqueFd fd;
   std::uint64_t end = 0;  // bytes allocated (the logical end of the file)
   detail::FreeList free;
 };
@@ -39,18 +40,11 @@ std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind)
 }
 
 // Opens (creating) a data file, O_DIRECT when asked and allowed.
-Result<int> open_data_file(const std::string& path, bool direct, bool truncate) {
-  const int base = O_RDWR | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : 0);
-  if (direct) {
-    const int fd = ::open(path.c_str(), base | O_DIRECT, 0600);
-    if (fd >= 0) return fd;
-    if (errno != EINVAL) return Status::sys_error("open " + path, errno);
-    log_once(LogLevel::kNotice, "swap.store.nodirect." + fs::path(path).parent_path().string(),
-             fmt::format("O_DIRECT refused for {}; swap files there use buffered I/O", path));
-  }
-  const int fd = ::open(path.c_str(), base, 0600);
-  if (fd < 0) return Status::sys_error("open " + path, errno);
-  return fd;
+Result<fileio::UniqueFd> open_data_file(const std::string& path, bool direct, bool truncate) {
+  const int flags = O_RDWR | O_CREAT | (truncate ? O_TRUNC : 0);
+  ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
+                        fileio::open_direct_or_buffered(path, flags, fileio::kPrivateFileMode, direct, "swap data"));
+  return std::move(file.fd);
 }
 
 // Makes [old_end, new_end) of the file exist, reserving the space where the file system can.
@@ -58,7 +52,7 @@ Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end
   if (new_end <= old_end) return Status::ok();
   const off_t off = static_cast<off_t>(old_end);
   const off_t len = static_cast<off_t>(new_end - old_end);
-  if (::fallocate(f.fd, 0, off, len) == 0) return Status::ok();
+  if (::fallocate(f.fd.get(), 0, off, len) == 0) return Status::ok();
   const int err = errno;
   if (err == ENOSPC) {
     return Status(ErrorCode::kResourceExhausted,
@@ -67,9 +61,9 @@ Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end
   }
   if (err != EOPNOTSUPP && err != ENOSYS) return Status::io_error("fallocate", f.path, old_end, new_end - old_end, err);
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
+  if (::fstat(f.fd.get(), &st) != 0) return Status::sys_error("fstat " + f.path, errno);
   if (static_cast<std::uint64_t>(st.st_size) >= new_end) return Status::ok();
-  if (::ftruncate(f.fd, static_cast<off_t>(new_end)) != 0) {
+  if (::ftruncate(f.fd.get(), static_cast<off_t>(new_end)) != 0) {
     return Status::io_error("ftruncate", f.path, 0, new_end, errno);
   }
   return Status::ok();
@@ -126,11 +120,7 @@ struct SwapStore::State {
 
 SwapStore::SwapStore() : state_(std::make_unique<State>()) {}
 
-SwapStore::~SwapStore() {
-  for (DataFile& f : state_->files) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-}
+SwapStore::~SwapStore() = default;
 
 std::string SwapStore::manifest_path() const { return (fs::path(folder_) / "manifest.json").string(); }
 
@@ -194,7 +184,7 @@ Status SwapStore::open_files(OpenMode mode, bool existing) {
 
 Status SwapStore::load_manifest() {
   const std::string path = manifest_path();
-  ZINF_ASSIGN_OR_RETURN(std::string text, detail::read_small_file(path));
+  ZINF_ASSIGN_OR_RETURN(std::string text, fileio::read_small_file(path));
   ZINF_ASSIGN_OR_RETURN(detail::Manifest m, detail::manifest_from_json(text, path));
   State& s = *state_;
   if (m.rank != config_.rank || m.kind != store_kind_name(config_.kind)) {
@@ -213,11 +203,10 @@ Status SwapStore::load_manifest() {
   }
   for (std::size_t i = 0; i < s.files.size(); ++i) {
     DataFile& f = s.files[i];
-    struct stat st {};
-    if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
-    if (static_cast<std::uint64_t>(st.st_size) < m.files[i].bytes) {
-      return Status::corruption(fmt::format("{} has {} bytes but the manifest {} records {}", f.path,
-                                            st.st_size, path, m.files[i].bytes));
+    ZINF_ASSIGN_OR_RETURN(std::uint64_t size, fileio::file_size(f.fd.get(), f.path));
+    if (size < m.files[i].bytes) {
+      return Status::corruption(fmt::format("{} has {} bytes but the manifest {} records {}", f.path, size, path,
+                                            m.files[i].bytes));
     }
     f.end = m.files[i].bytes;
   }
@@ -339,7 +328,7 @@ Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, 
   const std::uint64_t length = align_up(nbytes, kSwapAlignment);
   auto* bytes = static_cast<std::byte*>(buffer);
   for (const Piece& p : map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
-    const int fd = state_->files[p.file].fd;
+    const int fd = state_->files[p.file].fd.get();
     Result<aio::RequestId> id =
         write ? handle_->async_pwrite(bytes + p.buffer_offset, p.length, fd, p.file_offset)
               : handle_->async_pread(bytes + p.buffer_offset, p.length, fd, p.file_offset);
@@ -404,7 +393,7 @@ Status SwapStore::commit() {
   std::lock_guard commit_lock(s.commit_mutex);
   if (config_.durable) {
     for (const DataFile& f : s.files) {
-      if (::fdatasync(f.fd) != 0) return Status::sys_error("fdatasync " + f.path, errno);
+      if (::fdatasync(f.fd.get()) != 0) return Status::sys_error("fdatasync " + f.path, errno);
     }
   }
   detail::Manifest m;
@@ -418,7 +407,7 @@ Status SwapStore::commit() {
     m.tensors = s.tensors;
     m.metadata = s.metadata;
   }
-  ZINF_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path(), detail::manifest_to_json(m)));
+  ZINF_RETURN_IF_ERROR(fileio::write_file_atomic(manifest_path(), detail::manifest_to_json(m)));
   std::lock_guard lock(s.mutex);
   s.generation = m.generation;
   return Status::ok();
