@@ -84,7 +84,7 @@ class Coordinator final : public model::ParamAccess {
     std::vector<std::size_t> event_first;  // first index into groups for each event
     std::vector<int> groups;          // partition group per use, in order
     std::vector<std::uint64_t> traffic;    // prefix sums of gathered elements over groups
-    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over (module, phase) per event
+    std::uint64_t hash = 0;           // chained XXH3 over (module, phase) per event
   };
 
   // The distinct groups module's parameters belong to, in parameter order.

@@ -7,11 +7,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "temp_dir.h"
 #include "zinf/config/ds_config.h"
@@ -371,6 +373,27 @@ TEST(EngineTest, LiveBudgetSmallerThanAModuleIsAClearError) {
   EXPECT_EQ(st.code(), ErrorCode::kResourceExhausted);
   EXPECT_NE(st.message().find("stage3_max_live_parameters"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("wte_wpe"), std::string::npos) << st.message();
+}
+
+// Checkpoints name their checksum (xxh3-64); one without the name (an older zinf's, FNV-1a)
+// that fails verification says why instead of only "damaged".
+TEST(EngineTest, CheckpointWithoutChecksumAlgoSaysSo) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const std::string json_path = ckpt.path() + "/a/engine.json";
+  auto j = nlohmann::json::parse(std::ifstream(json_path));
+  EXPECT_EQ(j.value("checksum_algo", ""), "xxh3-64");
+  j.erase("checksum_algo");
+  j["ranks"][0]["checksum"] = 12345;  // as an FNV-1a sum would read to this build
+  std::ofstream(json_path) << j.dump(2);
+  auto loaded = t.engine().load_checkpoint(ckpt.path(), "");
+  ASSERT_FALSE(loaded.is_ok());
+  EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption);
+  EXPECT_NE(loaded.status().message().find("older zinf"), std::string::npos) << loaded.status().message();
 }
 
 }  // namespace
