@@ -1,6 +1,8 @@
 // The swap store's manifest: JSON (de)serialisation.
 #include "swap/store_manifest.h"
 
+#include <charconv>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -44,6 +46,11 @@ std::string manifest_to_json(const Manifest& m) {
                     {"numel", r.numel},
                     {"nbytes", r.nbytes},
                     {"extents", std::move(extents)}};
+    if (r.sums.length != 0) {
+      auto it = m.sums_check.find(key);
+      tensors[key]["page_sums"] = {{"extent", {r.sums.file, r.sums.offset, r.sums.length}},
+                                   {"xxh3", fmt::format("{:016x}", it == m.sums_check.end() ? 0 : it->second)}};
+    }
   }
   j["tensors"] = std::move(tensors);
   j["metadata"] = m.metadata;
@@ -73,6 +80,19 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     for (const auto& [key, t] : j.at("tensors").items()) {
       TensorRecord r = record_from_json(key, t);
       ZINF_ASSIGN_OR_RETURN(r.dtype, parse_dtype(t.at("dtype").get<std::string>()));
+      if (t.contains("page_sums")) {
+        const json& ps = t.at("page_sums");
+        const json& e = ps.at("extent");
+        r.sums = Extent{e.at(0).get<std::uint32_t>(), e.at(1).get<std::uint64_t>(), e.at(2).get<std::uint64_t>()};
+        const std::string hex = ps.at("xxh3").get<std::string>();
+        std::uint64_t check = 0;
+        const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), check, 16);
+        if (ec != std::errc() || end != hex.data() + hex.size() || hex.size() != 16 ||
+            r.sums.length < align_up(r.nbytes, kSwapAlignment) / kSwapAlignment * 8) {
+          return Status::corruption(fmt::format("{}: the page_sums entry of '{}' is malformed", path, key));
+        }
+        m.sums_check.emplace(key, check);
+      }
       m.tensors.emplace(key, std::move(r));
     }
     m.metadata = j.at("metadata").get<std::map<std::string, std::string>>();

@@ -27,6 +27,10 @@ struct Manifest {
   std::vector<ManifestFile> files;
   std::map<std::string, TensorRecord> tensors;
   std::map<std::string, std::string> metadata;
+  // Per tensor with a checksum extent (TensorRecord::sums): the XXH3-64 of the checksums
+  // stored there. Tensors without one (a manifest from before checksums, or a store without
+  // them) have no entry.
+  std::map<std::string, std::uint64_t> sums_check;
 };
 
 std::string manifest_to_json(const Manifest& manifest);
