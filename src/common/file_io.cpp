@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
+#include <filesystem>
 #include <vector>
 
 #include <fmt/format.h>
@@ -272,6 +275,58 @@ Status AtomicFile::commit() {
     return st;
   }
   return sync_dir(parent_dir(path_));
+}
+
+Result<FileLock> FileLock::acquire(const std::string& path, std::string_view what) {
+  FileLock lock;
+  lock.path_ = path;
+  ZINF_ASSIGN_OR_RETURN(lock.fd_, open_file(path, O_RDWR | O_CREAT | O_NOFOLLOW, kPrivateFileMode, "locking"));
+  int rc = 0;
+  do {
+    rc = ::flock(lock.fd_.get(), LOCK_EX | LOCK_NB);
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0 && errno != EWOULDBLOCK) return Status::sys_error(fmt::format("flock {}", path), errno);
+  if (rc != 0) {
+    char text[32] = {};
+    const ssize_t n = ::pread(lock.fd_.get(), text, sizeof(text) - 1, 0);
+    const long pid = n > 0 ? std::strtol(text, nullptr, 10) : 0;
+    const std::string holder =
+        pid <= 0 ? std::string("pid not yet recorded")
+                 : fmt::format("pid {}{}", pid, pid == static_cast<long>(::getpid()) ? ", this very process" : "");
+    return Status::invalid_argument(fmt::format(
+        "{} is in use by another zinf process ({}; lock file {}): two runs must not share it; give this run "
+        "its own folder, or stop the other run first",
+        what, holder, path));
+  }
+  const std::string pid = fmt::format("{}\n", ::getpid());
+  if (::ftruncate(lock.fd_.get(), 0) != 0) return Status::sys_error(fmt::format("ftruncate {}", path), errno);
+  ZINF_RETURN_IF_ERROR(pwrite_all(lock.fd_.get(), path, pid.data(), pid.size(), 0));
+  return lock;
+}
+
+Status make_private_dirs(const std::string& base, const std::vector<std::string>& parts, mode_t mode) {
+  std::error_code ec;
+  std::filesystem::create_directories(base, ec);
+  if (ec) return Status::sys_error(fmt::format("create folder {}", base), ec.value());
+  std::string path = base;
+  for (const std::string& part : parts) {
+    path += "/" + part;
+    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+      return Status::sys_error(fmt::format("create folder {}", path), errno);
+    }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0) return Status::sys_error(fmt::format("lstat {}", path), errno);
+    if (S_ISLNK(st.st_mode)) {
+      return Status::invalid_argument(
+          fmt::format("refusing to use {}: it is a symbolic link, and zinf does not follow links there", path));
+    }
+    if (!S_ISDIR(st.st_mode)) return Status::invalid_argument(fmt::format("{} exists and is not a folder", path));
+    if (st.st_uid != ::geteuid()) {
+      return Status::invalid_argument(fmt::format(
+          "refusing to use {}: the folder belongs to user id {}, not to this user ({})", path, st.st_uid, ::geteuid()));
+    }
+  }
+  return Status::ok();
 }
 
 Status write_file_atomic(const std::string& path, std::string_view text, mode_t mode) {

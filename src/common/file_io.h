@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "zinf/status.h"
 
@@ -135,6 +136,30 @@ class AtomicFile {
   UniqueFd fd_;
   std::uint64_t written_ = 0;
 };
+
+// An exclusive flock(2) on the file `path` (created O_NOFOLLOW, 0600 if new), held until the
+// object is destroyed or the process ends (a crash releases it: no stale locks). The holder's pid
+// is written into the file so that a refused process can name it. Note that flock is per open
+// file: a second FileLock on the same path is refused even within one process.
+class FileLock {
+ public:
+  // Taken at once or refused at once: InvalidArgument "<what> is in use by another zinf process
+  // (pid N); ..." naming `path`. `what` names the guarded thing ("swap folder /nvme/...").
+  static Result<FileLock> acquire(const std::string& path, std::string_view what);
+  const std::string& path() const { return path_; }
+
+ private:
+  FileLock() = default;
+  UniqueFd fd_;
+  std::string path_;
+};
+
+// Creates base/parts[0]/parts[1]/... one level at a time with mode `mode` (base itself, the
+// user's folder, with create_directories if missing). Each part, new or not, must be a real
+// folder owned by this user, not a symbolic link, so that nothing planted there redirects what
+// is written below it; a violation is an error naming the path.
+Status make_private_dirs(const std::string& base, const std::vector<std::string>& parts,
+                         mode_t mode = kPrivateDirMode);
 
 // Replaces `path` with `text` through an AtomicFile.
 Status write_file_atomic(const std::string& path, std::string_view text, mode_t mode = kPrivateFileMode);

@@ -45,7 +45,8 @@ std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind)
 
 // Opens (creating) a data file, O_DIRECT when asked and allowed.
 Result<fileio::UniqueFd> open_data_file(const std::string& path, bool direct, bool truncate) {
-  const int flags = O_RDWR | O_CREAT | (truncate ? O_TRUNC : 0);
+  // O_NOFOLLOW: a symbolic link planted at a swap file's name is refused, not written through.
+  const int flags = O_RDWR | O_CREAT | O_NOFOLLOW | (truncate ? O_TRUNC : 0);
   ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
                         fileio::open_direct_or_buffered(path, flags, fileio::kPrivateFileMode, direct, "swap data"));
   return std::move(file.fd);
@@ -146,6 +147,7 @@ struct PageSums {
 struct SwapStore::State {
   mutable std::mutex mutex;
   std::mutex commit_mutex;  // one commit at a time
+  std::vector<fileio::FileLock> locks;  // one per folder, held for the store's life
   std::vector<DataFile> files;
   std::map<std::string, TensorRecord> tensors;
   std::map<std::string, std::string> metadata;
@@ -194,9 +196,15 @@ Result<std::unique_ptr<SwapStore>> SwapStore::open(const StoreConfig& config, Op
   store->folder_ = store_folder(config.nvme_paths[0], config.rank, config.kind);
   for (std::size_t i = 0; i < config.nvme_paths.size(); ++i) {
     const std::string folder = store_folder(config.nvme_paths[i], config.rank, config.kind);
-    std::error_code ec;
-    fs::create_directories(folder, ec);
-    if (ec) return Status::sys_error("create folder " + folder, ec.value());
+    // Folders zinf creates are 0700 and must be real folders of this user (no planted links).
+    ZINF_RETURN_IF_ERROR(fileio::make_private_dirs(
+        config.nvme_paths[i], {"zinf_swap", fmt::format("rank{}", config.rank), std::string(store_kind_name(config.kind))}));
+    // One owner per folder for the store's life: a second run on it is refused at once,
+    // before anything in it is truncated or read.
+    ZINF_ASSIGN_OR_RETURN(fileio::FileLock lock,
+                          fileio::FileLock::acquire((fs::path(folder) / "zinf.lock").string(),
+                                                    fmt::format("swap folder {}", folder)));
+    store->state_->locks.push_back(std::move(lock));
     DataFile f;
     f.name = fmt::format("stripe{}.swp", i);
     f.path = (fs::path(folder) / f.name).string();

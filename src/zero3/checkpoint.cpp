@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,10 @@ nlohmann::json model_json(const model::GptConfig& c) {
 std::string rank_file(const std::string& folder, int rank) { return fmt::format("{}/rank{}.state", folder, rank); }
 
 Status make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  // Checkpoint folders are private (0700), as their files are (0600).
+  if (::mkdir(path.c_str(), fileio::kPrivateDirMode) != 0 && errno != EEXIST) {
+    return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  }
   return Status::ok();
 }
 
@@ -150,13 +154,27 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
   // Who writes the shared files: rank 0, or each node's first rank for node-local storage.
   const bool writer = m.options.ds.checkpoint.use_node_local_storage ? m.comm.local_rank() == 0 : rank == 0;
+  // The writer holds <dir>/.zinf_save.lock until the save is over: a second save into the
+  // folder (another job, or another engine) is refused at once instead of mixing files.
+  std::optional<fileio::FileLock> save_lock;
+  Status prepared;
   if (writer) {
-    ZINF_RETURN_IF_ERROR(make_dir(dir));
-    std::error_code ec;
-    std::filesystem::remove_all(tmp_dir, ec);
-    ZINF_RETURN_IF_ERROR(make_dir(tmp_dir));
+    prepared = [&]() -> Status {
+      ZINF_RETURN_IF_ERROR(make_dir(dir));
+      ZINF_ASSIGN_OR_RETURN(save_lock, fileio::FileLock::acquire(dir + "/.zinf_save.lock",
+                                                                 fmt::format("checkpoint folder {}", dir)));
+      std::error_code ec;
+      std::filesystem::remove_all(tmp_dir, ec);
+      return make_dir(tmp_dir);
+    }();
   }
-  ZINF_RETURN_IF_ERROR(m.comm.barrier());
+  // Every rank learns whether the folder is ready (a refused writer must not leave the others waiting).
+  std::vector<double> not_ready = {prepared.is_ok() ? 0.0 : 1.0};
+  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(not_ready));
+  ZINF_RETURN_IF_ERROR(prepared);
+  if (not_ready[0] > 0) {
+    return Status::aborted(fmt::format("checkpoint save into {}: the writing rank could not prepare the folder", dir));
+  }
   // This rank's state, streamed sub-group by sub-group.
   ZINF_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(rank_file(tmp_dir, rank)));
   Checksum64 sum;

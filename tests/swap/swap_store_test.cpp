@@ -368,6 +368,110 @@ TEST(SwapStoreChecksums, DamagedChecksumExtentIsRefusedAtOpen) {
       << reopened.status().to_string();
 }
 
+// One owner per swap folder: a second store on the same folder (here: the same process) is
+// refused at once, naming the folder and the holder's pid; once the first is gone it opens.
+TEST(SwapStoreLock, SecondStoreOnAFolderIsRefused) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto first = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(first);
+  write_tensor(*first, Tensor{"t", DType::kF32, 1000, 8});
+  StoreConfig c = first->config();
+  auto second = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(second.is_ok());
+  const std::string msg = second.status().message();
+  EXPECT_NE(msg.find("swap folder " + first->folder() + " is in use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+  // The refused open touched nothing: the first store's data is intact.
+  EXPECT_EQ(verify_tensor(*first, Tensor{"t", DType::kF32, 1000, 8}), "");
+  first.reset();
+  EXPECT_TRUE(SwapStore::open(c, OpenMode::kOpenOrCreate, *h).is_ok());
+}
+
+constexpr const char* kLockChildEnv = "ZINF_SWAP_LOCK_CHILD_DIR";
+
+TEST(SwapStoreLockChild, IsRefusedWhileTheParentHoldsTheFolder) {
+  const char* dir = std::getenv(kLockChildEnv);
+  if (dir == nullptr) GTEST_SKIP() << "runs only as the child of SwapStoreLock.AnotherProcessIsRefused";
+  auto h = testing::make_handle();
+  StoreConfig c;
+  c.nvme_paths = {dir};
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  c.stripe_unit = 64 << 10;
+  auto s = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(s.is_ok());
+  std::ofstream(std::string(dir) + "/child_refused") << s.status().message();
+}
+
+TEST(SwapStoreLock, AnotherProcessIsRefused) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv(kLockChildEnv, dir.path().c_str(), 1);
+    const char* argv[] = {"swap_store_test", "--gtest_filter=SwapStoreLockChild.*", nullptr};
+    execv("/proc/self/exe", const_cast<char* const*>(argv));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(dir.path() + "/child_refused");
+  std::string msg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(msg.find(s->folder()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+}
+
+// Swap files are 0600 in 0700 folders, and a symbolic link planted at a swap file's name is
+// refused, not written through.
+TEST(SwapStorePermissions, PrivateModesAndNoFollow) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  std::string folder, data;
+  {
+    auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    write_tensor(*s, Tensor{"t", DType::kF32, 1000, 8});
+    ASSERT_TRUE(s->commit().is_ok());
+    folder = s->folder();
+    data = s->data_files()[0];
+    for (const std::string& f : {data, s->manifest_path()}) {
+      EXPECT_EQ(std::filesystem::status(f).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write) << f;
+    }
+    for (const std::string& d : {dir.path() + "/zinf_swap", dir.path() + "/zinf_swap/rank3", folder}) {
+      EXPECT_EQ(std::filesystem::status(d).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_all) << d;
+    }
+  }
+  const std::string victim = dir.write("victim", "precious");
+  std::filesystem::remove(data);
+  std::filesystem::create_symlink(victim, data);
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  auto refused = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("symbolic link"), std::string::npos) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find(data), std::string::npos) << refused.status().to_string();
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  // A planted link in place of one of zinf's folders is refused too.
+  TempDir other;
+  std::filesystem::create_directories(other.path() + "/elsewhere");
+  std::filesystem::create_symlink(other.path() + "/elsewhere", other.path() + "/zinf_swap");
+  c.nvme_paths = {other.path()};
+  auto linked = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(linked.is_ok());
+  EXPECT_NE(linked.status().message().find("symbolic link"), std::string::npos) << linked.status().to_string();
+  EXPECT_TRUE(std::filesystem::is_empty(other.path() + "/elsewhere"));
+}
+
 // Reopening in a new process: the test binary runs itself with a filter selecting the child
 // test below, which opens the store from its manifest and checks every tensor.
 constexpr const char* kChildEnv = "ZINF_SWAP_REOPEN_CHILD_DIR";
