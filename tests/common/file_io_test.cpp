@@ -248,6 +248,61 @@ TEST(OpenFile, NoFollowRefusesAPlantedSymlink) {
   EXPECT_EQ(slurp(target), "precious");
 }
 
+TEST(AtomicFile, APlantedSymlinkIsReplacedNotFollowed) {
+  TempDir dir;
+  const std::string victim = dir.write("victim", "precious");
+  const std::string path = dir.file("config");
+  ASSERT_EQ(::symlink(victim.c_str(), path.c_str()), 0);
+  ASSERT_TRUE(write_file_atomic(path, "mine").is_ok());
+  EXPECT_EQ(slurp(victim), "precious");
+  EXPECT_FALSE(std::filesystem::is_symlink(path));
+  EXPECT_EQ(slurp(path), "mine");
+}
+
+TEST(FileLock, SecondHolderIsRefusedNamingThePid) {
+  TempDir dir;
+  const std::string path = dir.file("zinf.lock");
+  auto first = FileLock::acquire(path, "swap folder X");
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  EXPECT_EQ(slurp(path), std::to_string(::getpid()) + "\n");
+  auto second = FileLock::acquire(path, "swap folder X");
+  ASSERT_FALSE(second.is_ok());
+  EXPECT_EQ(second.status().code(), ErrorCode::kInvalidArgument);
+  const std::string msg = second.status().message();
+  EXPECT_TRUE(contains(msg, "swap folder X is in use by another zinf process")) << msg;
+  EXPECT_TRUE(contains(msg, "pid " + std::to_string(::getpid()))) << msg;
+  EXPECT_TRUE(contains(msg, path)) << msg;
+  { auto released = std::move(first); }
+  EXPECT_TRUE(FileLock::acquire(path, "swap folder X").is_ok());
+}
+
+TEST(FileLock, ASymlinkAtTheLockIsRefused) {
+  TempDir dir;
+  const std::string victim = dir.write("victim", "precious");
+  const std::string path = dir.file("zinf.lock");
+  ASSERT_EQ(::symlink(victim.c_str(), path.c_str()), 0);
+  auto lock = FileLock::acquire(path, "x");
+  ASSERT_FALSE(lock.is_ok());
+  EXPECT_EQ(lock.status().sys_errno(), ELOOP);
+  EXPECT_EQ(slurp(victim), "precious");
+}
+
+TEST(MakePrivateDirs, CreatesOwnerOnlyFoldersAndRefusesLinks) {
+  TempDir dir;
+  ASSERT_TRUE(make_private_dirs(dir.path(), {"a", "b"}).is_ok());
+  struct stat st {};
+  ASSERT_EQ(::stat((dir.path() + "/a/b").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_TRUE(make_private_dirs(dir.path(), {"a", "b"}).is_ok());  // existing: fine
+  const std::string elsewhere = dir.sub("elsewhere");
+  ASSERT_EQ(::symlink(elsewhere.c_str(), (dir.path() + "/c").c_str()), 0);
+  const Status st2 = make_private_dirs(dir.path(), {"c", "d"});
+  ASSERT_FALSE(st2.is_ok());
+  EXPECT_TRUE(contains(st2.message(), dir.path() + "/c")) << st2.message();
+  EXPECT_TRUE(contains(st2.message(), "symbolic link")) << st2.message();
+  EXPECT_FALSE(std::filesystem::exists(elsewhere + "/d"));
+}
+
 TEST(ParentDir, Cases) {
   EXPECT_EQ(parent_dir("a/b/c"), "a/b");
   EXPECT_EQ(parent_dir("c"), ".");
