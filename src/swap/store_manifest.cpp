@@ -49,6 +49,7 @@ std::string manifest_to_json(const Manifest& m) {
     if (r.sums.length != 0) {
       auto it = m.sums_check.find(key);
       tensors[key]["page_sums"] = {{"extent", {r.sums.file, r.sums.offset, r.sums.length}},
+                                   {"half", r.sums_half},
                                    {"xxh3", fmt::format("{:016x}", it == m.sums_check.end() ? 0 : it->second)}};
     }
   }
@@ -84,11 +85,13 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
         const json& ps = t.at("page_sums");
         const json& e = ps.at("extent");
         r.sums = Extent{e.at(0).get<std::uint32_t>(), e.at(1).get<std::uint64_t>(), e.at(2).get<std::uint64_t>()};
+        r.sums_half = ps.at("half").get<std::uint32_t>();
         const std::string hex = ps.at("xxh3").get<std::string>();
         std::uint64_t check = 0;
         const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), check, 16);
         if (ec != std::errc() || end != hex.data() + hex.size() || hex.size() != 16 ||
-            r.sums.length < align_up(r.nbytes, kSwapAlignment) / kSwapAlignment * 8) {
+            r.sums_half > 1 || r.sums.length % (2 * kSwapAlignment) != 0 ||
+            r.sums.length / 2 < align_up(r.nbytes, kSwapAlignment) / kSwapAlignment * 8) {
           return Status::corruption(fmt::format("{}: the page_sums entry of '{}' is malformed", path, key));
         }
         m.sums_check.emplace(key, check);

@@ -6,10 +6,10 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <bit>
-#include <cstring>
 #include <atomic>
+#include <bit>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <system_error>
@@ -17,8 +17,8 @@
 
 #include <fmt/format.h>
 
-#include "common/file_io.h"
 #include "common/checksum.h"
+#include "common/file_io.h"
 #include "swap/free_list.h"
 #include "swap/host_buffer.h"
 #include "swap/store_manifest.h"
@@ -130,8 +130,8 @@ std::uint64_t page_sum(const std::byte* page) {
 }
 
 std::uint64_t page_count(std::uint64_t nbytes) { return align_up(nbytes, kSwapAlignment) / kSwapAlignment; }
-// Bytes of a tensor's checksum extent: 8 per page, padded to 4 KiB.
-std::uint64_t sums_extent_bytes(std::uint64_t nbytes) { return align_up(page_count(nbytes) * 8, kSwapAlignment); }
+// Bytes of one half of a tensor's checksum extent: 8 per page, padded to 4 KiB.
+std::uint64_t sums_half_bytes(std::uint64_t nbytes) { return align_up(page_count(nbytes) * 8, kSwapAlignment); }
 
 static_assert(std::endian::native == std::endian::little, "checksum extents are stored little-endian");
 
@@ -301,21 +301,24 @@ Status SwapStore::load_sums(const std::map<std::string, std::uint64_t>& sums_che
     if (r.sums.length == 0 || check == sums_check.end()) {
       // Written before checksums or without them: nothing to check until rewritten.
       if (r.nbytes == 0) continue;
-      ZINF_ASSIGN_OR_RETURN(std::uint64_t offset, take_space(s.files[0], sums_extent_bytes(r.nbytes)));
-      r.sums = Extent{0, offset, sums_extent_bytes(r.nbytes)};
+      ZINF_ASSIGN_OR_RETURN(std::uint64_t offset, take_space(s.files[0], 2 * sums_half_bytes(r.nbytes)));
+      r.sums = Extent{0, offset, 2 * sums_half_bytes(r.nbytes)};
+      r.sums_half = 0;
       ps.dirty = true;
       continue;
     }
     const DataFile& f = s.files[r.sums.file];
-    ZINF_ASSIGN_OR_RETURN(detail::HostBuffer buf, detail::HostBuffer::allocate(r.sums.length, false));
-    ZINF_ASSIGN_OR_RETURN(aio::RequestId id, handle_->async_pread(buf.data(), r.sums.length, f.fd.get(), r.sums.offset));
+    const std::uint64_t half = r.sums.length / 2;
+    const std::uint64_t at = r.sums.offset + r.sums_half * half;
+    ZINF_ASSIGN_OR_RETURN(detail::HostBuffer buf, detail::HostBuffer::allocate(half, false));
+    ZINF_ASSIGN_OR_RETURN(aio::RequestId id, handle_->async_pread(buf.data(), half, f.fd.get(), at));
     ZINF_RETURN_IF_ERROR(handle_->wait(id).with_context(fmt::format("reading the page checksums of '{}'", key)));
     const std::size_t bytes = ps.pages.size() * 8;
     if (checksum64(buf.data(), bytes) != check->second) {
       return Status::corruption(fmt::format(
           "{}: the page checksums of '{}' ({} offset {}) do not match the manifest: the swap data was damaged or "
           "changed outside zinf",
-          manifest_path(), key, f.path, r.sums.offset));
+          manifest_path(), key, f.path, at));
     }
     std::memcpy(ps.pages.data(), buf.data(), bytes);
     ps.stored_check = check->second;
@@ -323,34 +326,41 @@ Status SwapStore::load_sums(const std::map<std::string, std::uint64_t>& sums_che
   return Status::ok();
 }
 
-Status SwapStore::store_sums() {
+Status SwapStore::store_sums(std::vector<StoredSums>* stored) {
   State& s = *state_;
   struct Pending {
-    std::string key;
-    Extent where;
+    StoredSums what;
+    std::uint64_t file_offset = 0;
+    std::uint32_t file = 0;
     detail::HostBuffer buf;
     std::size_t bytes = 0;
-    std::uint64_t check = 0;
   };
   std::vector<Pending> pending;
+  Status first;
   {
     std::lock_guard lock(s.mutex);
     for (auto& [key, ps] : s.sums) {
       auto r = s.tensors.find(key);
       if (!ps.dirty || r == s.tensors.end() || r->second.sums.length == 0) continue;
-      Pending p{key, r->second.sums, {}, ps.pages.size() * 8, 0};
-      ZINF_ASSIGN_OR_RETURN(p.buf, detail::HostBuffer::allocate(p.where.length, false));
+      const Extent& e = r->second.sums;
+      const std::uint32_t spare = 1 - r->second.sums_half;  // the committed half stays intact
+      Pending p{StoredSums{key, e.offset, spare, 0}, e.offset + spare * (e.length / 2), e.file, {}, ps.pages.size() * 8};
+      Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(e.length / 2, false);
+      if (!buf.is_ok()) {
+        first = buf.status();
+        break;
+      }
+      p.buf = std::move(buf).value();
       std::memcpy(p.buf.data(), ps.pages.data(), p.bytes);
       ps.dirty = false;
       pending.push_back(std::move(p));
     }
   }
-  Status first;
   std::vector<aio::RequestId> ids;
   for (Pending& p : pending) {
-    p.check = checksum64(p.buf.data(), p.bytes);
-    Result<aio::RequestId> id =
-        handle_->async_pwrite(p.buf.data(), p.where.length, s.files[p.where.file].fd.get(), p.where.offset);
+    if (!first.is_ok()) break;
+    p.what.check = checksum64(p.buf.data(), p.bytes);
+    Result<aio::RequestId> id = handle_->async_pwrite(p.buf.data(), p.buf.size(), s.files[p.file].fd.get(), p.file_offset);
     if (!id.is_ok()) {
       first = id.status();
       break;
@@ -361,17 +371,20 @@ Status SwapStore::store_sums() {
     Status st = handle_->wait(id);
     if (!st.is_ok() && first.is_ok()) first = std::move(st);
   }
-  std::lock_guard lock(s.mutex);
-  for (const Pending& p : pending) {
-    auto it = s.sums.find(p.key);
-    if (it == s.sums.end()) continue;
-    if (first.is_ok()) {
-      it->second.stored_check = p.check;
-    } else {
-      it->second.dirty = true;  // stored again by the next commit
-    }
+  for (Pending& p : pending) stored->push_back(std::move(p.what));
+  if (!first.is_ok()) {
+    sums_not_committed(*stored);
+    return first.with_context("storing the page checksums");
   }
-  return first.with_context("storing the page checksums");
+  return Status::ok();
+}
+
+void SwapStore::sums_not_committed(const std::vector<StoredSums>& stored) {
+  std::lock_guard lock(state_->mutex);
+  for (const StoredSums& st : stored) {
+    auto it = state_->sums.find(st.key);
+    if (it != state_->sums.end()) it->second.dirty = true;  // stored again by the next commit
+  }
 }
 
 bool SwapStore::contains(const std::string& key) const {
@@ -417,11 +430,11 @@ Result<TensorRecord> SwapStore::allocate(const std::string& key, DType dtype, st
   const std::uint64_t units = (padded + unit - 1) / unit;
   std::vector<std::uint64_t> lengths(std::min(files, units), 0);
   for (std::uint64_t u = 0; u < units; ++u) lengths[u % files] += std::min(unit, padded - u * unit);
-  TensorRecord r{key, dtype, numel, nbytes, {}, {}};
+  TensorRecord r{key, dtype, numel, nbytes, {}, {}, 0};
   for (std::uint32_t i = 0; i <= lengths.size(); ++i) {
     const bool sums = i == lengths.size();  // last: the checksum extent, in file 0
     if (sums && (!config_.checksums || padded == 0)) break;
-    const std::uint64_t length = sums ? sums_extent_bytes(nbytes) : lengths[i];
+    const std::uint64_t length = sums ? 2 * sums_half_bytes(nbytes) : lengths[i];
     Result<std::uint64_t> offset = take_space(s.files[sums ? 0 : i], length);
     if (!offset.is_ok()) {
       s.free_extents(r);
@@ -606,11 +619,17 @@ std::string SwapStore::metadata(const std::string& name) const {
 Status SwapStore::commit() {
   State& s = *state_;
   std::lock_guard commit_lock(s.commit_mutex);
-  // The checksums go to their extents first, so the sync below makes them durable with the data.
-  if (config_.checksums) ZINF_RETURN_IF_ERROR(store_sums());
+  // Changed checksums go to the spare halves of their extents first, so the sync below makes
+  // them durable with the data; only the new manifest makes those halves current.
+  std::vector<StoredSums> stored;
+  if (config_.checksums) ZINF_RETURN_IF_ERROR(store_sums(&stored));
   if (config_.durable) {
     for (const DataFile& f : s.files) {
-      if (::fdatasync(f.fd.get()) != 0) return Status::sys_error("fdatasync " + f.path, errno);
+      if (::fdatasync(f.fd.get()) != 0) {
+        const int err = errno;
+        sums_not_committed(stored);
+        return Status::sys_error("fdatasync " + f.path, err);
+      }
     }
   }
   detail::Manifest m;
@@ -625,9 +644,26 @@ Status SwapStore::commit() {
     m.metadata = s.metadata;
     for (const auto& [key, ps] : s.sums) m.sums_check[key] = ps.stored_check;
   }
-  ZINF_RETURN_IF_ERROR(fileio::write_file_atomic(manifest_path(), detail::manifest_to_json(m)));
+  for (const StoredSums& st : stored) {
+    auto it = m.tensors.find(st.key);
+    if (it == m.tensors.end() || it->second.sums.offset != st.extent_offset) continue;  // erased meanwhile
+    it->second.sums_half = st.half;
+    m.sums_check[st.key] = st.check;
+  }
+  const Status written = fileio::write_file_atomic(manifest_path(), detail::manifest_to_json(m));
+  if (!written.is_ok()) {
+    sums_not_committed(stored);
+    return written;
+  }
   std::lock_guard lock(s.mutex);
   s.generation = m.generation;
+  for (const StoredSums& st : stored) {
+    auto r = s.tensors.find(st.key);
+    auto ps = s.sums.find(st.key);
+    if (r == s.tensors.end() || ps == s.sums.end() || r->second.sums.offset != st.extent_offset) continue;
+    r->second.sums_half = st.half;
+    ps->second.stored_check = st.check;
+  }
   return Status::ok();
 }
 

@@ -335,12 +335,41 @@ TEST(SwapStoreChecksums, RewrittenWithoutChecksumsLeavesNoStaleOnes) {
   EXPECT_NE(verify_tensor(*s, first).find("checksum mismatch"), std::string::npos);
 }
 
+// A crash after a commit stored new checksums but before its manifest was renamed into place
+// (the optimizer's pattern: commit N rewrote slot "b" only): the old manifest still names b's
+// old, intact checksum half, so the store opens, and "a", untouched since, reads back whole.
+// Checksums written in place would fail the open here ("do not match the manifest").
+TEST(SwapStoreChecksums, CrashBeforeTheManifestStillOpens) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  const Tensor a{"a", DType::kF32, 20000, 1}, b{"b", DType::kF32, 30000, 2};
+  const std::string manifest_copy = dir.file("manifest.committed");
+  {
+    auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    write_tensor(*s, a);
+    write_tensor(*s, b);
+    ASSERT_TRUE(s->commit().is_ok());
+    std::filesystem::copy_file(s->manifest_path(), manifest_copy);
+    write_tensor(*s, Tensor{"b", DType::kF32, 30000, 3});
+    ASSERT_TRUE(s->commit().is_ok());
+    // The crash: the second commit's manifest never made it.
+    std::filesystem::copy_file(manifest_copy, s->manifest_path(), std::filesystem::copy_options::overwrite_existing);
+  }
+  auto s = open_store(*h, {dir.path()}, OpenMode::kOpen);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(verify_tensor(*s, a), "");
+  // b was rewritten after the last commit: its bytes are not what that commit recorded.
+  EXPECT_NE(verify_tensor(*s, b).find("checksum mismatch"), std::string::npos);
+}
+
 // The checksums themselves are checked when a store is opened.
 TEST(SwapStoreChecksums, DamagedChecksumExtentIsRefusedAtOpen) {
   TempDir dir;
   auto h = testing::make_handle();
   const Tensor t{"optim/sg0/exp_avg.s0", DType::kF32, 20000, 4};
   Extent sums;
+  std::uint64_t current = 0;
   std::string file;
   {
     auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
@@ -348,13 +377,14 @@ TEST(SwapStoreChecksums, DamagedChecksumExtentIsRefusedAtOpen) {
     write_tensor(*s, t);
     ASSERT_TRUE(s->commit().is_ok());
     sums = s->find(t.key)->sums;
+    current = sums.offset + s->find(t.key)->sums_half * (sums.length / 2);  // the committed half
     file = s->data_files()[sums.file];
   }
   ASSERT_GT(sums.length, 0u);
   const int fd = ::open(file.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   const unsigned char junk = 0xEE;
-  ASSERT_EQ(::pwrite(fd, &junk, 1, static_cast<off_t>(sums.offset + 3)), 1);
+  ASSERT_EQ(::pwrite(fd, &junk, 1, static_cast<off_t>(current + 3)), 1);
   ::close(fd);
   StoreConfig c;
   c.nvme_paths = {dir.path()};

@@ -16,9 +16,10 @@
 //
 // Checksums: with StoreConfig::checksums (the default) every 4 KiB page written gets an XXH3-64
 // checksum, recorded when its write succeeds and checked by wait() on every read of the page, so
-// damaged swap data is a Corruption error, never a NaN later. commit() stores each tensor's
-// checksums in an extent of stripe file 0 (TensorRecord::sums) before the data files are
-// synced; the manifest records that extent and the checksum of the checksums themselves.
+// damaged swap data is a Corruption error, never a NaN later. commit() stores each changed
+// tensor's checksums in the spare half of its checksum extent in stripe file 0
+// (TensorRecord::sums) before the data files are synced; the new manifest names that half and
+// the checksum of the checksums, so a crash before the manifest leaves the old half intact.
 //
 // I/O contract: offsets into a tensor must be multiples of 4 KiB; lengths must be multiples of
 // 4 KiB unless the range ends at the tensor's end, in which case the transfer is padded to
@@ -76,7 +77,10 @@ struct TensorRecord {
   std::uint64_t numel = 0;
   std::uint64_t nbytes = 0;     // numel * dtype_size
   std::vector<Extent> extents;  // extent i holds the stripe units u with u mod F == extents[i].file
-  Extent sums;  // with checksums: its pages' checksums, 8 bytes each, in file 0 (length 0: none)
+  // With checksums: two halves in file 0, each room for the pages' checksums (8 bytes each);
+  // half `sums_half` holds the committed ones, the other takes the next commit's (length 0: none).
+  Extent sums;
+  std::uint32_t sums_half = 0;
 };
 
 // Requests of one read or write; wait for it with SwapStore::wait().
@@ -158,8 +162,15 @@ class SwapStore {
   Result<IoBatch> submit(const std::string& key, std::uint64_t offset, void* buffer,
                          std::size_t nbytes, bool write);
   // Page checksums (see StoreConfig::checksums).
+  struct StoredSums {
+    std::string key;
+    std::uint64_t extent_offset = 0;  // identifies the extent the half belongs to
+    std::uint32_t half = 0;
+    std::uint64_t check = 0;
+  };
   Status load_sums(const std::map<std::string, std::uint64_t>& sums_check);
-  Status store_sums();
+  Status store_sums(std::vector<StoredSums>* stored);
+  void sums_not_committed(const std::vector<StoredSums>& stored);
   struct PageCheck {
     std::size_t bad = 0;         // pages that differ
     std::uint64_t first_bad = 0;  // index of the first, in the batch
