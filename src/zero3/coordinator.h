@@ -43,7 +43,7 @@ struct CoordinatorStats {
   std::uint64_t trace_invalidations = 0;
   std::uint64_t buckets = 0;            // gradient reduce-scatters
   double backward_start_s = 0;          // seconds into the micro-step when backward began
-  std::uint64_t train_trace_hash = 0;   // FNV-1a of the recorded train trace (module, phase)
+  std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
 
 class Coordinator final : public model::ParamAccess {
