@@ -7,10 +7,13 @@
 //     requests of one tile, for the read and write bandwidth;
 //   - the pipelined NVMe step (pipeline_read and pipeline_write);
 //   - the same step with pipelining off;
-//   - the same step in memory (the same kernel over in-memory arrays): the compute ideal.
+//   - the same step in memory (the same kernel over in-memory arrays): the compute ideal;
+//   - the pipelined NVMe step with the swap store's page checksums off (its own store, in
+//     <nvme_path>/no_checksums), for the cost of the checksums (on by default).
 // The I/O ideal is bytes_read / read_bw + bytes_written / write_bw of the step. Medians over the
 // rounds give the last line:
 //   step_s=X io_ideal_s=Y compute_ideal_s=Z ratio=X/max(Y,Z) unpipelined_s=U
+//   no_checksums_step_s=N checksum_cost=median over rounds of (X / N) of the same round
 // Figures on a virtual disk are noisy; compare ratios from one run, not absolute numbers.
 #include <fcntl.h>
 #include <sys/statvfs.h>
@@ -53,6 +56,8 @@ struct Options {
   std::string backend = "auto";
   int rounds = 3;
   bool keep = false;
+  bool checksums = true;  // the store's page checksums (the no-checksum comparison turns them off)
+  bool compare_checksums = true;
 };
 
 double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -145,6 +150,7 @@ OptimizerSwapConfig swap_config(const Options& o, bool pipelined) {
   c.sub_group_size = o.sub_group_size;
   c.pipeline_read = c.pipeline_write = pipelined;
   c.pin_memory = true;
+  c.checksums = o.checksums;
   return c;
 }
 
@@ -248,9 +254,19 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "aio backend: auto, io_uring, libaio, threads");
   app.add_option("--rounds", o.rounds, "interleaved rounds (medians)")->check(CLI::Range(1, 50));
   app.add_flag("--keep", o.keep, "keep the swap files");
+  app.add_flag("!--no-checksum-compare", o.compare_checksums,
+               "skip the pipelined step without page checksums (it needs a second store, as much disk again)");
   CLI11_PARSE(app, argc, argv);
   if (o.nvme_paths.empty()) o.nvme_paths.push_back("swap_bench_data");
   for (const std::string& p : o.nvme_paths) std::filesystem::create_directories(p);
+  // The same step without checksums, on its own store: a store written without checksums has
+  // none, so sharing one would leave the checksummed step nothing to verify.
+  Options off = o;
+  off.checksums = false;
+  for (std::string& p : off.nvme_paths) p = (std::filesystem::path(p) / "no_checksums").string();
+  if (o.compare_checksums) {
+    for (const std::string& p : off.nvme_paths) std::filesystem::create_directories(p);
+  }
 
   aio::AioConfig ac;
   ac.block_size = o.block_size;
@@ -260,7 +276,8 @@ int main(int argc, char** argv) {
   auto handle = check(aio::Handle::create(ac));
   std::printf("%s\naio: %s, block_size %zu, queue_depth %zu, intra_op_parallelism %zu\n", topology().summary().c_str(),
               std::string(aio::backend_name(handle->backend())).c_str(), o.block_size, o.queue_depth, o.intra_op);
-  require_space(o.nvme_paths[0], o.params * 24 * 11 / 10 / o.nvme_paths.size() + (4ull << 30));
+  require_space(o.nvme_paths[0],
+                (o.compare_checksums ? 2 : 1) * o.params * 24 * 11 / 10 / o.nvme_paths.size() + (4ull << 30));
 
   // Set up: master weights streamed in, then one untimed step creates the moments.
   auto sw = check(OptimizerSwapper::create(swap_config(o, true), partitions(o), make_adamw(), *handle));
@@ -280,23 +297,33 @@ int main(int argc, char** argv) {
   check(sw->step(inputs(mem, 1)));
   std::printf("first step (creates the moments): %.2f s\n", secs(t0));
   sw.reset();
+  if (o.compare_checksums) {
+    auto sw_off = check(OptimizerSwapper::create(swap_config(off, true), partitions(off), make_adamw(), *handle));
+    check(sw_off->init_master([](std::size_t, std::uint64_t offset, std::span<float> out) {
+      for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>((offset + i) % 1000) * 1e-3f;
+      return Status::ok();
+    }));
+    check(sw_off->step(inputs(mem, 1)));
+  }
 
   const std::string bw_path = (std::filesystem::path(o.nvme_paths[0]) / "swap_bench_bandwidth.bin").string();
   const std::size_t request = static_cast<std::size_t>(tile * 4);
   BandwidthFile bw_file(*handle, bw_path, request, std::max<std::uint64_t>(std::min<std::uint64_t>(o.params * 6, 3ull << 30), request));
   const optim::Optimizer opt = make_adamw();
-  std::vector<double> piped, unpiped, io_ideal, compute;
+  std::vector<double> piped, unpiped, io_ideal, compute, piped_off, checksum_cost;
   std::int64_t step = 2;
+  const int cases = o.compare_checksums ? 5 : 4;
   for (int r = 0; r < o.rounds; ++r) {
-    StepStats p{}, u{};
+    StepStats p{}, u{}, n{};
     Bandwidth bw{};
     double c = 0;
-    for (int k = 0; k < 4; ++k) {
-      switch ((k + r) % 4) {  // the order rotates from round to round
+    for (int k = 0; k < cases; ++k) {
+      switch ((k + r) % cases) {  // the order rotates from round to round
         case 0: bw = bw_file.measure(r); break;
         case 1: p = nvme_step(o, *handle, mem, true, step++); break;
         case 2: u = nvme_step(o, *handle, mem, false, step++); break;
         case 3: c = memory_step(layout, opt, mem, step++); break;
+        case 4: n = nvme_step(off, *handle, mem, true, step++); break;
       }
     }
     const double read_s = p.bytes_read / bw.read_bps, write_s = p.bytes_written / bw.write_bps;
@@ -306,6 +333,13 @@ int main(int argc, char** argv) {
                 "(reads alone %.2f s, writes alone %.2f s)\n",
                 r, p.seconds, p.compute_seconds, p.read_wait_seconds, p.write_wait_seconds, p.bytes_read / 1e9,
                 p.bytes_written / 1e9, u.seconds, c, bw.read_bps / 1e9, bw.write_bps / 1e9, ideal, read_s, write_s);
+    if (o.compare_checksums) {
+      std::printf("round %d: pipelined without checksums %.2f s (compute %.2f, read wait %.2f, write wait %.2f): "
+                  "checksums cost x%.3f\n",
+                  r, n.seconds, n.compute_seconds, n.read_wait_seconds, n.write_wait_seconds, p.seconds / n.seconds);
+      piped_off.push_back(n.seconds);
+      checksum_cost.push_back(p.seconds / n.seconds);
+    }
     std::fflush(stdout);
     piped.push_back(p.seconds);
     unpiped.push_back(u.seconds);
@@ -314,10 +348,15 @@ int main(int argc, char** argv) {
   }
   if (!o.keep) {
     for (const std::string& p : o.nvme_paths) std::filesystem::remove_all(std::filesystem::path(p) / "zinf_swap");
+    for (const std::string& p : off.nvme_paths) std::filesystem::remove_all(p);
   }
   const double x = median(piped), y = median(io_ideal), z = median(compute), u = median(unpiped);
   std::printf("(write figures include what the host's cache absorbs; the disk is virtual)\n");
-  std::printf("step_s=%.3f io_ideal_s=%.3f compute_ideal_s=%.3f ratio=%.3f unpipelined_s=%.3f\n", x, y, z,
+  std::printf("step_s=%.3f io_ideal_s=%.3f compute_ideal_s=%.3f ratio=%.3f unpipelined_s=%.3f", x, y, z,
               x / std::max(y, z), u);
+  if (o.compare_checksums) {
+    std::printf(" no_checksums_step_s=%.3f checksum_cost=%.3f", median(piped_off), median(checksum_cost));
+  }
+  std::printf("\n");
   return 0;
 }

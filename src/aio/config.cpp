@@ -1,5 +1,6 @@
 // AioConfig validation, backend names, run-time backend probing and backend queue creation.
 #include <array>
+#include <cmath>
 #include <string>
 
 #include <fmt/format.h>
@@ -99,6 +100,10 @@ Status AioConfig::validate() const {
   if (intra_op_parallelism < 1 || intra_op_parallelism > kMaxParallelism) {
     return Status::invalid_argument(fmt::format("aio.intra_op_parallelism = {}: must be between 1 and {}",
                                                 intra_op_parallelism, kMaxParallelism));
+  }
+  if (!(request_timeout_s > 0) || !std::isfinite(request_timeout_s)) {
+    return Status::invalid_argument(
+        fmt::format("aio.request_timeout_s = {}: must be a positive number of seconds", request_timeout_s));
   }
   return Status::ok();
 }

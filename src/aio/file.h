@@ -5,39 +5,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 
+#include "common/file_io.h"
 #include "zinf/status.h"
 
 namespace zinf::aio::detail {
 
-// Move-only owner of a file descriptor; closes it on destruction (errors ignored there:
-// callers that must see a close error call close_checked()).
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  ~UniqueFd() { reset(); }
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset();
-  // Closes now; returns 0 or the errno of a failed close (e.g. a delayed write error on NFS).
-  int close_checked();
-
- private:
-  int fd_ = -1;
-};
+// The common toolkit's descriptor owner and opened-file pair.
+using fileio::OpenedFile;
+using fileio::UniqueFd;
 
 // Move-only owner of `bytes` of memory aligned to `alignment`, zero-filled (pre-faulted).
 class AlignedBuffer {
@@ -55,12 +31,6 @@ class AlignedBuffer {
   std::size_t size_ = 0;
 };
 
-// A file opened for one request. `direct` says whether O_DIRECT is on (alignment rules apply).
-struct OpenedFile {
-  UniqueFd fd;
-  bool direct = false;
-};
-
 // Opens `path` for a request: reads O_RDONLY, writes O_WRONLY|O_CREAT (|O_TRUNC), mode 0644,
 // with O_DIRECT when `want_direct`. A file system that refuses O_DIRECT (EINVAL) gets the
 // file reopened buffered and a once-per-folder notice naming the file system.
@@ -69,8 +39,5 @@ Result<OpenedFile> open_for_request(const std::string& path, bool is_write, bool
 // A second, buffered descriptor for the same file (for unaligned heads and tails of an
 // O_DIRECT request): by path, or through /proc/self/fd for a caller's descriptor.
 Result<UniqueFd> open_buffered_twin(const std::string& path, int fd, bool is_write);
-
-// File system name for a folder ("tmpfs", "ext4", ... or the magic number in hex).
-std::string file_system_name(const std::string& folder);
 
 }  // namespace zinf::aio::detail

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <limits>
 #include <mutex>
 #include <vector>
@@ -45,9 +46,16 @@ std::vector<Task> make_tasks(Request& r, std::size_t parallelism) {
   return tasks;
 }
 
+// aio.request_timeout_s as a duration (capped at 30 years, so deadlines cannot overflow).
+std::chrono::nanoseconds request_timeout(const AioConfig& config) {
+  const double seconds = std::min(config.request_timeout_s, 1e9);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(seconds));
+}
+
 class HandleImpl final : public Handle {
  public:
-  HandleImpl(const AioConfig& config, Backend backend) : config_(config), backend_(backend) {}
+  HandleImpl(const AioConfig& config, Backend backend)
+      : config_(config), backend_(backend), tracker_(request_timeout(config)) {}
 
   ~HandleImpl() override {
     // Never leave I/O in flight on caller buffers: every request completes, then workers stop.

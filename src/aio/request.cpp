@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "zinf/log.h"
+
 namespace zinf::aio::detail {
 
 void Request::fail(Status status) {
@@ -39,6 +41,7 @@ Request* RequestTracker::add(std::unique_ptr<Request> request, bool claimed) {
   Request* raw = request.get();
   raw->id = next_id_++;
   raw->claimed = claimed;
+  raw->deadline = std::chrono::steady_clock::now() + timeout_;
   requests_.emplace(raw->id, std::move(request));
   if (!claimed) ++unclaimed_;
   ++running_;
@@ -77,7 +80,7 @@ Status RequestTracker::take(std::unique_lock<std::mutex>& lock, RequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return Status::internal(fmt::format("aio: request {} vanished", id));
   Request& request = *it->second;
-  done_cv_.wait(lock, [&] { return request.done; });
+  wait_done(lock, request);
   Status status;
   {
     std::lock_guard error_lock(request.error_mutex);
@@ -98,7 +101,7 @@ Status RequestTracker::wait_all(std::size_t* completed) {
   }
   unclaimed_ -= mine.size();
   std::sort(mine.begin(), mine.end(), [](const Request* a, const Request* b) { return a->id < b->id; });
-  done_cv_.wait(lock, [&] { return std::all_of(mine.begin(), mine.end(), [](const Request* r) { return r->done; }); });
+  for (Request* request : mine) wait_done(lock, *request);
   Status first;
   for (Request* request : mine) {
     {
@@ -109,6 +112,30 @@ Status RequestTracker::wait_all(std::size_t* completed) {
   }
   if (completed != nullptr) *completed = mine.size();
   return first;
+}
+
+void RequestTracker::wait_done(std::unique_lock<std::mutex>& lock, Request& request) {
+  if (done_cv_.wait_until(lock, request.deadline, [&] { return request.done; })) return;
+  expire(request);
+  done_cv_.wait(lock, [&] { return request.done; });
+}
+
+void RequestTracker::expire(Request& request) {
+  if (request.expired) return;
+  request.expired = true;
+  const double limit = std::chrono::duration<double>(timeout_).count();
+  Status stuck(ErrorCode::kIoError,
+               fmt::format("{} {} offset {} length {}: not finished {} s after submission (aio.request_timeout_s); "
+                           "the request was failed, and the chunks it had in flight were waited for",
+                           request.op_name(), request.path, request.offset, request.nbytes, limit),
+               ETIMEDOUT);
+  log(LogLevel::kWarning,
+      fmt::format("aio: {} {} offset {} length {} not finished {} s after submission (aio.request_timeout_s): "
+                  "failing it; waiting for its chunks in flight before its buffer is given back",
+                  request.op_name(), request.path, request.offset, request.nbytes, limit));
+  // Workers stop issuing its chunks; those in the kernel must still finish (or fail) before
+  // the caller may reuse the buffer, so the wait goes on for them.
+  request.fail(std::move(stuck));
 }
 
 std::size_t RequestTracker::pending() const {
@@ -123,7 +150,25 @@ std::uint64_t RequestTracker::finished() const {
 
 void RequestTracker::drain() {
   std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [&] { return running_ == 0; });
+  // Requests nobody waits for get their deadlines too: the earliest unfinished one is failed
+  // when it passes, and its chunks in flight drain.
+  while (running_ > 0) {
+    RequestId late = 0;
+    auto earliest = std::chrono::steady_clock::time_point::max();
+    for (const auto& [id, r] : requests_) {
+      if (!r->done && !r->expired && r->deadline < earliest) {
+        earliest = r->deadline;
+        late = id;
+      }
+    }
+    if (late == 0) {
+      done_cv_.wait(lock, [&] { return running_ == 0; });
+      break;
+    }
+    if (done_cv_.wait_until(lock, earliest, [&] { return running_ == 0; })) break;
+    auto it = requests_.find(late);
+    if (it != requests_.end() && !it->second->done) expire(*it->second);
+  }
 }
 
 }  // namespace zinf::aio::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,7 @@ struct Request {
   bool direct = false;  // fd has O_DIRECT: offsets, lengths and buffers of ops must be aligned
   UniqueFd edge_fd;     // buffered twin for unaligned heads/tails of an O_DIRECT request
   bool fdatasync = false;
+  std::chrono::steady_clock::time_point deadline;  // set by the tracker at submission
   std::vector<Task> tasks;
 
   std::atomic<std::size_t> tasks_left{0};
@@ -53,6 +55,7 @@ struct Request {
   // Guarded by the tracker's mutex.
   bool done = false;
   bool claimed = false;  // a wait() has taken it
+  bool expired = false;  // failed for its deadline
 
   const char* op_name() const { return is_write ? "pwrite" : "pread"; }
   // Records `status` if it is the request's first failure.
@@ -62,6 +65,9 @@ struct Request {
 // Owns requests from submission until a wait() returns them; wakes waiters on completion.
 class RequestTracker {
  public:
+  // `timeout`: how long a request may run from submission before a wait fails it.
+  explicit RequestTracker(std::chrono::nanoseconds timeout) : timeout_(timeout) {}
+
   // Takes ownership and assigns the id. A request added `claimed` (a blocking call's) is
   // invisible to wait(), wait_all() and pending(); only wait_claimed() returns it.
   Request* add(std::unique_ptr<Request> request, bool claimed);
@@ -80,7 +86,13 @@ class RequestTracker {
   std::condition_variable done_cv_;
   // Waits for a claimed request and removes it. Called with mutex_ held through `lock`.
   Status take(std::unique_lock<std::mutex>& lock, RequestId id);
+  // Waits until `request` is done. Past its deadline it is failed (its chunks not yet issued
+  // are dropped by the workers) and the wait goes on until those in flight have drained.
+  void wait_done(std::unique_lock<std::mutex>& lock, Request& request);
+  // Fails `request` for its deadline (once) and logs it; its chunks in flight still drain.
+  void expire(Request& request);
 
+  const std::chrono::nanoseconds timeout_;
   std::unordered_map<RequestId, std::unique_ptr<Request>> requests_;
   std::size_t unclaimed_ = 0;
   std::size_t running_ = 0;

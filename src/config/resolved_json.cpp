@@ -95,7 +95,8 @@ std::string resolved_config_json(const DsConfig& c) {
                     {"intra_op_parallelism", c.aio.intra_op_parallelism},
                     {"single_submit", c.aio.single_submit},
                     {"overlap_events", c.aio.overlap_events},
-                    {"use_gds", c.aio.use_gds}};
+                    {"use_gds", c.aio.use_gds},
+                    {"request_timeout_s", c.aio.request_timeout_s}};
   out["communication_data_type"] =
       c.communication_data_type ? Json(*c.communication_data_type) : Json(nullptr);
   out["checkpoint"] = Json{{"use_node_local_storage", c.checkpoint.use_node_local_storage}};

@@ -321,6 +321,9 @@ Status parse_aio(ParseState& st, const Json* obj, const std::string& path, AioSe
     ZINF_ASSIGN_OR_RETURN(auto f, r.boolean(key));
     take_or_default(st, r.key_path(key), f, out);
   }
+  // zinf's own key (the reference has no deadline): a stuck request becomes an error.
+  ZINF_ASSIGN_OR_RETURN(auto timeout, r.number("request_timeout_s", NumberRange{0.0, 1e9, true, false}));
+  take_or_default(st, r.key_path("request_timeout_s"), timeout, &aio->request_timeout_s);
   r.ignore(ignored_aio_keys());
   return r.finish();
 }

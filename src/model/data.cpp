@@ -3,15 +3,13 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <filesystem>
 #include <set>
 
+#include "common/file_io.h"
 #include "model/rng.h"
 #include "zinf/log.h"
 
@@ -24,36 +22,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-class UniqueFd {
- public:
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(const UniqueFd&) = delete;
-  UniqueFd& operator=(const UniqueFd&) = delete;
-  ~UniqueFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
+using fileio::UniqueFd;
 
- private:
-  int fd_;
-};
-
-// Reads exactly n bytes at offset, retrying short reads and EINTR.
+// Reads exactly n bytes at offset (the common toolkit: short reads, EINTR, the end of the file).
 Status read_exact(int fd, const std::string& path, void* buf, size_t n, uint64_t offset) {
-  auto* p = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::io_error("pread", path, offset + done, n - done, errno);
-    if (r == 0) {
-      return Status::out_of_range(
-          fmt::format("{}: file ended at {} bytes while reading {} bytes at offset {}", path,
-                      offset + done, n, offset));
-    }
-    done += static_cast<size_t>(r);
-  }
-  return Status::ok();
+  return fileio::pread_exact(fd, path, buf, n, offset);
 }
 
 // The concrete format of one file: `format` unless it is kAuto, else decided by its first bytes
@@ -171,11 +144,8 @@ Status DatasetBuilder::append_text(int fd, const std::string& path, uint64_t siz
 }
 
 Status DatasetBuilder::append_file(const std::string& path, DataFormat format) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Status::sys_error("open " + path, errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::sys_error("fstat " + path, errno);
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  ZINF_ASSIGN_OR_RETURN(UniqueFd fd, fileio::open_file(path, O_RDONLY, 0, "reading"));
+  ZINF_ASSIGN_OR_RETURN(const uint64_t size, fileio::file_size(fd.get(), path));
   int32_t magic = 0;
   if (format == DataFormat::kAuto && size >= sizeof(magic)) {
     ZINF_RETURN_IF_ERROR(read_exact(fd.get(), path, &magic, 4, 0));
@@ -397,19 +367,9 @@ Status write_llmc_tokens(const std::string& path, std::span<const uint16_t> toke
   header[0] = kLlmcMagic;
   header[1] = kLlmcVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd.get() < 0) return Status::sys_error("open " + path, errno);
-  auto write_all = [&](const void* buf, size_t n, uint64_t offset) -> Status {
-    const auto* p = static_cast<const char*>(buf);
-    size_t done = 0;
-    while (done < n) {
-      ssize_t w = ::pwrite(fd.get(), p + done, n - done, static_cast<off_t>(offset + done));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) return Status::io_error("pwrite", path, offset + done, n - done, errno);
-      if (w == 0) return Status::io_error("pwrite", path, offset + done, n - done, EIO);
-      done += static_cast<size_t>(w);
-    }
-    return Status::ok();
+  ZINF_ASSIGN_OR_RETURN(UniqueFd fd, fileio::open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, "writing"));
+  auto write_all = [&](const void* buf, size_t n, uint64_t offset) {
+    return fileio::pwrite_all(fd.get(), path, buf, n, offset);
   };
   ZINF_RETURN_IF_ERROR(write_all(header, sizeof(header), 0));
   return write_all(tokens.data(), tokens.size_bytes(), sizeof(header));

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "common/checksum.h"
 #include "zinf/swap/optimizer_swapper.h"
 
 namespace zinf::swap {
@@ -40,20 +41,15 @@ std::uint64_t OptimizerLayout::largest_subgroup() const {
 }
 
 std::string OptimizerLayout::fingerprint() const {
-  // FNV-1a over the partition keys and sizes.
-  std::uint64_t h = 1469598103934665603ull;
-  auto mix = [&](const void* data, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) {
-      h ^= static_cast<const unsigned char*>(data)[i];
-      h *= 1099511628211ull;
-    }
-  };
+  // XXH3 over the partition keys and sizes. Named "xxh3" in the text, so a fingerprint from
+  // before (FNV-1a, "hash ...") visibly differs in kind, not just in value.
+  Checksum64 h;
   for (const ParamPartition& p : params) {
-    mix(p.key.data(), p.key.size());
-    mix(&p.numel, sizeof(p.numel));
+    h.add(p.key);
+    h.add_value(p.numel);
   }
-  return fmt::format("{} partitions, {} sub-groups of {}, hash {:016x}", params.size(), subgroups.size(),
-                     sub_group_size, h);
+  return fmt::format("{} partitions, {} sub-groups of {}, xxh3 {:016x}", params.size(), subgroups.size(),
+                     sub_group_size, h.value());
 }
 
 }  // namespace zinf::swap

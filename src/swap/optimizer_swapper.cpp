@@ -108,6 +108,7 @@ Status OptimizerSwapper::open_stores(aio::Handle& handle, OpenMode mode) {
   sc.kind = StoreKind::kOptimizer;
   sc.stripe_unit = config_.stripe_unit;
   sc.durable = config_.durable;
+  sc.checksums = config_.checksums;
   ZINF_ASSIGN_OR_RETURN(store_, SwapStore::open(sc, mode, handle));
   if (config_.swap_gradients) {
     sc.kind = StoreKind::kGradients;

@@ -15,6 +15,7 @@ Result<std::unique_ptr<ParamSwapper>> ParamSwapper::create(const ParamSwapConfig
   sc.kind = StoreKind::kParameters;
   sc.stripe_unit = config.stripe_unit;
   sc.durable = config.durable;
+  sc.checksums = config.checksums;
   ZINF_ASSIGN_OR_RETURN(p->store_, SwapStore::open(sc, mode, handle));
   PinnedPoolOptions po;
   po.budget = PoolBudget{"offload_param", config.buffer_count, config.buffer_size, dtype_size(config.dtype)};

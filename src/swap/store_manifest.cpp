@@ -1,13 +1,7 @@
-// The swap store's manifest: JSON (de)serialisation and atomic file replacement.
+// The swap store's manifest: JSON (de)serialisation.
 #include "swap/store_manifest.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
+#include <charconv>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -17,30 +11,6 @@ namespace zinf::swap::detail {
 namespace {
 
 using nlohmann::json;
-
-// Writes all of `text` to fd, handling short writes and EINTR.
-Status write_all(int fd, const std::string& text, const std::string& path) {
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Status::io_error("write", path, done, text.size() - done, errno);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  return Status::ok();
-}
-
-Status fsync_path(const std::string& path, int flags) {
-  const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
-  if (fd < 0) return Status::sys_error("open " + path, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  if (rc != 0) return Status::sys_error("fsync " + path, err);
-  return Status::ok();
-}
 
 TensorRecord record_from_json(const std::string& key, const json& j) {
   TensorRecord r;
@@ -76,6 +46,12 @@ std::string manifest_to_json(const Manifest& m) {
                     {"numel", r.numel},
                     {"nbytes", r.nbytes},
                     {"extents", std::move(extents)}};
+    if (r.sums.length != 0) {
+      auto it = m.sums_check.find(key);
+      tensors[key]["page_sums"] = {{"extent", {r.sums.file, r.sums.offset, r.sums.length}},
+                                   {"half", r.sums_half},
+                                   {"xxh3", fmt::format("{:016x}", it == m.sums_check.end() ? 0 : it->second)}};
+    }
   }
   j["tensors"] = std::move(tensors);
   j["metadata"] = m.metadata;
@@ -105,6 +81,21 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
     for (const auto& [key, t] : j.at("tensors").items()) {
       TensorRecord r = record_from_json(key, t);
       ZINF_ASSIGN_OR_RETURN(r.dtype, parse_dtype(t.at("dtype").get<std::string>()));
+      if (t.contains("page_sums")) {
+        const json& ps = t.at("page_sums");
+        const json& e = ps.at("extent");
+        r.sums = Extent{e.at(0).get<std::uint32_t>(), e.at(1).get<std::uint64_t>(), e.at(2).get<std::uint64_t>()};
+        r.sums_half = ps.at("half").get<std::uint32_t>();
+        const std::string hex = ps.at("xxh3").get<std::string>();
+        std::uint64_t check = 0;
+        const auto [end, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), check, 16);
+        if (ec != std::errc() || end != hex.data() + hex.size() || hex.size() != 16 ||
+            r.sums_half > 1 || r.sums.length % (2 * kSwapAlignment) != 0 ||
+            r.sums.length / 2 < align_up(r.nbytes, kSwapAlignment) / kSwapAlignment * 8) {
+          return Status::corruption(fmt::format("{}: the page_sums entry of '{}' is malformed", path, key));
+        }
+        m.sums_check.emplace(key, check);
+      }
       m.tensors.emplace(key, std::move(r));
     }
     m.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
@@ -112,28 +103,6 @@ Result<Manifest> manifest_from_json(const std::string& text, const std::string& 
   } catch (const json::exception& e) {
     return Status::corruption(fmt::format("swap store manifest {}: {}", path, e.what()));
   }
-}
-
-Status write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return Status::sys_error("open " + tmp, errno);
-  Status st = write_all(fd, text, tmp);
-  if (st.is_ok() && ::fsync(fd) != 0) st = Status::sys_error("fsync " + tmp, errno);
-  ::close(fd);
-  if (!st.is_ok()) return st;
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return Status::sys_error("rename " + tmp + " to " + path, errno);
-  const std::string folder = std::filesystem::path(path).parent_path().string();
-  return fsync_path(folder.empty() ? "." : folder, O_RDONLY | O_DIRECTORY);
-}
-
-Result<std::string> read_small_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::sys_error("open " + path, errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::sys_error("read " + path, errno);
-  return text.str();
 }
 
 }  // namespace zinf::swap::detail

@@ -1,4 +1,4 @@
-// Internal: the swap store's manifest (JSON) and the atomic replacement of small files.
+// Internal: the swap store's manifest (JSON).
 #pragma once
 
 #include <cstdint>
@@ -27,14 +27,14 @@ struct Manifest {
   std::vector<ManifestFile> files;
   std::map<std::string, TensorRecord> tensors;
   std::map<std::string, std::string> metadata;
+  // Per tensor with a checksum extent (TensorRecord::sums): the XXH3-64 of the checksums
+  // stored there. Tensors without one (a manifest from before checksums, or a store without
+  // them) have no entry.
+  std::map<std::string, std::uint64_t> sums_check;
 };
 
 std::string manifest_to_json(const Manifest& manifest);
 // Corruption (naming `path`) when the text is not a manifest this version can read.
 Result<Manifest> manifest_from_json(const std::string& text, const std::string& path);
-
-// Replaces `path` with `text`: writes path.tmp, fsyncs it, renames it over path, fsyncs the folder.
-Status write_file_atomic(const std::string& path, const std::string& text);
-Result<std::string> read_small_file(const std::string& path);
 
 }  // namespace zinf::swap::detail

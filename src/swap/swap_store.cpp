@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 #include <system_error>
@@ -15,7 +17,10 @@
 
 #include <fmt/format.h>
 
+#include "common/checksum.h"
+#include "common/file_io.h"
 #include "swap/free_list.h"
+#include "swap/host_buffer.h"
 #include "swap/store_manifest.h"
 #include "zinf/log.h"
 
@@ -28,7 +33,7 @@ namespace fs = std::filesystem;
 struct DataFile {
   std::string path;
   std::string name;
-  int fd = -1;
+  fileio::UniqueFd fd;
   std::uint64_t end = 0;  // bytes allocated (the logical end of the file)
   detail::FreeList free;
 };
@@ -39,18 +44,12 @@ std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind)
 }
 
 // Opens (creating) a data file, O_DIRECT when asked and allowed.
-Result<int> open_data_file(const std::string& path, bool direct, bool truncate) {
-  const int base = O_RDWR | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : 0);
-  if (direct) {
-    const int fd = ::open(path.c_str(), base | O_DIRECT, 0600);
-    if (fd >= 0) return fd;
-    if (errno != EINVAL) return Status::sys_error("open " + path, errno);
-    log_once(LogLevel::kNotice, "swap.store.nodirect." + fs::path(path).parent_path().string(),
-             fmt::format("O_DIRECT refused for {}; swap files there use buffered I/O", path));
-  }
-  const int fd = ::open(path.c_str(), base, 0600);
-  if (fd < 0) return Status::sys_error("open " + path, errno);
-  return fd;
+Result<fileio::UniqueFd> open_data_file(const std::string& path, bool direct, bool truncate) {
+  // O_NOFOLLOW: a symbolic link planted at a swap file's name is refused, not written through.
+  const int flags = O_RDWR | O_CREAT | O_NOFOLLOW | (truncate ? O_TRUNC : 0);
+  ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
+                        fileio::open_direct_or_buffered(path, flags, fileio::kPrivateFileMode, direct, "swap data"));
+  return std::move(file.fd);
 }
 
 // Makes [old_end, new_end) of the file exist, reserving the space where the file system can.
@@ -58,7 +57,7 @@ Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end
   if (new_end <= old_end) return Status::ok();
   const off_t off = static_cast<off_t>(old_end);
   const off_t len = static_cast<off_t>(new_end - old_end);
-  if (::fallocate(f.fd, 0, off, len) == 0) return Status::ok();
+  if (::fallocate(f.fd.get(), 0, off, len) == 0) return Status::ok();
   const int err = errno;
   if (err == ENOSPC) {
     return Status(ErrorCode::kResourceExhausted,
@@ -67,12 +66,26 @@ Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end
   }
   if (err != EOPNOTSUPP && err != ENOSYS) return Status::io_error("fallocate", f.path, old_end, new_end - old_end, err);
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
+  if (::fstat(f.fd.get(), &st) != 0) return Status::sys_error("fstat " + f.path, errno);
   if (static_cast<std::uint64_t>(st.st_size) >= new_end) return Status::ok();
-  if (::ftruncate(f.fd, static_cast<off_t>(new_end)) != 0) {
+  if (::ftruncate(f.fd.get(), static_cast<off_t>(new_end)) != 0) {
     return Status::io_error("ftruncate", f.path, 0, new_end, errno);
   }
   return Status::ok();
+}
+
+// `length` bytes of file f: the best free gap, else the file grows (its free tail reused).
+Result<std::uint64_t> take_space(DataFile& f, std::uint64_t length) {
+  if (std::optional<std::uint64_t> offset = f.free.take(length)) return *offset;
+  const std::uint64_t start = f.free.take_tail(f.end).value_or(f.end);
+  const std::uint64_t new_end = start + length;
+  const Status st = grow_file(f, f.end, new_end);
+  if (!st.is_ok()) {
+    if (start < f.end) f.free.add(start, f.end - start);
+    return st;
+  }
+  f.end = new_end;
+  return start;
 }
 
 // One transfer between a buffer range and a file range.
@@ -107,30 +120,52 @@ std::vector<Piece> map_range(const TensorRecord& r, std::uint64_t offset, std::u
   return pieces;
 }
 
+constexpr std::uint64_t kUnwrittenPage = 0;  // a page checksum never computed
+constexpr std::uint64_t kCheckedPiece = std::uint64_t{8} << 20;  // read request size with checksums
+
+// The checksum of one 4 KiB page; 0 is kept for "never written", so a real 0 is stored as 1.
+std::uint64_t page_sum(const std::byte* page) {
+  const std::uint64_t h = checksum64(page, kSwapAlignment);
+  return h == kUnwrittenPage ? 1 : h;
+}
+
+std::uint64_t page_count(std::uint64_t nbytes) { return align_up(nbytes, kSwapAlignment) / kSwapAlignment; }
+// Bytes of one half of a tensor's checksum extent: 8 per page, padded to 4 KiB.
+std::uint64_t sums_half_bytes(std::uint64_t nbytes) { return align_up(page_count(nbytes) * 8, kSwapAlignment); }
+
+static_assert(std::endian::native == std::endian::little, "checksum extents are stored little-endian");
+
+// A tensor's page checksums in memory.
+struct PageSums {
+  std::vector<std::uint64_t> pages;  // per 4 KiB page; kUnwrittenPage until written
+  bool dirty = false;                // changed since stored in the checksum extent
+  std::uint64_t stored_check = 0;    // XXH3 of the array as last stored (for the manifest)
+};
+
 }  // namespace
 
 struct SwapStore::State {
   mutable std::mutex mutex;
   std::mutex commit_mutex;  // one commit at a time
+  std::vector<fileio::FileLock> locks;  // one per folder, held for the store's life
   std::vector<DataFile> files;
   std::map<std::string, TensorRecord> tensors;
   std::map<std::string, std::string> metadata;
+  // With checksums, per tensor. Map entries are stable, and wait() touches them only under `mutex`.
+  std::map<std::string, PageSums> sums;
   std::uint64_t generation = 0;
   std::atomic<std::uint64_t> bytes_read{0};
   std::atomic<std::uint64_t> bytes_written{0};
 
   void free_extents(const TensorRecord& r) {
     for (const Extent& e : r.extents) files[e.file].free.add(e.offset, e.length);
+    if (r.sums.length != 0) files[r.sums.file].free.add(r.sums.offset, r.sums.length);
   }
 };
 
 SwapStore::SwapStore() : state_(std::make_unique<State>()) {}
 
-SwapStore::~SwapStore() {
-  for (DataFile& f : state_->files) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-}
+SwapStore::~SwapStore() = default;
 
 std::string SwapStore::manifest_path() const { return (fs::path(folder_) / "manifest.json").string(); }
 
@@ -161,9 +196,15 @@ Result<std::unique_ptr<SwapStore>> SwapStore::open(const StoreConfig& config, Op
   store->folder_ = store_folder(config.nvme_paths[0], config.rank, config.kind);
   for (std::size_t i = 0; i < config.nvme_paths.size(); ++i) {
     const std::string folder = store_folder(config.nvme_paths[i], config.rank, config.kind);
-    std::error_code ec;
-    fs::create_directories(folder, ec);
-    if (ec) return Status::sys_error("create folder " + folder, ec.value());
+    // Folders zinf creates are 0700 and must be real folders of this user (no planted links).
+    ZINF_RETURN_IF_ERROR(fileio::make_private_dirs(
+        config.nvme_paths[i], {"zinf_swap", fmt::format("rank{}", config.rank), std::string(store_kind_name(config.kind))}));
+    // One owner per folder for the store's life: a second run on it is refused at once,
+    // before anything in it is truncated or read.
+    ZINF_ASSIGN_OR_RETURN(fileio::FileLock lock,
+                          fileio::FileLock::acquire((fs::path(folder) / "zinf.lock").string(),
+                                                    fmt::format("swap folder {}", folder)));
+    store->state_->locks.push_back(std::move(lock));
     DataFile f;
     f.name = fmt::format("stripe{}.swp", i);
     f.path = (fs::path(folder) / f.name).string();
@@ -194,8 +235,11 @@ Status SwapStore::open_files(OpenMode mode, bool existing) {
 
 Status SwapStore::load_manifest() {
   const std::string path = manifest_path();
-  ZINF_ASSIGN_OR_RETURN(std::string text, detail::read_small_file(path));
+  ZINF_ASSIGN_OR_RETURN(std::string text, fileio::read_small_file(path));
   ZINF_ASSIGN_OR_RETURN(detail::Manifest m, detail::manifest_from_json(text, path));
+  if (!config_.checksums) {
+    for (auto& [key, r] : m.tensors) r.sums = Extent{};  // dropped: their space becomes free
+  }
   State& s = *state_;
   if (m.rank != config_.rank || m.kind != store_kind_name(config_.kind)) {
     return Status::corruption(fmt::format("{}: manifest is for rank {} kind {}, expected rank {} kind {}", path,
@@ -213,18 +257,19 @@ Status SwapStore::load_manifest() {
   }
   for (std::size_t i = 0; i < s.files.size(); ++i) {
     DataFile& f = s.files[i];
-    struct stat st {};
-    if (::fstat(f.fd, &st) != 0) return Status::sys_error("fstat " + f.path, errno);
-    if (static_cast<std::uint64_t>(st.st_size) < m.files[i].bytes) {
-      return Status::corruption(fmt::format("{} has {} bytes but the manifest {} records {}", f.path,
-                                            st.st_size, path, m.files[i].bytes));
+    ZINF_ASSIGN_OR_RETURN(std::uint64_t size, fileio::file_size(f.fd.get(), f.path));
+    if (size < m.files[i].bytes) {
+      return Status::corruption(fmt::format("{} has {} bytes but the manifest {} records {}", f.path, size, path,
+                                            m.files[i].bytes));
     }
     f.end = m.files[i].bytes;
   }
   // Free space is every gap between the extents in use.
   std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> used(s.files.size());
   for (const auto& [key, r] : m.tensors) {
-    for (const Extent& e : r.extents) {
+    std::vector<Extent> all = r.extents;
+    if (r.sums.length != 0) all.push_back(r.sums);
+    for (const Extent& e : all) {
       if (e.file >= s.files.size() || e.offset + e.length > s.files[e.file].end) {
         return Status::corruption(fmt::format("{}: extent of {} lies outside its data file", path, key));
       }
@@ -244,7 +289,102 @@ Status SwapStore::load_manifest() {
   s.tensors = std::move(m.tensors);
   s.metadata = std::move(m.metadata);
   s.generation = m.generation;
+  return config_.checksums ? load_sums(m.sums_check) : Status::ok();
+}
+
+Status SwapStore::load_sums(const std::map<std::string, std::uint64_t>& sums_check) {
+  State& s = *state_;
+  for (auto& [key, r] : s.tensors) {
+    PageSums& ps = s.sums[key];
+    ps.pages.assign(page_count(r.nbytes), kUnwrittenPage);
+    auto check = sums_check.find(key);
+    if (r.sums.length == 0 || check == sums_check.end()) {
+      // Written before checksums or without them: nothing to check until rewritten.
+      if (r.nbytes == 0) continue;
+      ZINF_ASSIGN_OR_RETURN(std::uint64_t offset, take_space(s.files[0], 2 * sums_half_bytes(r.nbytes)));
+      r.sums = Extent{0, offset, 2 * sums_half_bytes(r.nbytes)};
+      r.sums_half = 0;
+      ps.dirty = true;
+      continue;
+    }
+    const DataFile& f = s.files[r.sums.file];
+    const std::uint64_t half = r.sums.length / 2;
+    const std::uint64_t at = r.sums.offset + r.sums_half * half;
+    ZINF_ASSIGN_OR_RETURN(detail::HostBuffer buf, detail::HostBuffer::allocate(half, false));
+    ZINF_ASSIGN_OR_RETURN(aio::RequestId id, handle_->async_pread(buf.data(), half, f.fd.get(), at));
+    ZINF_RETURN_IF_ERROR(handle_->wait(id).with_context(fmt::format("reading the page checksums of '{}'", key)));
+    const std::size_t bytes = ps.pages.size() * 8;
+    if (checksum64(buf.data(), bytes) != check->second) {
+      return Status::corruption(fmt::format(
+          "{}: the page checksums of '{}' ({} offset {}) do not match the manifest: the swap data was damaged or "
+          "changed outside zinf",
+          manifest_path(), key, f.path, at));
+    }
+    std::memcpy(ps.pages.data(), buf.data(), bytes);
+    ps.stored_check = check->second;
+  }
   return Status::ok();
+}
+
+Status SwapStore::store_sums(std::vector<StoredSums>* stored) {
+  State& s = *state_;
+  struct Pending {
+    StoredSums what;
+    std::uint64_t file_offset = 0;
+    std::uint32_t file = 0;
+    detail::HostBuffer buf;
+    std::size_t bytes = 0;
+  };
+  std::vector<Pending> pending;
+  Status first;
+  {
+    std::lock_guard lock(s.mutex);
+    for (auto& [key, ps] : s.sums) {
+      auto r = s.tensors.find(key);
+      if (!ps.dirty || r == s.tensors.end() || r->second.sums.length == 0) continue;
+      const Extent& e = r->second.sums;
+      const std::uint32_t spare = 1 - r->second.sums_half;  // the committed half stays intact
+      Pending p{StoredSums{key, e.offset, spare, 0}, e.offset + spare * (e.length / 2), e.file, {}, ps.pages.size() * 8};
+      Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(e.length / 2, false);
+      if (!buf.is_ok()) {
+        first = buf.status();
+        break;
+      }
+      p.buf = std::move(buf).value();
+      std::memcpy(p.buf.data(), ps.pages.data(), p.bytes);
+      ps.dirty = false;
+      pending.push_back(std::move(p));
+    }
+  }
+  std::vector<aio::RequestId> ids;
+  for (Pending& p : pending) {
+    if (!first.is_ok()) break;
+    p.what.check = checksum64(p.buf.data(), p.bytes);
+    Result<aio::RequestId> id = handle_->async_pwrite(p.buf.data(), p.buf.size(), s.files[p.file].fd.get(), p.file_offset);
+    if (!id.is_ok()) {
+      first = id.status();
+      break;
+    }
+    ids.push_back(*id);
+  }
+  for (aio::RequestId id : ids) {
+    Status st = handle_->wait(id);
+    if (!st.is_ok() && first.is_ok()) first = std::move(st);
+  }
+  for (Pending& p : pending) stored->push_back(std::move(p.what));
+  if (!first.is_ok()) {
+    sums_not_committed(*stored);
+    return first.with_context("storing the page checksums");
+  }
+  return Status::ok();
+}
+
+void SwapStore::sums_not_committed(const std::vector<StoredSums>& stored) {
+  std::lock_guard lock(state_->mutex);
+  for (const StoredSums& st : stored) {
+    auto it = state_->sums.find(st.key);
+    if (it != state_->sums.end()) it->second.dirty = true;  // stored again by the next commit
+  }
 }
 
 bool SwapStore::contains(const std::string& key) const {
@@ -283,31 +423,27 @@ Result<TensorRecord> SwapStore::allocate(const std::string& key, DType dtype, st
     }
     s.free_extents(it->second);
     s.tensors.erase(it);
+    s.sums.erase(key);
   }
   const std::uint64_t files = s.files.size();
   const std::uint64_t unit = config_.stripe_unit;
   const std::uint64_t units = (padded + unit - 1) / unit;
   std::vector<std::uint64_t> lengths(std::min(files, units), 0);
   for (std::uint64_t u = 0; u < units; ++u) lengths[u % files] += std::min(unit, padded - u * unit);
-  TensorRecord r{key, dtype, numel, nbytes, {}};
-  for (std::uint32_t i = 0; i < lengths.size(); ++i) {
-    DataFile& f = s.files[i];
-    std::optional<std::uint64_t> offset = f.free.take(lengths[i]);
-    if (!offset) {
-      const std::uint64_t start = f.free.take_tail(f.end).value_or(f.end);
-      const std::uint64_t new_end = start + lengths[i];
-      const Status st = grow_file(f, f.end, new_end);
-      if (!st.is_ok()) {
-        if (start < f.end) f.free.add(start, f.end - start);
-        s.free_extents(r);
-        return st.with_context(fmt::format("allocating swap space for '{}'", key));
-      }
-      f.end = new_end;
-      offset = start;
+  TensorRecord r{key, dtype, numel, nbytes, {}, {}, 0};
+  for (std::uint32_t i = 0; i <= lengths.size(); ++i) {
+    const bool sums = i == lengths.size();  // last: the checksum extent, in file 0
+    if (sums && (!config_.checksums || padded == 0)) break;
+    const std::uint64_t length = sums ? 2 * sums_half_bytes(nbytes) : lengths[i];
+    Result<std::uint64_t> offset = take_space(s.files[sums ? 0 : i], length);
+    if (!offset.is_ok()) {
+      s.free_extents(r);
+      return offset.status().with_context(fmt::format("allocating swap space for '{}'", key));
     }
-    r.extents.push_back(Extent{i, *offset, lengths[i]});
+    (sums ? r.sums : r.extents.emplace_back()) = Extent{sums ? 0 : i, *offset, length};
   }
   s.tensors.emplace(key, r);
+  if (config_.checksums) s.sums[key] = PageSums{std::vector<std::uint64_t>(page_count(nbytes), kUnwrittenPage), true, 0};
   return r;
 }
 
@@ -319,6 +455,7 @@ Status SwapStore::erase(const std::string& key) {
   }
   state_->free_extents(it->second);
   state_->tensors.erase(it);
+  state_->sums.erase(key);
   return Status::ok();
 }
 
@@ -338,18 +475,38 @@ Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, 
   if (nbytes == 0) return batch;
   const std::uint64_t length = align_up(nbytes, kSwapAlignment);
   auto* bytes = static_cast<std::byte*>(buffer);
-  for (const Piece& p : map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
-    const int fd = state_->files[p.file].fd;
-    Result<aio::RequestId> id =
-        write ? handle_->async_pwrite(bytes + p.buffer_offset, p.length, fd, p.file_offset)
-              : handle_->async_pread(bytes + p.buffer_offset, p.length, fd, p.file_offset);
-    if (!id.is_ok()) {
-      const Status failed = id.status().with_context(batch.what);
-      (void)wait(batch);  // the pieces already submitted must finish before the buffer is released
-      return failed;
+  if (config_.checksums) {
+    batch.key = key;
+    batch.buffer = bytes;
+    batch.offset = offset;
+  }
+  // With checksums, reads go in pieces of at most kCheckedPiece bytes, so that wait() checks
+  // each piece while the later ones are still being read.
+  const std::uint64_t most = config_.checksums && !write ? kCheckedPiece : length;
+  for (const Piece& whole : map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
+    for (std::uint64_t done = 0; done < whole.length; done += most) {
+      const Piece p{whole.file, whole.file_offset + done, whole.buffer_offset + done,
+                    std::min(most, whole.length - done)};
+      const int fd = state_->files[p.file].fd.get();
+      Result<aio::RequestId> id =
+          write ? handle_->async_pwrite(bytes + p.buffer_offset, p.length, fd, p.file_offset)
+                : handle_->async_pread(bytes + p.buffer_offset, p.length, fd, p.file_offset);
+      if (!id.is_ok()) {
+        const Status failed = id.status().with_context(batch.what);
+        batch.key.clear();  // a part was never transferred: record and check no checksums
+        (void)wait(batch);  // the pieces already submitted must finish before the buffer is released
+        return failed;
+      }
+      batch.ids.push_back(*id);
+      batch.piece_ends.push_back(p.buffer_offset + p.length);
+      batch.bytes += p.length;
     }
-    batch.ids.push_back(*id);
-    batch.bytes += p.length;
+  }
+  // Checksums of what the caller handed over, taken while the write is in flight (the buffer
+  // must not change until wait(), so this is what the write stores).
+  if (config_.checksums && write) {
+    batch.page_sums.resize(length / kSwapAlignment);
+    for (std::size_t i = 0; i < batch.page_sums.size(); ++i) batch.page_sums[i] = page_sum(bytes + i * kSwapAlignment);
   }
   return batch;
 }
@@ -365,17 +522,77 @@ Result<IoBatch> SwapStore::write_async(const std::string& key, std::uint64_t off
 }
 
 Status SwapStore::wait(IoBatch& batch) {
+  const bool check = !batch.key.empty() && !batch.write;
+  std::vector<std::uint64_t> expected;
+  if (check) expected = expected_sums(batch);
+  PageCheck found;
   Status first;
-  for (aio::RequestId id : batch.ids) {
-    Status st = handle_->wait(id);
+  std::uint64_t piece_begin = 0;
+  for (std::size_t i = 0; i < batch.ids.size(); ++i) {
+    Status st = handle_->wait(batch.ids[i]);
     if (!st.is_ok() && first.is_ok()) first = std::move(st);
+    // Each piece is checked as soon as it is in, while the later ones are still being read.
+    if (first.is_ok() && !expected.empty()) check_pages(batch, expected, piece_begin, batch.piece_ends[i], found);
+    piece_begin = batch.piece_ends[i];
   }
   if (first.is_ok() && !batch.ids.empty()) {
     (batch.write ? state_->bytes_written : state_->bytes_read).fetch_add(batch.bytes);
+    if (!batch.key.empty() && batch.write) record_sums(batch);
+    if (found.bad > 0) first = checksum_error(batch, expected, found);
   }
   batch.ids.clear();
+  batch.piece_ends.clear();
   batch.bytes = 0;
+  batch.key.clear();
+  batch.page_sums.clear();
   return first.with_context(batch.what);
+}
+
+void SwapStore::record_sums(const IoBatch& batch) {
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->sums.find(batch.key);
+  const std::uint64_t first = batch.offset / kSwapAlignment;
+  // Gone or reallocated meanwhile (I/O racing erase/allocate is a caller error): nothing to record.
+  if (it == state_->sums.end() || first + batch.page_sums.size() > it->second.pages.size()) return;
+  std::copy(batch.page_sums.begin(), batch.page_sums.end(),
+            it->second.pages.begin() + static_cast<std::ptrdiff_t>(first));
+  it->second.dirty = true;
+}
+
+std::vector<std::uint64_t> SwapStore::expected_sums(const IoBatch& batch) const {
+  const std::uint64_t first = batch.offset / kSwapAlignment;
+  const std::uint64_t pages = batch.bytes / kSwapAlignment;
+  std::lock_guard lock(state_->mutex);
+  auto it = state_->sums.find(batch.key);
+  if (it == state_->sums.end() || first + pages > it->second.pages.size()) return {};
+  return std::vector<std::uint64_t>(it->second.pages.begin() + static_cast<std::ptrdiff_t>(first),
+                                    it->second.pages.begin() + static_cast<std::ptrdiff_t>(first + pages));
+}
+
+void SwapStore::check_pages(const IoBatch& batch, const std::vector<std::uint64_t>& expected, std::uint64_t begin,
+                            std::uint64_t end, PageCheck& found) const {
+  for (std::uint64_t i = begin / kSwapAlignment; i < end / kSwapAlignment; ++i) {
+    if (expected[i] == kUnwrittenPage) continue;
+    const std::uint64_t sum = page_sum(batch.buffer + i * kSwapAlignment);
+    if (sum != expected[i] && found.bad++ == 0) {
+      found.first_bad = i;
+      found.got = sum;
+    }
+  }
+}
+
+Status SwapStore::checksum_error(const IoBatch& batch, const std::vector<std::uint64_t>& expected,
+                                 const PageCheck& found) const {
+  const std::uint64_t at = batch.offset + found.first_bad * kSwapAlignment;
+  std::string where = "its data file";
+  if (Result<TensorRecord> r = find(batch.key); r.is_ok()) {
+    const Piece p = map_range(*r, at, kSwapAlignment, state_->files.size(), config_.stripe_unit).front();
+    where = fmt::format("{} offset {}", state_->files[p.file].path, p.file_offset);
+  }
+  return Status::corruption(fmt::format(
+      "checksum mismatch in tensor '{}' bytes [{}, {}) read from {} (xxh3 {:016x}, written as {:016x}; {} of {} "
+      "pages differ): the swap data was damaged or changed outside zinf",
+      batch.key, at, at + kSwapAlignment, where, found.got, expected[found.first_bad], found.bad, expected.size()));
 }
 
 Status SwapStore::read(const std::string& key, std::uint64_t offset, void* buffer, std::size_t nbytes) {
@@ -402,9 +619,17 @@ std::string SwapStore::metadata(const std::string& name) const {
 Status SwapStore::commit() {
   State& s = *state_;
   std::lock_guard commit_lock(s.commit_mutex);
+  // Changed checksums go to the spare halves of their extents first, so the sync below makes
+  // them durable with the data; only the new manifest makes those halves current.
+  std::vector<StoredSums> stored;
+  if (config_.checksums) ZINF_RETURN_IF_ERROR(store_sums(&stored));
   if (config_.durable) {
     for (const DataFile& f : s.files) {
-      if (::fdatasync(f.fd) != 0) return Status::sys_error("fdatasync " + f.path, errno);
+      if (::fdatasync(f.fd.get()) != 0) {
+        const int err = errno;
+        sums_not_committed(stored);
+        return Status::sys_error("fdatasync " + f.path, err);
+      }
     }
   }
   detail::Manifest m;
@@ -417,10 +642,28 @@ Status SwapStore::commit() {
     for (const DataFile& f : s.files) m.files.push_back(detail::ManifestFile{f.name, f.end});
     m.tensors = s.tensors;
     m.metadata = s.metadata;
+    for (const auto& [key, ps] : s.sums) m.sums_check[key] = ps.stored_check;
   }
-  ZINF_RETURN_IF_ERROR(detail::write_file_atomic(manifest_path(), detail::manifest_to_json(m)));
+  for (const StoredSums& st : stored) {
+    auto it = m.tensors.find(st.key);
+    if (it == m.tensors.end() || it->second.sums.offset != st.extent_offset) continue;  // erased meanwhile
+    it->second.sums_half = st.half;
+    m.sums_check[st.key] = st.check;
+  }
+  const Status written = fileio::write_file_atomic(manifest_path(), detail::manifest_to_json(m));
+  if (!written.is_ok()) {
+    sums_not_committed(stored);
+    return written;
+  }
   std::lock_guard lock(s.mutex);
   s.generation = m.generation;
+  for (const StoredSums& st : stored) {
+    auto r = s.tensors.find(st.key);
+    auto ps = s.sums.find(st.key);
+    if (r == s.tensors.end() || ps == s.sums.end() || r->second.sums.offset != st.extent_offset) continue;
+    r->second.sums_half = st.half;
+    ps->second.stored_check = st.check;
+  }
   return Status::ok();
 }
 

@@ -21,11 +21,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "common/checksum.h"
 #include "zero3/engine_impl.h"
 #include "zero3/file_util.h"
 #include "zinf/log.h"
@@ -38,14 +40,9 @@ namespace {
 
 constexpr int kFormatVersion = 2;  // 2: partition groups per module
 
-// FNV-1a, 64-bit: cheap and enough to catch truncation and bit rot in a state file.
-struct Fnv64 {
-  std::uint64_t h = 1469598103934665603ull;
-  void add(const void* data, std::size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  }
-};
+// Rank files are checksummed with XXH3-64 (common/checksum.h); engine.json keeps its top 53
+// bits (exact in the double that carries it to rank 0) and names the algorithm.
+constexpr const char* kChecksumAlgo = "xxh3-64";
 
 // The model's architecture as engine.json records it ("model"): its config_json() object. Older
 // checkpoints recorded a GPT's dimensions without "type".
@@ -134,7 +131,10 @@ Result<ModelLayout> saved_model_layout(const nlohmann::json& j, const std::strin
 std::string rank_file(const std::string& folder, int rank) { return fmt::format("{}/rank{}.state", folder, rank); }
 
 Status make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  // Checkpoint folders are private (0700), as their files are (0600).
+  if (::mkdir(path.c_str(), fileio::kPrivateDirMode) != 0 && errno != EEXIST) {
+    return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  }
   return Status::ok();
 }
 
@@ -224,15 +224,22 @@ Status verify_rank_file(const nlohmann::json& j, const std::string& folder, int 
   if (size.value() != info.value("bytes", std::uint64_t{0})) {
     return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size.value(), info.value("bytes", 0)));
   }
-  Fnv64 sum;
+  Checksum64 sum;
   std::vector<char> chunk(std::size_t{1} << 20);
   for (std::uint64_t off = 0; off < size.value(); off += chunk.size()) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), size.value() - off));
     ZINF_RETURN_IF_ERROR(read_exact(path, off, chunk.data(), n));
     sum.add(chunk.data(), n);
   }
-  if ((sum.h >> 11) != info.value("checksum", std::uint64_t{0})) {
-    return Status::corruption(fmt::format("{}: checksum mismatch; the file is damaged", path));
+  if ((sum.value() >> 11) != info.value("checksum", std::uint64_t{0})) {
+    const std::string algo = j.value("checksum_algo", "");
+    if (algo != kChecksumAlgo) {
+      return Status::corruption(fmt::format(
+          "{}: checksum mismatch: {}/engine.json records {}, and this build checks {}; a checkpoint without "
+          "checksum_algo was saved by an older zinf (FNV-1a checksums) and cannot be verified by this one",
+          path, folder, algo.empty() ? "no checksum_algo" : "checksum_algo \"" + algo + "\"", kChecksumAlgo));
+    }
+    return Status::corruption(fmt::format("{}: checksum mismatch ({}); the file is damaged", path, kChecksumAlgo));
   }
   return Status::ok();
 }
@@ -249,16 +256,30 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
   // Who writes the shared files: rank 0, or each node's first rank for node-local storage.
   const bool writer = m.options.ds.checkpoint.use_node_local_storage ? m.comm.local_rank() == 0 : rank == 0;
+  // The writer holds <dir>/.zinf_save.lock until the save is over: a second save into the
+  // folder (another job, or another engine) is refused at once instead of mixing files.
+  std::optional<fileio::FileLock> save_lock;
+  Status prepared;
   if (writer) {
-    ZINF_RETURN_IF_ERROR(make_dir(dir));
-    std::error_code ec;
-    std::filesystem::remove_all(tmp_dir, ec);
-    ZINF_RETURN_IF_ERROR(make_dir(tmp_dir));
+    prepared = [&]() -> Status {
+      ZINF_RETURN_IF_ERROR(make_dir(dir));
+      ZINF_ASSIGN_OR_RETURN(save_lock, fileio::FileLock::acquire(dir + "/.zinf_save.lock",
+                                                                 fmt::format("checkpoint folder {}", dir)));
+      std::error_code ec;
+      std::filesystem::remove_all(tmp_dir, ec);
+      return make_dir(tmp_dir);
+    }();
   }
-  ZINF_RETURN_IF_ERROR(m.comm.barrier());
+  // Every rank learns whether the folder is ready (a refused writer must not leave the others waiting).
+  std::vector<double> not_ready = {prepared.is_ok() ? 0.0 : 1.0};
+  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(not_ready));
+  ZINF_RETURN_IF_ERROR(prepared);
+  if (not_ready[0] > 0) {
+    return Status::aborted(fmt::format("checkpoint save into {}: the writing rank could not prepare the folder", dir));
+  }
   // This rank's state, streamed sub-group by sub-group.
   ZINF_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(rank_file(tmp_dir, rank)));
-  Fnv64 sum;
+  Checksum64 sum;
   std::uint64_t bytes = 0;
   std::vector<float> buf;
   const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
@@ -275,7 +296,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   // Every rank's size and checksum reach rank 0 for engine.json.
   std::vector<double> sizes(static_cast<std::size_t>(m.comm.world_size()) * 2, 0.0);
   sizes[static_cast<std::size_t>(rank) * 2] = static_cast<double>(bytes);
-  sizes[static_cast<std::size_t>(rank) * 2 + 1] = static_cast<double>(sum.h >> 11);  // exact in a double
+  sizes[static_cast<std::size_t>(rank) * 2 + 1] = static_cast<double>(sum.value() >> 11);  // exact in a double
   ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(sizes));
   if (writer) {
     nlohmann::json j;
@@ -305,6 +326,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
                        {"checksum", static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(r) * 2 + 1])}});
     }
     j["ranks"] = ranks;
+    j["checksum_algo"] = kChecksumAlgo;
     j["client_state"] = client_state;
     ZINF_RETURN_IF_ERROR(write_file_atomic(tmp_dir + "/engine.json", j.dump(2) + "\n"));
     ZINF_RETURN_IF_ERROR(sync_dir(tmp_dir));

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "common/checksum.h"
+
 namespace zinf::zero3 {
 namespace {
 constexpr std::uint64_t kFar = std::numeric_limits<std::uint64_t>::max();
@@ -271,9 +273,9 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   if (t.recording) {
     const int code = module * 4 + static_cast<int>(phase);
     ZINF_RETURN_IF_ERROR(check_agreement(code, "records it"));
-    for (int v : {module, static_cast<int>(phase)}) {
-      t.hash = (t.hash ^ static_cast<std::uint64_t>(v)) * 1099511628211ull;
-    }
+    // Chained XXH3 over (module, phase) per event: the same on every rank for the same order.
+    const std::uint64_t link[3] = {t.hash, static_cast<std::uint64_t>(module), static_cast<std::uint64_t>(phase)};
+    t.hash = checksum64(link, sizeof(link));
     t.events.push_back(module);
     t.event_first.push_back(t.groups.size());
     t.groups.insert(t.groups.end(), groups.begin(), groups.end());

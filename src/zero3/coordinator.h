@@ -43,7 +43,7 @@ struct CoordinatorStats {
   std::uint64_t trace_invalidations = 0;
   std::uint64_t buckets = 0;            // gradient reduce-scatters
   double backward_start_s = 0;          // seconds into the micro-step when backward began
-  std::uint64_t train_trace_hash = 0;   // FNV-1a of the recorded train trace (module, phase)
+  std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
 
 class Coordinator final : public model::ParamAccess {
@@ -84,7 +84,7 @@ class Coordinator final : public model::ParamAccess {
     std::vector<std::size_t> event_first;  // first index into groups for each event
     std::vector<int> groups;          // partition group per use, in order
     std::vector<std::uint64_t> traffic;    // prefix sums of gathered elements over groups
-    std::uint64_t hash = 1469598103934665603ull;  // FNV-1a over (module, phase) per event
+    std::uint64_t hash = 0;           // chained XXH3 over (module, phase) per event
   };
 
   // The distinct groups module's parameters belong to, in parameter order.

@@ -163,6 +163,7 @@ Status Engine::Impl::init() {
     aio.intra_op_parallelism = static_cast<std::size_t>(ds.aio.intra_op_parallelism);
     aio.single_submit = ds.aio.single_submit;
     aio.overlap_events = ds.aio.overlap_events;
+    aio.request_timeout_s = ds.aio.request_timeout_s;
     ZINF_ASSIGN_OR_RETURN(handle, aio::Handle::create(aio));
   }
   optim::Optimizer optimizer(opt_config);

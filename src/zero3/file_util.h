@@ -1,43 +1,28 @@
-// Internal: small blocking file helpers for checkpoints and model files (atomic replace, exact reads).
+// Internal: zero3's names for the common file toolkit (common/file_io.h), used by checkpoints and model files.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
+#include "common/file_io.h"
 #include "zinf/status.h"
 
 namespace zinf::zero3 {
 
-// Writes a new file next to `path` (path + ".tmp.<pid>"); commit() fsyncs it, renames it over
-// `path` and fsyncs the folder, so readers see either the old or the whole new file. If the
-// object is destroyed without commit(), the temporary file is removed and `path` is untouched.
-class AtomicFile {
- public:
-  static Result<AtomicFile> create(const std::string& path);
-  AtomicFile(AtomicFile&& other) noexcept;
-  AtomicFile& operator=(AtomicFile&&) = delete;
-  AtomicFile(const AtomicFile&) = delete;
-  ~AtomicFile();
+using fileio::AtomicFile;
+using fileio::read_small_file;
+using fileio::sync_dir;
+using fileio::write_file_atomic;
 
-  Status append(const void* data, std::size_t bytes);
-  Status commit();
+inline Result<std::uint64_t> file_size_of(const std::string& path) { return fileio::file_size(path); }
 
- private:
-  AtomicFile() = default;
-  std::string path_;
-  std::string tmp_path_;
-  int fd_ = -1;
-  std::uint64_t written_ = 0;
-};
-
-Result<std::uint64_t> file_size_of(const std::string& path);
-// Reads exactly `bytes` at `offset`; a short file is a Corruption error naming the sizes.
-Status read_exact(const std::string& path, std::uint64_t offset, void* out, std::size_t bytes);
-// Writes a whole small file atomically (AtomicFile).
-Status write_file_atomic(const std::string& path, const std::string& text);
-Result<std::string> read_small_file(const std::string& path);
-// fsync of a folder, so a rename inside it is durable.
-Status sync_dir(const std::string& dir);
+// Reads exactly `bytes` at `offset`. A checkpoint or model file that ends first is damaged:
+// the toolkit's OutOfRange (naming the path, the offset and where the file ends) becomes Corruption.
+inline Status read_exact(const std::string& path, std::uint64_t offset, void* out, std::size_t bytes) {
+  Status st = fileio::pread_exact(path, out, bytes, offset);
+  if (st.code() == ErrorCode::kOutOfRange) return Status::corruption(st.message());
+  return st;
+}
 
 }  // namespace zinf::zero3

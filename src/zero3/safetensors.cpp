@@ -46,7 +46,8 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  ZINF_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(path));
+  // An exported model for other tools to read: the usual 0644 (less the umask), not 0600.
+  ZINF_ASSIGN_OR_RETURN(AtomicFile file, AtomicFile::create(path, 0644));
   const std::uint64_t len = text.size();
   unsigned char len_le[8];
   for (int i = 0; i < 8; ++i) len_le[i] = static_cast<unsigned char>(len >> (8 * i));

@@ -2,9 +2,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "test_util.h"
@@ -48,6 +50,11 @@ TEST(AioConfigTest, BadValuesNameTheKey) {
     AioConfig c;
     c.intra_op_parallelism = bad;
     cases.push_back({c, "aio.intra_op_parallelism = " + std::to_string(bad)});
+  }
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    AioConfig c;
+    c.request_timeout_s = bad;
+    cases.push_back({c, "aio.request_timeout_s = " + fmt::format("{}", bad)});
   }
   for (const Case& c : cases) {
     const Status st = c.config.validate();

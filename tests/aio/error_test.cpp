@@ -200,6 +200,70 @@ TEST_P(ErrorTest, FailureStopsTheRestOfTheRequestButDrainsIt) {
   EXPECT_TRUE(handle->sync_pread(buf.data(), n, path, 0).is_ok());
 }
 
+// A request that does not finish within aio.request_timeout_s is failed by wait(), naming the
+// path, offset and limit; its chunks not yet issued are dropped (fewer completions than chunks)
+// and those in flight drained, and the handle stays usable. Every completion is delayed 400 ms
+// against a 0.1 s limit, so the 128-chunk request would otherwise take tens of seconds.
+TEST_P(ErrorTest, StuckRequestFailsAtItsDeadline) {
+  auto faults = std::make_shared<FaultInjector>();
+  AioConfig config;
+  config.backend = GetParam();
+  config.block_size = 64 * 1024;
+  config.queue_depth = 2;
+  config.request_timeout_s = 0.1;
+  config.faults = faults;
+  auto handle = std::move(Handle::create(config)).value();
+  const std::size_t n = 128 * 64 * 1024;
+  GuardedBuffer buf(n, 0);
+  fill_pattern(buf.data(), n, 0, 9);
+  const std::string path = dir_.file("stuck");
+  ASSERT_TRUE(handle->sync_pwrite(buf.data(), n, path, 0).is_ok());
+  faults->add(FaultRule{.action = FaultAction::kDelay, .op = FaultOp::kRead, .count = UINT64_MAX,
+                        .delay = std::chrono::milliseconds(400)});
+  auto id = handle->async_pread(buf.data(), n, path, 0);
+  ASSERT_TRUE(id.is_ok());
+  const Status st = handle->wait(*id);
+  EXPECT_EQ(st.code(), ErrorCode::kIoError) << st.to_string();
+  EXPECT_EQ(st.sys_errno(), ETIMEDOUT);
+  EXPECT_TRUE(contains(st.message(), fmt::format("pread {} offset 0 length {}", path, n))) << st.message();
+  EXPECT_TRUE(contains(st.message(), "aio.request_timeout_s")) << st.message();
+  EXPECT_LT(faults->injected(), 128u);  // the rest of the request was never issued
+  EXPECT_TRUE(buf.guards_intact());
+  // Later requests on the same handle are unaffected.
+  faults->clear();
+  ASSERT_TRUE(handle->sync_pread(buf.data(), n, path, 0).is_ok());
+  EXPECT_EQ(first_mismatch(buf.data(), n, 0, 9), -1);
+}
+
+// wait_all and the handle's destructor (which drains requests nobody waited for) keep the
+// deadline too: neither hangs on a stuck request.
+TEST_P(ErrorTest, WaitAllAndDestructorKeepTheDeadline) {
+  auto faults = std::make_shared<FaultInjector>();
+  AioConfig config;
+  config.backend = GetParam();
+  config.block_size = 64 * 1024;
+  config.queue_depth = 2;
+  config.request_timeout_s = 0.1;
+  config.faults = faults;
+  const std::size_t n = 128 * 64 * 1024;
+  GuardedBuffer buf(n, 0);
+  const std::string path = dir_.file("stuck_all");
+  {
+    auto handle = std::move(Handle::create(config)).value();
+    ASSERT_TRUE(handle->sync_pwrite(buf.data(), n, path, 0).is_ok());
+    faults->add(FaultRule{.action = FaultAction::kDelay, .op = FaultOp::kRead, .count = UINT64_MAX,
+                          .delay = std::chrono::milliseconds(400)});
+    ASSERT_TRUE(handle->async_pread(buf.data(), n, path, 0).is_ok());
+    std::size_t completed = 0;
+    const Status st = handle->wait_all(&completed);
+    EXPECT_EQ(st.sys_errno(), ETIMEDOUT) << st.to_string();
+    EXPECT_EQ(completed, 1u);
+    ASSERT_TRUE(handle->async_pread(buf.data(), n, path, 0).is_ok());
+  }  // destroyed with a stuck request nobody waits for
+  EXPECT_LT(faults->injected(), 256u);
+  EXPECT_TRUE(buf.guards_intact());
+}
+
 TEST_P(ErrorTest, PermissionDenied) {
   // Tests run as root, which bypasses permission bits: drop to an unprivileged user in a
   // child process and open a root-only file there.

@@ -71,6 +71,7 @@ TEST(DsConfigTest, MinimalConfigHasTheReferenceDefaults) {
   EXPECT_FALSE(c.aio.single_submit);
   EXPECT_TRUE(c.aio.overlap_events);
   EXPECT_FALSE(c.aio.use_gds);
+  EXPECT_EQ(c.aio.request_timeout_s, 120.0);
   EXPECT_FALSE(c.communication_data_type.has_value());
   EXPECT_FALSE(c.zero_allow_untested_optimizer);
   EXPECT_TRUE(c.zero_force_ds_cpu_optimizer);
@@ -108,7 +109,7 @@ TEST(DsConfigTest, ReadsEveryZeroAndOffloadKey) {
                             "fast_init": true, "ratio": 0.25}
     },
     "aio": {"block_size": 262144, "queue_depth": 32, "intra_op_parallelism": 4,
-            "single_submit": true, "overlap_events": false, "use_gds": true}
+            "single_submit": true, "overlap_events": false, "use_gds": true, "request_timeout_s": 2.5}
   })", "DIR", dir.path());
   auto r = parse(text);
   ASSERT_TRUE(r.is_ok()) << r.status().message();
@@ -142,6 +143,7 @@ TEST(DsConfigTest, ReadsEveryZeroAndOffloadKey) {
   EXPECT_TRUE(r->aio.single_submit);
   EXPECT_FALSE(r->aio.overlap_events);
   EXPECT_TRUE(r->aio.use_gds);
+  EXPECT_EQ(r->aio.request_timeout_s, 2.5);
   EXPECT_TRUE(r->warnings.empty());
 }
 

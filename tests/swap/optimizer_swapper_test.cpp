@@ -1,6 +1,9 @@
 // Tests of the optimizer swapper: layout, bit-identity with the in-memory step, failure safety.
 #include "zinf/swap/optimizer_swapper.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -392,6 +395,46 @@ TEST(OptimizerSwapper, RefusesMismatchedReopenAndTooSmallBudgets) {
   StepInputs in;
   in.ctx.step = 1;
   EXPECT_EQ(fresh->step(in).code(), ErrorCode::kInvalidArgument);  // no gradients, no master weights
+}
+
+// Damaged state on NVMe stops the step with a Corruption error naming the tensor, instead of
+// feeding flipped bits into the update.
+TEST(OptimizerSwapper, DamagedStateIsCorruptionNotNaN) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg = base_config(dir);
+  cfg.pipeline_read = cfg.pipeline_write = true;
+  auto sw = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+  ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
+  std::vector<std::vector<std::uint16_t>> copies;
+  for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
+  auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
+    StepInputs in;
+    in.ctx.step = step;
+    in.grads = views(grads, DType::kF32);
+    for (auto& v : copies) in.param_copies.push_back(v.data());
+    return in;
+  };
+  const auto grads1 = make_grads(sw->layout(), DType::kF32, 1);
+  ASSERT_TRUE(sw->step(inputs(1, grads1)).is_ok());
+  // Set the exponent bits of the first element of every tensor: a NaN if it were used.
+  for (const std::string& key : sw->store().keys()) {
+    Result<TensorRecord> r = sw->store().find(key);
+    ASSERT_TRUE(r.is_ok());
+    const Extent& e = r->extents[0];
+    const int fd = ::open(sw->store().data_files()[e.file].c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    const unsigned char nan_bytes[4] = {0xff, 0xff, 0xff, 0x7f};
+    ASSERT_EQ(::pwrite(fd, nan_bytes, 4, static_cast<off_t>(e.offset)), 4);
+    ::close(fd);
+  }
+  const auto grads2 = make_grads(sw->layout(), DType::kF32, 2);
+  const Status st = sw->step(inputs(2, grads2));
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(st.code(), ErrorCode::kCorruption) << st.to_string();
+  EXPECT_NE(st.message().find("checksum mismatch in tensor 'sg0/"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("stripe0.swp offset"), std::string::npos) << st.to_string();
+  EXPECT_EQ(sw->committed_step(), 1);
 }
 
 }  // namespace

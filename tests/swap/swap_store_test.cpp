@@ -230,6 +230,278 @@ TEST(SwapStore, ReadErrorNamesTheTensor) {
   EXPECT_EQ(verify_tensor(*s, t), "");  // the fault was one chunk; the data is intact
 }
 
+// Flips one byte of the data file under byte `at` of tensor `key` (stripe layout of swap_store.h);
+// returns "<file> offset <start of that 4 KiB page in the file>".
+std::string flip_byte(SwapStore& s, const std::string& key, std::uint64_t at) {
+  Result<TensorRecord> r = s.find(key);
+  EXPECT_TRUE(r.is_ok());
+  const std::uint64_t unit = s.config().stripe_unit;
+  const std::uint64_t files = s.data_files().size();
+  const std::uint64_t u = at / unit;
+  const Extent& e = r->extents[u % files];
+  const std::uint64_t off = e.offset + (u / files) * unit + at % unit;
+  const std::string path = s.data_files()[e.file];
+  const int fd = ::open(path.c_str(), O_RDWR);
+  EXPECT_GE(fd, 0);
+  unsigned char c = 0;
+  EXPECT_EQ(::pread(fd, &c, 1, static_cast<off_t>(off)), 1);
+  c ^= 0x10;
+  EXPECT_EQ(::pwrite(fd, &c, 1, static_cast<off_t>(off)), 1);
+  ::close(fd);
+  return path + " offset " + std::to_string(align_down(off, kSwapAlignment));
+}
+
+TEST(SwapStoreChecksums, DamagedPageIsCorruptionNamingTensorFileAndOffset) {
+  TempDir dir;
+  const std::vector<std::string> paths = {dir.sub("a"), dir.sub("b")};
+  auto h = testing::make_handle();
+  const Tensor t{"optim/sg0/master.s1", DType::kF32, 9000, 21};  // 36000 bytes, 9 pages over 2 files
+  std::string where;
+  {
+    auto s = open_store(*h, paths, OpenMode::kCreate, 8192);
+    ASSERT_TRUE(s);
+    write_tensor(*s, t);
+    ASSERT_TRUE(s->commit().is_ok());
+    where = flip_byte(*s, t.key, 20000);  // page 4: bytes [16384, 20480)
+    const std::string st = verify_tensor(*s, t);
+    EXPECT_NE(st.find("Corruption"), std::string::npos) << st;
+    EXPECT_NE(st.find("checksum mismatch in tensor 'optim/sg0/master.s1' bytes [16384, 20480)"), std::string::npos)
+        << st;
+    EXPECT_NE(st.find(where), std::string::npos) << st;
+    // A read that does not cover the damaged page is fine.
+    Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(16384, false);
+    ASSERT_TRUE(buf.is_ok());
+    EXPECT_TRUE(s->read(t.key, 0, buf->data(), 16384).is_ok());
+  }
+  // The checksums live in the manifest: a reopened store (a new run) sees the damage too.
+  auto s = open_store(*h, paths, OpenMode::kOpen, 8192);
+  ASSERT_TRUE(s);
+  const std::string st = verify_tensor(*s, t);
+  EXPECT_NE(st.find("checksum mismatch"), std::string::npos) << st;
+  EXPECT_NE(st.find(where), std::string::npos) << st;
+  // Rewriting the tensor makes it whole again.
+  write_tensor(*s, t);
+  EXPECT_EQ(verify_tensor(*s, t), "");
+}
+
+TEST(SwapStoreChecksums, OffMeansNoCheck) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  c.checksums = false;
+  auto s = std::move(SwapStore::open(c, OpenMode::kCreate, *h)).value();
+  const Tensor t{"p", DType::kBF16, 5000, 3};
+  write_tensor(*s, t);
+  flip_byte(*s, t.key, 100);
+  EXPECT_EQ(verify_tensor(*s, t), "p differs at byte 100");
+}
+
+TEST(SwapStoreChecksums, PagesNeverWrittenAreNotChecked) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->allocate("t", DType::kF32, 4096).is_ok());  // 4 pages
+  Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(16384, false);
+  ASSERT_TRUE(buf.is_ok());
+  testing::fill_pattern(buf->data(), 16384, 0, 9);
+  ASSERT_TRUE(s->write("t", 4096, buf->data(), 4096).is_ok());  // page 1 only
+  EXPECT_TRUE(s->read("t", 0, buf->data(), 16384).is_ok());
+  flip_byte(*s, "t", 4097);
+  EXPECT_EQ(s->read("t", 0, buf->data(), 16384).code(), ErrorCode::kCorruption);
+}
+
+// A store written with checksums, reopened and rewritten without them, then reopened with them
+// again: the old checksums were dropped, so the new data is not reported as damaged.
+TEST(SwapStoreChecksums, RewrittenWithoutChecksumsLeavesNoStaleOnes) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  const Tensor first{"t", DType::kF32, 20000, 1}, second{"t", DType::kF32, 20000, 2};
+  for (bool checksums : {true, false}) {
+    c.checksums = checksums;
+    auto s = std::move(SwapStore::open(c, OpenMode::kOpenOrCreate, *h)).value();
+    write_tensor(*s, checksums ? first : second);
+    ASSERT_TRUE(s->commit().is_ok());
+  }
+  c.checksums = true;
+  auto s = std::move(SwapStore::open(c, OpenMode::kOpen, *h)).value();
+  EXPECT_EQ(verify_tensor(*s, second), "");
+  // From here on the pages are checked again.
+  write_tensor(*s, first);
+  flip_byte(*s, "t", 5000);
+  EXPECT_NE(verify_tensor(*s, first).find("checksum mismatch"), std::string::npos);
+}
+
+// A crash after a commit stored new checksums but before its manifest was renamed into place
+// (the optimizer's pattern: commit N rewrote slot "b" only): the old manifest still names b's
+// old, intact checksum half, so the store opens, and "a", untouched since, reads back whole.
+// Checksums written in place would fail the open here ("do not match the manifest").
+TEST(SwapStoreChecksums, CrashBeforeTheManifestStillOpens) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  const Tensor a{"a", DType::kF32, 20000, 1}, b{"b", DType::kF32, 30000, 2};
+  const std::string manifest_copy = dir.file("manifest.committed");
+  {
+    auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    write_tensor(*s, a);
+    write_tensor(*s, b);
+    ASSERT_TRUE(s->commit().is_ok());
+    std::filesystem::copy_file(s->manifest_path(), manifest_copy);
+    write_tensor(*s, Tensor{"b", DType::kF32, 30000, 3});
+    ASSERT_TRUE(s->commit().is_ok());
+    // The crash: the second commit's manifest never made it.
+    std::filesystem::copy_file(manifest_copy, s->manifest_path(), std::filesystem::copy_options::overwrite_existing);
+  }
+  auto s = open_store(*h, {dir.path()}, OpenMode::kOpen);
+  ASSERT_TRUE(s);
+  EXPECT_EQ(verify_tensor(*s, a), "");
+  // b was rewritten after the last commit: its bytes are not what that commit recorded.
+  EXPECT_NE(verify_tensor(*s, b).find("checksum mismatch"), std::string::npos);
+}
+
+// The checksums themselves are checked when a store is opened.
+TEST(SwapStoreChecksums, DamagedChecksumExtentIsRefusedAtOpen) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  const Tensor t{"optim/sg0/exp_avg.s0", DType::kF32, 20000, 4};
+  Extent sums;
+  std::uint64_t current = 0;
+  std::string file;
+  {
+    auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    write_tensor(*s, t);
+    ASSERT_TRUE(s->commit().is_ok());
+    sums = s->find(t.key)->sums;
+    current = sums.offset + s->find(t.key)->sums_half * (sums.length / 2);  // the committed half
+    file = s->data_files()[sums.file];
+  }
+  ASSERT_GT(sums.length, 0u);
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const unsigned char junk = 0xEE;
+  ASSERT_EQ(::pwrite(fd, &junk, 1, static_cast<off_t>(current + 3)), 1);
+  ::close(fd);
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  c.stripe_unit = 64 << 10;
+  auto reopened = SwapStore::open(c, OpenMode::kOpen, *h);
+  ASSERT_FALSE(reopened.is_ok());
+  EXPECT_EQ(reopened.status().code(), ErrorCode::kCorruption);
+  EXPECT_NE(reopened.status().message().find("page checksums of 'optim/sg0/exp_avg.s0'"), std::string::npos)
+      << reopened.status().to_string();
+}
+
+// One owner per swap folder: a second store on the same folder (here: the same process) is
+// refused at once, naming the folder and the holder's pid; once the first is gone it opens.
+TEST(SwapStoreLock, SecondStoreOnAFolderIsRefused) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto first = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(first);
+  write_tensor(*first, Tensor{"t", DType::kF32, 1000, 8});
+  StoreConfig c = first->config();
+  auto second = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(second.is_ok());
+  const std::string msg = second.status().message();
+  EXPECT_NE(msg.find("swap folder " + first->folder() + " is in use"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+  // The refused open touched nothing: the first store's data is intact.
+  EXPECT_EQ(verify_tensor(*first, Tensor{"t", DType::kF32, 1000, 8}), "");
+  first.reset();
+  EXPECT_TRUE(SwapStore::open(c, OpenMode::kOpenOrCreate, *h).is_ok());
+}
+
+constexpr const char* kLockChildEnv = "ZINF_SWAP_LOCK_CHILD_DIR";
+
+TEST(SwapStoreLockChild, IsRefusedWhileTheParentHoldsTheFolder) {
+  const char* dir = std::getenv(kLockChildEnv);
+  if (dir == nullptr) GTEST_SKIP() << "runs only as the child of SwapStoreLock.AnotherProcessIsRefused";
+  auto h = testing::make_handle();
+  StoreConfig c;
+  c.nvme_paths = {dir};
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  c.stripe_unit = 64 << 10;
+  auto s = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(s.is_ok());
+  std::ofstream(std::string(dir) + "/child_refused") << s.status().message();
+}
+
+TEST(SwapStoreLock, AnotherProcessIsRefused) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+  ASSERT_TRUE(s);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    setenv(kLockChildEnv, dir.path().c_str(), 1);
+    const char* argv[] = {"swap_store_test", "--gtest_filter=SwapStoreLockChild.*", nullptr};
+    execv("/proc/self/exe", const_cast<char* const*>(argv));
+    _exit(127);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(dir.path() + "/child_refused");
+  std::string msg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(msg.find(s->folder()), std::string::npos) << msg;
+  EXPECT_NE(msg.find("pid " + std::to_string(::getpid())), std::string::npos) << msg;
+}
+
+// Swap files are 0600 in 0700 folders, and a symbolic link planted at a swap file's name is
+// refused, not written through.
+TEST(SwapStorePermissions, PrivateModesAndNoFollow) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  std::string folder, data;
+  {
+    auto s = open_store(*h, {dir.path()}, OpenMode::kCreate);
+    ASSERT_TRUE(s);
+    write_tensor(*s, Tensor{"t", DType::kF32, 1000, 8});
+    ASSERT_TRUE(s->commit().is_ok());
+    folder = s->folder();
+    data = s->data_files()[0];
+    for (const std::string& f : {data, s->manifest_path()}) {
+      EXPECT_EQ(std::filesystem::status(f).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write) << f;
+    }
+    for (const std::string& d : {dir.path() + "/zinf_swap", dir.path() + "/zinf_swap/rank3", folder}) {
+      EXPECT_EQ(std::filesystem::status(d).permissions() & std::filesystem::perms::all, std::filesystem::perms::owner_all) << d;
+    }
+  }
+  const std::string victim = dir.write("victim", "precious");
+  std::filesystem::remove(data);
+  std::filesystem::create_symlink(victim, data);
+  StoreConfig c;
+  c.nvme_paths = {dir.path()};
+  c.rank = 3;
+  c.kind = StoreKind::kOptimizer;
+  auto refused = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(refused.is_ok());
+  EXPECT_NE(refused.status().message().find("symbolic link"), std::string::npos) << refused.status().to_string();
+  EXPECT_NE(refused.status().message().find(data), std::string::npos) << refused.status().to_string();
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  // A planted link in place of one of zinf's folders is refused too.
+  TempDir other;
+  std::filesystem::create_directories(other.path() + "/elsewhere");
+  std::filesystem::create_symlink(other.path() + "/elsewhere", other.path() + "/zinf_swap");
+  c.nvme_paths = {other.path()};
+  auto linked = SwapStore::open(c, OpenMode::kCreate, *h);
+  ASSERT_FALSE(linked.is_ok());
+  EXPECT_NE(linked.status().message().find("symbolic link"), std::string::npos) << linked.status().to_string();
+  EXPECT_TRUE(std::filesystem::is_empty(other.path() + "/elsewhere"));
+}
+
 // Reopening in a new process: the test binary runs itself with a filter selecting the child
 // test below, which opens the store from its manifest and checks every tensor.
 constexpr const char* kChildEnv = "ZINF_SWAP_REOPEN_CHILD_DIR";

@@ -7,12 +7,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include "common/file_io.h"
 #include "temp_dir.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
@@ -372,6 +375,70 @@ TEST(EngineTest, LiveBudgetSmallerThanAModuleIsAClearError) {
   EXPECT_EQ(st.code(), ErrorCode::kResourceExhausted);
   EXPECT_NE(st.message().find("stage3_max_live_parameters"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("wte_wpe"), std::string::npos) << st.message();
+}
+
+// Checkpoints name their checksum (xxh3-64); one without the name (an older zinf's, FNV-1a)
+// that fails verification says why instead of only "damaged".
+TEST(EngineTest, CheckpointWithoutChecksumAlgoSaysSo) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const std::string json_path = ckpt.path() + "/a/engine.json";
+  auto j = nlohmann::json::parse(std::ifstream(json_path));
+  EXPECT_EQ(j.value("checksum_algo", ""), "xxh3-64");
+  j.erase("checksum_algo");
+  j["ranks"][0]["checksum"] = 12345;  // as an FNV-1a sum would read to this build
+  std::ofstream(json_path) << j.dump(2);
+  auto loaded = t.engine().load_checkpoint(ckpt.path(), "");
+  ASSERT_FALSE(loaded.is_ok());
+  EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption);
+  EXPECT_NE(loaded.status().message().find("older zinf"), std::string::npos) << loaded.status().message();
+}
+
+// The checkpoint folder has one writer at a time: a save while another holds the folder's lock
+// is refused at once, naming the folder and the holder; the folder's files stay as they were.
+TEST(EngineTest, SaveIntoAFolderBeingSavedIsRefused) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  {
+    auto held = fileio::FileLock::acquire(ckpt.path() + "/.zinf_save.lock", "test");
+    ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+    const Status st = t.engine().save_checkpoint(ckpt.path(), "a", "{}");
+    ASSERT_FALSE(st.is_ok());
+    EXPECT_NE(st.message().find("checkpoint folder " + ckpt.path() + " is in use"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("pid " + std::to_string(::getpid())), std::string::npos) << st.message();
+    EXPECT_FALSE(std::filesystem::exists(ckpt.path() + "/a"));
+  }
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+}
+
+// Checkpoint files are 0600 in 0700 folders, and a symbolic link planted at a checkpoint file's
+// name is replaced, never written through.
+TEST(EngineTest, CheckpointFilesArePrivateAndLinksAreNotFollowed) {
+  TempDir nvme, ckpt, elsewhere;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  const std::string victim = elsewhere.write("victim", "precious");
+  std::filesystem::create_symlink(victim, ckpt.path() + "/latest");
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious");
+  EXPECT_FALSE(std::filesystem::is_symlink(ckpt.path() + "/latest"));
+  namespace fs = std::filesystem;
+  EXPECT_EQ(fs::status(ckpt.path() + "/a").permissions() & fs::perms::all, fs::perms::owner_all);
+  for (const char* f : {"/a/rank0.state", "/a/engine.json", "/latest"}) {
+    EXPECT_EQ(fs::status(ckpt.path() + f).permissions() & fs::perms::all, fs::perms::owner_read | fs::perms::owner_write)
+        << f;
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include <fmt/format.h>
 
+#include "common/file_io.h"
 #include "zinf/log.h"
 
 namespace zinf::aio_bench {
@@ -40,10 +41,9 @@ Status Bench::fresh_write_file() const {
   if (::unlink(write_path_.c_str()) != 0 && errno != ENOENT) {
     return Status::sys_error(fmt::format("unlink {}", write_path_), errno);
   }
-  const int fd = ::open(write_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) return Status::sys_error(fmt::format("create {}", write_path_), errno);
-  const int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(file_bytes_));
-  ::close(fd);
+  ZINF_ASSIGN_OR_RETURN(fileio::UniqueFd fd,
+                        fileio::open_file(write_path_, O_WRONLY | O_CREAT | O_TRUNC, 0644, "writing"));
+  const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(file_bytes_));
   // File systems without fallocate (rc == EOPNOTSUPP) still work: the writes allocate.
   if (rc != 0 && rc != EOPNOTSUPP) {
     return Status::sys_error(fmt::format("posix_fallocate {} bytes for {}", file_bytes_, write_path_), rc);
@@ -98,14 +98,14 @@ Result<double> Bench::run(const Point& point, Op op, const Timing& timing) {
   if (is_write) ZINF_RETURN_IF_ERROR(fresh_write_file());
   const std::string& path = is_write ? write_path_ : read_path_;
   // Open once, O_DIRECT, as fio does; the handle then works on the fd.
-  const int flags = is_write ? O_WRONLY : O_RDONLY;
-  int fd = ::open(path.c_str(), flags | O_DIRECT);
-  if (fd < 0 && errno == EINVAL) {
+  ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
+                        fileio::open_direct_or_buffered(path, is_write ? O_WRONLY : O_RDONLY, 0, true,
+                                                        is_write ? "writing" : "reading"));
+  if (!file.direct) {
     log_once(LogLevel::kNotice, "aio_bench.odirect",
              fmt::format("{} refuses O_DIRECT; measuring buffered I/O (page cache included)", path));
-    fd = ::open(path.c_str(), flags);
   }
-  if (fd < 0) return Status::sys_error(fmt::format("open {}", path), errno);
+  const int fd = file.fd.get();
   auto transfer = [&]() -> Status {
     return is_write ? handle->sync_pwrite(buffer_.data(), file_bytes_, fd, 0)
                     : handle->sync_pread(buffer_.data(), file_bytes_, fd, 0);
@@ -126,7 +126,7 @@ Result<double> Bench::run(const Point& point, Op op, const Timing& timing) {
     bytes += file_bytes_;
   }
   const double elapsed = seconds_since(start);
-  ::close(fd);
+  file.fd.reset();
   if (std::getenv("ZINF_AIO_BENCH_STATS") != nullptr) {
     const aio::HandleStats st = handle->stats();
     std::fprintf(stderr, "stats: requests %lu ops %lu fixed %lu bounced %lu edge %lu retries %lu\n",

@@ -6,7 +6,8 @@
 // queue (an io_uring ring, a libaio context, or a pread/pwrite loop). Every
 // completion is checked; short transfers, EINTR and EAGAIN are retried; the
 // first failure of a request is returned by wait() with path, offset, length
-// and errno text.
+// and errno text. A request still unfinished request_timeout_s after its submission is
+// failed by wait() (see AioConfig::request_timeout_s), so a stuck device is an error, not a hang.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +45,11 @@ struct AioConfig {
   Backend backend = Backend::kAuto;
   bool use_direct_io = true;  // O_DIRECT on files the handle opens; buffered fallback with a notice
   bool pin_threads = true;    // pin workers to cores when built with hwloc
+  // zinf only (not a reference knob): seconds a request may take from submission before
+  // wait() fails it. The request's chunks not yet issued are then dropped and those in flight
+  // drained (waited for, so no buffer is handed back while the kernel may still use it), and
+  // wait() returns an IoError naming the path, offset, length and this limit.
+  double request_timeout_s = 120.0;
   // When set, every chunk completion passes through this injector (tests only).
   std::shared_ptr<FaultInjector> faults;
 

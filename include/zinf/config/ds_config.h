@@ -197,6 +197,9 @@ struct AioSection {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+  // zinf only (DeepSpeed has no such key): seconds one I/O request may take before it is
+  // failed (zinf::aio::AioConfig::request_timeout_s). > 0.
+  double request_timeout_s = 120.0;
 };
 
 struct CheckpointSection {

@@ -60,6 +60,7 @@ struct OptimizerSwapConfig {
   bool pin_memory = false;
   std::size_t stripe_unit = std::size_t{4} << 20;
   bool durable = true;           // fdatasync before each commit
+  bool checksums = true;         // page checksums, verified on read (StoreConfig::checksums)
   bool swap_gradients = false;   // gradients come from a gradient store (write_gradients)
   DType gradient_dtype = DType::kF32;
   optim::ExecOptions exec;       // how the kernels run

@@ -38,6 +38,7 @@ struct ParamSwapConfig {
   std::size_t stripe_unit = std::size_t{4} << 20;
   std::size_t io_threads = 2;
   bool durable = true;                   // fdatasync before manifest commits
+  bool checksums = true;                 // page checksums, verified on read (StoreConfig::checksums)
 };
 
 class ParamSwapper {

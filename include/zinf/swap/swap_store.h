@@ -14,6 +14,13 @@
 // folder), after the data files are fdatasync'ed when `durable` is set. A store reopened with
 // OpenMode::kOpen sees exactly the tensors and metadata of the last commit.
 //
+// Checksums: with StoreConfig::checksums (the default) every 4 KiB page written gets an XXH3-64
+// checksum, recorded when its write succeeds and checked by wait() on every read of the page, so
+// damaged swap data is a Corruption error, never a NaN later. commit() stores each changed
+// tensor's checksums in the spare half of its checksum extent in stripe file 0
+// (TensorRecord::sums) before the data files are synced; the new manifest names that half and
+// the checksum of the checksums, so a crash before the manifest leaves the old half intact.
+//
 // I/O contract: offsets into a tensor must be multiples of 4 KiB; lengths must be multiples of
 // 4 KiB unless the range ends at the tensor's end, in which case the transfer is padded to
 // 4 KiB, so the buffer needs align_up(nbytes, 4096) bytes of room. Buffers should be 4 KiB
@@ -44,6 +51,11 @@ struct StoreConfig {
   std::size_t stripe_unit = std::size_t{4} << 20;  // bytes; a multiple of 4 KiB
   bool direct_io = true;  // O_DIRECT data files (buffered, with a notice, where refused)
   bool durable = true;    // fdatasync the data files before each manifest commit
+  // An XXH3-64 checksum of every 4 KiB page written, kept in memory and with the store (see
+  // above) and verified on every read: a mismatch is a Corruption error naming the tensor, the
+  // data file and the offset. Pages never written with checksums on are not checked. Off:
+  // nothing is computed, and a reopened store's checksums are dropped.
+  bool checksums = true;
 };
 
 enum class OpenMode {
@@ -65,6 +77,10 @@ struct TensorRecord {
   std::uint64_t numel = 0;
   std::uint64_t nbytes = 0;     // numel * dtype_size
   std::vector<Extent> extents;  // extent i holds the stripe units u with u mod F == extents[i].file
+  // With checksums: two halves in file 0, each room for the pages' checksums (8 bytes each);
+  // half `sums_half` holds the committed ones, the other takes the next commit's (length 0: none).
+  Extent sums;
+  std::uint32_t sums_half = 0;
 };
 
 // Requests of one read or write; wait for it with SwapStore::wait().
@@ -73,6 +89,12 @@ struct IoBatch {
   std::string what;  // "read optim/sg0/master.s1 bytes [0, 65536)", for error context
   std::uint64_t bytes = 0;  // bytes transferred when it succeeds (padding included)
   bool write = false;
+  // For the page checksums (StoreConfig::checksums), set by read_async/write_async for wait().
+  std::string key;
+  std::byte* buffer = nullptr;
+  std::uint64_t offset = 0;               // byte of the tensor at buffer[0] (a multiple of 4 KiB)
+  std::vector<std::uint64_t> page_sums;   // writes: the checksums of the pages being written
+  std::vector<std::uint64_t> piece_ends;  // per request in ids: where its bytes end in buffer
   bool empty() const { return ids.empty(); }
 };
 
@@ -139,6 +161,27 @@ class SwapStore {
   Status load_manifest();
   Result<IoBatch> submit(const std::string& key, std::uint64_t offset, void* buffer,
                          std::size_t nbytes, bool write);
+  // Page checksums (see StoreConfig::checksums).
+  struct StoredSums {
+    std::string key;
+    std::uint64_t extent_offset = 0;  // identifies the extent the half belongs to
+    std::uint32_t half = 0;
+    std::uint64_t check = 0;
+  };
+  Status load_sums(const std::map<std::string, std::uint64_t>& sums_check);
+  Status store_sums(std::vector<StoredSums>* stored);
+  void sums_not_committed(const std::vector<StoredSums>& stored);
+  struct PageCheck {
+    std::size_t bad = 0;         // pages that differ
+    std::uint64_t first_bad = 0;  // index of the first, in the batch
+    std::uint64_t got = 0;        // its checksum as read
+  };
+  void record_sums(const IoBatch& batch);
+  std::vector<std::uint64_t> expected_sums(const IoBatch& batch) const;
+  void check_pages(const IoBatch& batch, const std::vector<std::uint64_t>& expected, std::uint64_t begin,
+                   std::uint64_t end, PageCheck& found) const;
+  Status checksum_error(const IoBatch& batch, const std::vector<std::uint64_t>& expected,
+                        const PageCheck& found) const;
 
   StoreConfig config_;
   aio::Handle* handle_ = nullptr;
