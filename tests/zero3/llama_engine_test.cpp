@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "engine_harness.h"
 #include "temp_dir.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/llama.h"
@@ -24,8 +25,11 @@ namespace zinf::zero3 {
 namespace {
 
 using zinf::testing::TempDir;
+namespace testing = zinf::zero3::testing;
 
-constexpr int kB = 2, kT = 8, kVocab = 40;
+using testing::kB;
+using testing::kT;
+constexpr int kVocab = 40;
 
 model::LlamaConfig tiny(bool tied, bool checkpointing = false) {
   model::LlamaConfig c;
@@ -45,74 +49,11 @@ std::unique_ptr<model::Model> llama(const model::LlamaConfig& c) {
   return std::move(model::LlamaModel::create(c)).value();
 }
 
-// Parameters offloaded to `device` ("none", "cpu" or "nvme"), optimizer state likewise (NVMe
-// parameters keep optimizer state on NVMe). Small buckets so that modules span several.
-config::DsConfig ds_config(const std::string& device, const std::string& nvme) {
-  const std::string op = device == "nvme" ? fmt::format(
-                                                R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
-                                                nvme)
-                                          : R"({"device": "none"})";
-  const std::string oo = device == "none" ? R"({"device": "none"})"
-                                          : fmt::format(R"({{"device": "{}", "nvme_path": "{}"}})", device, nvme);
-  const std::string text = fmt::format(R"({{
-    "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-    "bf16": {{"enabled": true}},
-    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
-    "zero_optimization": {{"stage": 3, "sub_group_size": 300, "reduce_bucket_size": 200,
-      "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
-      "offload_param": {op}, "offload_optimizer": {oo}}},
-    "aio": {{"block_size": 65536, "queue_depth": 4}}
-  }})",
-                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo));
-  auto ds = config::parse_ds_config(text, "llama_engine_test", config::AutoContext{});
-  EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
-  return ds.value();
-}
+using testing::EngineRun;
+using testing::ds_config;
+using testing::weights;
 
-// Two micro-batches for `step`, a function of the step alone (two alternating batches).
-std::vector<std::vector<std::int32_t>> batch(int step) {
-  std::vector<std::vector<std::int32_t>> rows(2, std::vector<std::int32_t>(kB * kT + 1));
-  for (int g = 0; g < 2; ++g) {
-    for (std::size_t i = 0; i < rows[g].size(); ++i) {
-      rows[g][i] = static_cast<std::int32_t>(((step % 2) * 7 + g * 3 + i * i) % kVocab);
-    }
-  }
-  return rows;
-}
-
-Result<std::vector<double>> train(Engine& e, int from, int to) {
-  std::vector<double> losses;
-  for (int step = from; step < to; ++step) {
-    const auto rows = batch(step);
-    std::vector<MicroBatch> micro;
-    for (const auto& r : rows) {
-      micro.push_back({std::span<const std::int32_t>(r.data(), kB * kT),
-                       std::span<const std::int32_t>(r.data() + 1, kB * kT), kB, kT});
-    }
-    ZINF_ASSIGN_OR_RETURN(StepReport rep, e.train_step(micro));
-    losses.push_back(rep.loss);
-  }
-  return losses;
-}
-
-std::vector<std::vector<float>> weights(Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t p = 0; p < e.model().params().size(); ++p) {
-    out.emplace_back(e.model().params()[p].numel);
-    EXPECT_TRUE(e.read_full_param(p, out.back()).is_ok());
-  }
-  return out;
-}
-
-struct EngineRun {
-  std::unique_ptr<Communicator> comm = make_local_communicator();
-  std::unique_ptr<Engine> engine;
-  EngineRun(std::unique_ptr<model::Model> m, const config::DsConfig& ds) {
-    auto e = Engine::create(std::move(m), EngineOptions{ds, 11, ""}, *comm);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    if (e.is_ok()) engine = std::move(e).value();
-  }
-};
+Result<std::vector<double>> train(Engine& e, int from, int to) { return testing::train(e, from, to, kVocab); }
 
 class LlamaEngineTest : public ::testing::TestWithParam<bool> {};  // tied head
 

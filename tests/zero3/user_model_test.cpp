@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "engine_harness.h"
 #include "temp_dir.h"
 #include "token_mlp.h"
 #include "zinf/config/ds_config.h"
@@ -25,84 +26,22 @@ namespace zinf::zero3 {
 namespace {
 
 using zinf::testing::TempDir;
+namespace testing = zinf::zero3::testing;
 
-constexpr int kB = 2, kT = 8;
+using testing::EngineRun;
+using testing::ds_config;
+using testing::kB;
+using testing::kT;
+using testing::weights;
+
+constexpr int kVocab = 40;
 
 std::unique_ptr<model::Model> mlp(int hidden = 12) {
-  return std::move(example::TokenMlp::create({.vocab = 40, .embed = 6, .hidden = hidden, .layers = 2, .max_seq = kT}))
+  return std::move(example::TokenMlp::create({.vocab = kVocab, .embed = 6, .hidden = hidden, .layers = 2, .max_seq = kT}))
       .value();
 }
 
-config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true,
-                           int sub_group_size = 300) {
-  const std::string op = device == "nvme" ? fmt::format(
-                                                R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
-                                                nvme)
-                                          : R"({"device": "none"})";
-  const std::string oo = device == "none" ? R"({"device": "none"})"
-                                          : fmt::format(R"({{"device": "{}", "nvme_path": "{}"}})", device, nvme);
-  const std::string text = fmt::format(R"({{
-    "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
-    {precision}
-    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
-    "zero_optimization": {{"stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 200,
-      "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
-      "offload_param": {op}, "offload_optimizer": {oo}}},
-    "aio": {{"block_size": 65536, "queue_depth": 4}}
-  }})",
-                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo),
-                                       fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""),
-                                       fmt::arg("sg", sub_group_size));
-  auto ds = config::parse_ds_config(text, "user_model_test", config::AutoContext{});
-  EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
-  return ds.value();
-}
-
-// Two micro-batches for `step`, a function of the step alone (two alternating batches, so that
-// six steps visibly learn them).
-std::vector<std::vector<std::int32_t>> batch(int step) {
-  std::vector<std::vector<std::int32_t>> rows(2, std::vector<std::int32_t>(kB * kT + 1));
-  for (int g = 0; g < 2; ++g) {
-    for (std::size_t i = 0; i < rows[g].size(); ++i) {
-      rows[g][i] = static_cast<std::int32_t>(((step % 2) * 7 + g * 3 + i * i) % 40);
-    }
-  }
-  return rows;
-}
-
-Result<std::vector<double>> train(Engine& e, int from, int to) {
-  std::vector<double> losses;
-  for (int step = from; step < to; ++step) {
-    const auto rows = batch(step);
-    std::vector<MicroBatch> micro;
-    for (const auto& r : rows) {
-      micro.push_back({std::span<const std::int32_t>(r.data(), kB * kT), std::span<const std::int32_t>(r.data() + 1, kB * kT),
-                       kB, kT});
-    }
-    ZINF_ASSIGN_OR_RETURN(StepReport rep, e.train_step(micro));
-    losses.push_back(rep.loss);
-  }
-  return losses;
-}
-
-std::vector<std::vector<float>> weights(Engine& e) {
-  std::vector<std::vector<float>> out;
-  for (std::size_t p = 0; p < e.model().params().size(); ++p) {
-    out.emplace_back(e.model().params()[p].numel);
-    EXPECT_TRUE(e.read_full_param(p, out.back()).is_ok());
-  }
-  return out;
-}
-
-struct EngineRun {
-  std::unique_ptr<Communicator> comm = make_local_communicator();
-  std::unique_ptr<Engine> engine;
-  EngineRun(std::unique_ptr<model::Model> m, const config::DsConfig& ds) {
-    auto e = Engine::create(std::move(m), EngineOptions{ds, 11, ""}, *comm);
-    EXPECT_TRUE(e.is_ok()) << e.status().to_string();
-    if (e.is_ok()) engine = std::move(e).value();
-  }
-};
+Result<std::vector<double>> train(Engine& e, int from, int to) { return testing::train(e, from, to, kVocab); }
 
 TEST(UserModelTest, TrainsIdenticallyInMemoryOnCpuAndOnNvme) {
   std::vector<std::vector<double>> losses;
@@ -231,9 +170,8 @@ TEST(UserModelTest, CheckpointReaderGivesTheWeightsTheEngineComputesWith) {
   EngineRun run(mlp(), ds_config("cpu", nvme.path(), /*bf16=*/false));  // fp32: computes with the masters
   ASSERT_TRUE(train(*run.engine, 0, 3).is_ok());
   ASSERT_TRUE(run.engine->save_checkpoint(ckpt.path(), "a", "{}").is_ok());
-  const auto rows = batch(9);
-  const MicroBatch mb{std::span<const std::int32_t>(rows[0].data(), kB * kT),
-                      std::span<const std::int32_t>(rows[0].data() + 1, kB * kT), kB, kT};
+  const auto rows = testing::batch(9, kVocab);
+  const MicroBatch mb = testing::micro_batch(rows[0]);
   auto engine_loss = run.engine->eval_loss(mb);
   ASSERT_TRUE(engine_loss.is_ok());
 
