@@ -1,7 +1,7 @@
 // Causal attention forward+backward: the blocked kernels against the full (T,T) path they
 // replaced, on GPT `small`'s heads (6 x 64), with the ratio measured interleaved in one run.
 //
-//   build/bench/attention_bench [--attn_rounds=7] [--attn_batch=1] [google benchmark flags]
+//   build/bench/attention_bench [--attn_rounds=7 (0: none)] [--attn_batch=1] [google benchmark flags]
 //
 // Google Benchmark times each path on its own; then, per T, rounds alternate which path goes
 // first (A B, B A, ...), each sample the best of 3 calls, and the medians and their ratio are
@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -108,8 +109,8 @@ void parse_own_flags(int* argc, char** argv, int* rounds, int* batch) {
 int main(int argc, char** argv) {
   int rounds = 7, batch = 1;
   parse_own_flags(&argc, argv, &rounds, &batch);
-  if (rounds < 1 || batch < 1) {
-    std::fprintf(stderr, "attention_bench: --attn_rounds and --attn_batch must be >= 1\n");
+  if (rounds < 0 || batch < 1) {
+    std::fprintf(stderr, "attention_bench: --attn_rounds must be >= 0 (0: no interleaved run), --attn_batch >= 1\n");
     return 2;
   }
   benchmark::Initialize(&argc, argv);
@@ -117,7 +118,7 @@ int main(int argc, char** argv) {
 
   const char* isa = __builtin_cpu_supports("avx512f") ? "avx512f" : __builtin_cpu_supports("avx2") ? "avx2" : "sse2";
   std::printf("attention_bench: B=%d, %d heads x %d, block %d; %s; CPU %s, OpenBLAS core %s; %zu threads in the pool\n",
-              batch, kHeads, kHeadSize, zinf::model::kernels::detail::kAttnBlock, zinf::topology().summary().c_str(),
+              batch, kHeads, kHeadSize, zinf::model::kernels::detail::attention_block(kHeadSize), zinf::topology().summary().c_str(),
               isa, openblas_get_corename(), zinf::default_thread_pool().threads());
   for (bool blocked : {false, true}) {
     auto* b = benchmark::RegisterBenchmark(blocked ? "attention_fwd_bwd/blocked" : "attention_fwd_bwd/full",
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
   }
   benchmark::RunSpecifiedBenchmarks();
 
-  for (int T : kTs) {
+  for (int T : rounds > 0 ? std::vector<int>(std::begin(kTs), std::end(kTs)) : std::vector<int>{}) {
     Problem p(batch, T);
     p.blocked();  // warm-up, both paths
     p.full();

@@ -33,7 +33,7 @@ namespace detail {
 void attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* qkv, float* scratch, int B, int T,
                           int C, int NH) {
   const int hs = C / NH;
-  const int blocks = (T + kAttnBlock - 1) / kAttnBlock;
+  const int blocks = (T + attention_block(hs) - 1) / attention_block(hs);
   // One task per (b, h, query block), costliest (last) query blocks first.
   const size_t tasks = static_cast<size_t>(B) * NH * blocks;
   run_lanes(pool, tasks, attention_worth_threads(B, NH, T, hs), [&](size_t lane, size_t i) {

@@ -14,7 +14,7 @@ namespace zinf::model::kernels::detail {
 
 namespace {
 
-constexpr int kB = kAttnBlock;
+constexpr int kLd = kAttnBlock;  // row stride of the lane's blocks
 
 // exp(x) by Cephes expf's range reduction and degree-6 polynomial (about 1 ulp on [-87, 88]),
 // branch-free and without library calls so that GCC vectorises the loops around it (std::exp
@@ -70,10 +70,10 @@ inline float lane_max(const float* x, int n) {  // n >= 1
                   std::max(std::max(acc[4], acc[5]), std::max(acc[6], acc[7])));
 }
 
-// s (rows, kB) = scale * Q_rows K_cols^T: the block's scores.
+// s (rows, kLd) = scale * Q_rows K_cols^T: the block's scores.
 void block_scores(float* s, const HeadRows& h, int r0, int br, int c0, int bc, int hs, float scale) {
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld,
-              h.q_ld, h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, 0.0f, s, kB);
+              h.q_ld, h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, 0.0f, s, kLd);
 }
 
 // Keys of block (qb, kb) that query row r of the block may see: all bc below the diagonal block,
@@ -84,18 +84,19 @@ inline int visible(int qb, int kb, int r, int bc) { return kb == qb ? r + 1 : bc
 
 void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const int r0 = qb * kB;
-  const int br = std::min(kB, T - r0);
-  float* s = lane;                  // (br, kB) scores, then unnormalised probabilities
-  float* m = lane + 2 * kB * kB;    // (br) running row maximum
-  float* l = m + kB;                // (br) running row sum of exp(s - m)
+  const int block = attention_block(hs);
+  const int r0 = qb * block;
+  const int br = std::min(block, T - r0);
+  float* s = lane;                  // (br, kLd) scores, then unnormalised probabilities
+  float* m = lane + 2 * kLd * kLd;  // (br) running row maximum
+  float* l = m + kLd;               // (br) running row sum of exp(s - m)
   float* ob = o + static_cast<size_t>(r0) * h.o_ld;  // (br, hs) rows of o
   for (int kb = 0; kb <= qb; kb++) {  // blocks above the diagonal (kb > qb) are all masked
-    const int c0 = kb * kB;
-    const int bc = std::min(kB, T - c0);
+    const int c0 = kb * block;
+    const int bc = std::min(block, T - c0);
     block_scores(s, h, r0, br, c0, bc, hs, scale);
     for (int r = 0; r < br; r++) {
-      float* row = s + static_cast<size_t>(r) * kB;
+      float* row = s + static_cast<size_t>(r) * kLd;
       const int n = visible(qb, kb, r, bc);
       const float bmax = lane_max(row, n);
       if (kb == 0) {
@@ -114,7 +115,7 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
       l[r] += lane_sum(row, n);
     }
     // o rows (br, hs) (+)= P (br, bc) @ V_kb (bc, hs)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, s, kB,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, s, kLd,
                 h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, kb == 0 ? 0.0f : 1.0f, ob, h.o_ld);
   }
   for (int r = 0; r < br; r++) {
@@ -127,13 +128,14 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
 void attention_backward_head(const HeadRows& h, const float* o, const float* dout, const float* lse, float* dq,
                              float* dk, float* dv, int T, int hs, float* lane) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  float* p = lane;                  // (br, kB) probabilities
-  float* ds = lane + kB * kB;       // (br, kB) dP, then dS
-  float* dsum = ds + kB * kB;       // (br) D = rowsum(dO * O) = rowsum(P * dP)
-  const int blocks = (T + kB - 1) / kB;
+  const int block = attention_block(hs);
+  float* p = lane;                  // (br, kLd) probabilities
+  float* ds = lane + kLd * kLd;     // (br, kLd) dP, then dS
+  float* dsum = ds + kLd * kLd;     // (br) D = rowsum(dO * O) = rowsum(P * dP)
+  const int blocks = (T + block - 1) / block;
   for (int qb = 0; qb < blocks; qb++) {
-    const int r0 = qb * kB;
-    const int br = std::min(kB, T - r0);
+    const int r0 = qb * block;
+    const int br = std::min(block, T - r0);
     const float* q_i = h.q + static_cast<size_t>(r0) * h.q_ld;
     const float* do_i = dout + static_cast<size_t>(r0) * h.o_ld;
     float* dq_i = dq + static_cast<size_t>(r0) * h.q_ld;
@@ -141,34 +143,34 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
       dsum[r] = lane_dot(do_i + static_cast<size_t>(r) * h.o_ld, o + static_cast<size_t>(r0 + r) * h.o_ld, hs);
     }
     for (int kb = 0; kb <= qb; kb++) {
-      const int c0 = kb * kB;
-      const int bc = std::min(kB, T - c0);
+      const int c0 = kb * block;
+      const int bc = std::min(block, T - c0);
       const float* k_j = h.k + static_cast<size_t>(c0) * h.kv_ld;
       const float* v_j = h.v + static_cast<size_t>(c0) * h.kv_ld;
       block_scores(p, h, r0, br, c0, bc, hs, scale);
       for (int r = 0; r < br; r++) {
-        float* row = p + static_cast<size_t>(r) * kB;
+        float* row = p + static_cast<size_t>(r) * kLd;
         const int n = visible(qb, kb, r, bc);
         const float lr = lse[r0 + r];
         for (int j = 0; j < n; j++) row[j] = fast_exp(row[j] - lr);
         for (int j = n; j < bc; j++) row[j] = 0.0f;
       }
       // dV_j (bc, hs) += P^T @ dO_i
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, p, kB, do_i, h.o_ld, 1.0f,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, 1.0f,
                   dv + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
       // dP (br, bc) = dO_i @ V_j^T, then dS = P * (dP - D) times the score scale
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, 0.0f, ds,
-                  kB);
+                  kLd);
       for (int r = 0; r < br; r++) {
-        const float* prow = p + static_cast<size_t>(r) * kB;
-        float* srow = ds + static_cast<size_t>(r) * kB;
+        const float* prow = p + static_cast<size_t>(r) * kLd;
+        float* srow = ds + static_cast<size_t>(r) * kLd;
         const float d = dsum[r];
         for (int j = 0; j < bc; j++) srow[j] = prow[j] * (srow[j] - d) * scale;
       }
       // dQ_i (br, hs) (+)= dS @ K_j ; dK_j (bc, hs) += dS^T @ Q_i
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, ds, kB, k_j, h.kv_ld,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld,
                   kb == 0 ? 0.0f : 1.0f, dq_i, h.q_ld);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, ds, kB, q_i, h.q_ld, 1.0f,
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, 1.0f,
                   dk + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
     }
   }

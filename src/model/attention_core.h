@@ -11,10 +11,14 @@
 
 namespace zinf::model::kernels::detail {
 
-// Query and key blocks are kAttnBlock rows. Equal sizes put the causal diagonal inside the
-// diagonal blocks only: block (i, j) is full for j < i, masked for j == i, skipped for j > i.
-// 64 measured fastest of 32, 64, 128 in bench/attention_bench.cpp (docs/model.md).
+// Query and key blocks are attention_block(hs) rows, at most kAttnBlock. Equal sizes put the
+// causal diagonal inside the diagonal blocks only: block (i, j) is full for j < i, masked for
+// j == i, skipped for j > i. Every block product is block x block x hs; OpenBLAS 0.3.21 runs
+// products of up to 262144 multiply-adds on the calling thread and splits larger ones over its
+// own threads, which fight the pool's tasks (128-row blocks at hs 64 measured 8x slower than 64),
+// so the block shrinks as hs grows. 32 and 64 measured alike at hs 64 (docs/model.md).
 constexpr int kAttnBlock = 64;
+inline int attention_block(int hs) { return hs <= 64 ? 64 : hs <= 256 ? 32 : 16; }
 
 // Per worker lane: two (kAttnBlock, kAttnBlock) blocks and two kAttnBlock row vectors.
 constexpr size_t kAttnLaneFloats = 2 * kAttnBlock * kAttnBlock + 2 * kAttnBlock;
@@ -28,7 +32,7 @@ struct HeadRows {
   int q_ld, kv_ld, o_ld;
 };
 
-// Query block `qb` (rows qb*kAttnBlock ...) of one head: o rows (overwritten) and their
+// Query block `qb` (rows qb*attention_block(hs) ...) of one head: o rows (overwritten) and their
 // log-sum-exp, by online softmax over key blocks 0..qb. `lane` is kAttnLaneFloats of scratch no
 // other thread uses during the call. The result depends only on the inputs.
 void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane);

@@ -26,7 +26,7 @@ namespace detail {
 
 void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
                               const float* v, float* scratch, const GqaShape& s) {
-  const int blocks = (s.T + kAttnBlock - 1) / kAttnBlock;
+  const int blocks = (s.T + attention_block(s.hs) - 1) / attention_block(s.hs);
   // One task per (b, h, query block), costliest (last) query blocks first.
   const size_t tasks = static_cast<size_t>(s.B) * s.NH * blocks;
   run_lanes(pool, tasks, attention_worth_threads(s.B, s.NH, s.T, s.hs), [&](size_t lane, size_t i) {

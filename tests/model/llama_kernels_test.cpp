@@ -261,14 +261,14 @@ TEST(LlamaKernelsTest, GqaAttentionBackwardMatchesFiniteDifferences) {
   }
 }
 
-// The blocked kernels across 64-row block boundaries and GQA ratios (1, 2, 3 and 4 query heads
-// per kv head) against the scalar loops: forward to 1e-5 of the largest value, backward to 2e-5
+// The blocked kernels across block boundaries (64 rows; 32 at head size 128) and GQA ratios
+// (1, 2, 3 and 4 query heads per kv head) against the scalar loops: forward to 1e-5 of the largest value, backward to 2e-5
 // of the largest v gradient (other summation order, polynomial exp; at T = 1 the q and k
 // gradients are exactly 0 in the reference and rounding-sized here).
 TEST(LlamaKernelsTest, BlockedGqaAttentionMatchesReferencesAcrossBlockBoundaries) {
   for (int T : {1, 7, 63, 64, 65, 200, 257}) {
     for (GqaShape s : {GqaShape{1, T, 4, 1, 16}, GqaShape{2, T, 4, 2, 8}, GqaShape{1, T, 6, 2, 12},
-                       GqaShape{1, T, 2, 2, 64}}) {
+                       GqaShape{1, T, 2, 2, 64}, GqaShape{1, T, 2, 1, 128}}) {
       SCOPED_TRACE(::testing::Message() << "T=" << T << " NH=" << s.NH << " NKV=" << s.NKV << " hs=" << s.hs);
       const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = nq / s.NH * s.NKV;
       std::vector<float> q = randn(71 + T, nq), k = randn(72 + T, nkv), v = randn(73 + T, nkv), dout = randn(74 + T, nq);
