@@ -35,7 +35,6 @@ struct LayerActs {
 
 struct GptActivations {
   size_t cap_bt = 0;  // B*T the buffers hold
-  size_t cap_t = 0;   // T the attention scratch holds
   FloatBuffer storage;
   std::vector<LayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
   std::vector<float*> resid;      // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
@@ -47,15 +46,15 @@ struct GptActivations {
   float* dres;                    // (B,T,C) gradient of the residual stream
   float* dsmall;                  // (B,T,C) scratch gradient
   float* dbig;                    // (B,T,4C) scratch gradient (also dqkv)
-  float* att_scratch;             // attention_scratch_floats(T)
+  float* att_scratch;             // attention_scratch_floats()
 };
 
 namespace {
 
 using detail::Carver;
 
-// Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
-size_t carve(const GptConfig& c, size_t bt, size_t t, float* base, GptActivations* a) {
+// Points every buffer of `a` into `base` for B*T = bt and returns the floats used.
+size_t carve(const GptConfig& c, size_t bt, float* base, GptActivations* a) {
   const size_t C = c.n_embd;
   const size_t slots = c.activation_checkpointing ? 1 : c.n_layer;
   Carver cv(base);
@@ -76,7 +75,7 @@ size_t carve(const GptConfig& c, size_t bt, size_t t, float* base, GptActivation
   a->dres = cv.take(bt * C);
   a->dsmall = cv.take(bt * C);
   a->dbig = cv.take(bt * 4 * C);
-  a->att_scratch = cv.take(k::attention_scratch_floats(static_cast<int>(t)));
+  a->att_scratch = cv.take(k::attention_scratch_floats());
   return cv.used();
 }
 
@@ -117,7 +116,7 @@ GptModel::~GptModel() = default;
 
 uint64_t GptModel::activation_bytes(int B, int T) const {
   GptActivations counting;
-  return carve(config_, static_cast<size_t>(B) * T, T, nullptr, &counting) * sizeof(float);
+  return carve(config_, static_cast<size_t>(B) * T, nullptr, &counting) * sizeof(float);
 }
 
 Status GptModel::reserve(int B, int T) {
@@ -126,18 +125,17 @@ Status GptModel::reserve(int B, int T) {
         "reserve: B ({}) and T ({}) must be >= 1, T <= max_seq ({})", B, T, config_.max_seq));
   }
   const size_t bt = static_cast<size_t>(B) * T;
-  if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t) return Status::ok();
+  if (acts_ && bt <= acts_->cap_bt) return Status::ok();
   auto a = std::make_unique<GptActivations>();
   a->cap_bt = acts_ ? std::max(bt, acts_->cap_bt) : bt;
-  a->cap_t = acts_ ? std::max<size_t>(T, acts_->cap_t) : T;
   acts_.reset();  // free the old buffers before taking the new ones
-  const size_t floats = carve(config_, a->cap_bt, a->cap_t, nullptr, a.get());
+  const size_t floats = carve(config_, a->cap_bt, nullptr, a.get());
   a->storage = FloatBuffer::allocate(floats);
   if (a->storage.data() == nullptr) {
     return Status::resource_exhausted(fmt::format(
         "model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
-  carve(config_, a->cap_bt, a->cap_t, a->storage.data(), a.get());
+  carve(config_, a->cap_bt, a->storage.data(), a.get());
   acts_ = std::move(a);
   return Status::ok();
 }
@@ -271,7 +269,7 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
     k::matmul_backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
-    k::attention_backward(dqkv, datty, la.qkv, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
+    k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
     k::matmul_backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
   }));
   return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {

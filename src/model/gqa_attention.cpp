@@ -1,121 +1,92 @@
-// Causal grouped-query self-attention, forward and backward, as sgemm calls per (batch, head):
-// attention.cpp's approach (keep the log-sum-exp, rebuild probabilities in backward) with q, k
-// and v in separate tensors and several query heads per kv head.
-#include <cblas.h>
-
+// Causal grouped-query self-attention, forward and backward: attention_core.cpp's blocked core
+// with q, k and v in separate tensors and several query heads per kv head.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "model/attention_core.h"
 #include "model/llama_kernels.h"
-#include "model/parallel.h"
 
 namespace zinf::model::kernels {
 
-size_t gqa_attention_scratch_floats(int T) { return 2 * static_cast<size_t>(T) * T; }
-
 namespace {
 
-// Offsets of one (b, h) slice. Query rows are NH*hs apart, key/value rows NKV*hs apart.
-struct GqaHead {
-  size_t q_offset;   // into q, out, dq, dout: (B,T,NH*hs)
-  size_t kv_offset;  // into k, v, dk, dv: (B,T,NKV*hs)
-  size_t lse_offset; // into lse: (B,NH,T)
-  int qw, kvw;       // row strides
-  bool first_of_group;  // h is the first query head of its kv head
-};
-
-GqaHead gqa_head(const GqaShape& s, int b, int h) {
-  const int group = s.NH / s.NKV;
-  const int qw = s.NH * s.hs;
-  const int kvw = s.NKV * s.hs;
-  return GqaHead{static_cast<size_t>(b) * s.T * qw + static_cast<size_t>(h) * s.hs,
-                 static_cast<size_t>(b) * s.T * kvw + static_cast<size_t>(h / group) * s.hs,
-                 (static_cast<size_t>(b) * s.NH + h) * s.T, qw, kvw, h % group == 0};
-}
-
-// scores (T,T) = scale * Q K^T; only j <= i are used.
-void scores(float* p, const float* q, const float* k, const GqaHead& hd, int T, int hs, float scale) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q + hd.q_offset, hd.qw, k + hd.kv_offset,
-              hd.kvw, 0.0f, p, T);
-}
-
-// Row i of the causal softmax from its log-sum-exp: exp(s - lse) for j <= i, 0 after.
-void probs_row(float* row, int i, int T, float lse) {
-  for (int j = 0; j <= i; j++) row[j] = std::exp(row[j] - lse);
-  for (int j = i + 1; j < T; j++) row[j] = 0.0f;
+// Rows of query head h of batch b. Query rows are NH*hs apart, key/value rows NKV*hs apart.
+detail::HeadRows gqa_head(const float* q, const float* k, const float* v, const GqaShape& s, int b, int h) {
+  const int qw = s.NH * s.hs, kvw = s.NKV * s.hs;
+  const size_t kv_offset = static_cast<size_t>(b) * s.T * kvw + static_cast<size_t>(h / (s.NH / s.NKV)) * s.hs;
+  return detail::HeadRows{q + static_cast<size_t>(b) * s.T * qw + static_cast<size_t>(h) * s.hs, k + kv_offset,
+                          v + kv_offset, qw, kvw, qw};
 }
 
 }  // namespace
 
+namespace detail {
+
+void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
+                              const float* v, float* scratch, const GqaShape& s) {
+  const int blocks = (s.T + attention_block(s.hs) - 1) / attention_block(s.hs);
+  // One task per (b, h, query block), costliest (last) query blocks first.
+  const size_t tasks = static_cast<size_t>(s.B) * s.NH * blocks;
+  run_lanes(pool, tasks, attention_worth_threads(s.B, s.NH, s.T, s.hs), [&](size_t lane, size_t i) {
+    const int bh = static_cast<int>(i / blocks);
+    const int qb = blocks - 1 - static_cast<int>(i % blocks);
+    const HeadRows hr = gqa_head(q, k, v, s, bh / s.NH, bh % s.NH);
+    attention_forward_block(hr, out + (hr.q - q), lse + static_cast<size_t>(bh) * s.T, s.T, s.hs, qb,
+                            scratch + lane * kAttnLaneFloats);
+  });
+}
+
+void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
+                               const float* q, const float* k, const float* v, const float* out, const float* lse,
+                               float* scratch, const GqaShape& s) {
+  const int group = s.NH / s.NKV;
+  // One task per (b, kv head): it owns that kv head's dk and dv and adds its query heads' parts
+  // in head order; each query head's dq is its own.
+  run_lanes(pool, static_cast<size_t>(s.B) * s.NKV, attention_worth_threads(s.B, s.NH, s.T, s.hs),
+            [&](size_t lane, size_t i) {
+              const int b = static_cast<int>(i) / s.NKV, g = static_cast<int>(i) % s.NKV;
+              const HeadRows first = gqa_head(q, k, v, s, b, g * group);
+              float* dk_g = dk + (first.k - k);
+              float* dv_g = dv + (first.v - v);
+              for (int t = 0; t < s.T; t++) {
+                std::memset(dk_g + static_cast<size_t>(t) * first.kv_ld, 0, s.hs * sizeof(float));
+                std::memset(dv_g + static_cast<size_t>(t) * first.kv_ld, 0, s.hs * sizeof(float));
+              }
+              for (int h = g * group; h < (g + 1) * group; h++) {
+                const HeadRows hr = gqa_head(q, k, v, s, b, h);
+                const size_t qo = hr.q - q;
+                attention_backward_head(hr, out + qo, dout + qo, lse + (static_cast<size_t>(b) * s.NH + h) * s.T,
+                                        dq + qo, dk_g, dv_g, s.T, s.hs, scratch + lane * kAttnLaneFloats);
+              }
+            });
+}
+
+}  // namespace detail
+
+size_t gqa_attention_scratch_floats() { return default_thread_pool().threads() * detail::kAttnLaneFloats; }
+
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
                            const GqaShape& s) {
-  const int T = s.T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.hs));
-  float* p = scratch;  // (T,T)
-  for (int b = 0; b < s.B; b++) {
-    for (int h = 0; h < s.NH; h++) {
-      const GqaHead hd = gqa_head(s, b, h);
-      float* head_lse = lse + hd.lse_offset;  // (T)
-      scores(p, q, k, hd, T, s.hs, scale);
-      detail::parallel_for(T, detail::row_grain(20 * T), 20 * T, [&](size_t begin, size_t end) {
-        for (int i = static_cast<int>(begin); i < static_cast<int>(end); i++) {
-          float* row = p + static_cast<size_t>(i) * T;
-          float maxv = row[0];
-          for (int j = 1; j <= i; j++) maxv = std::max(maxv, row[j]);
-          float sum = 0.0f;
-          for (int j = 0; j <= i; j++) sum += std::exp(row[j] - maxv);
-          head_lse[i] = maxv + std::log(sum);
-          probs_row(row, i, T, head_lse[i]);
-        }
-      });
-      // out (T,hs) = P (T,T) @ V (T,hs)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, s.hs, T, 1.0f, p, T, v + hd.kv_offset, hd.kvw, 0.0f,
-                  out + hd.q_offset, hd.qw);
-    }
-  }
+  detail::gqa_attention_forward_on(default_thread_pool(), out, lse, q, k, v, scratch, s);
 }
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* lse, float* scratch, const GqaShape& s) {
-  const int T = s.T;
-  const int hs = s.hs;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  float* p = scratch;                                // (T,T) probabilities
-  float* dp = scratch + static_cast<size_t>(T) * T;  // (T,T) dP, then dS
+                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s) {
+  detail::gqa_attention_backward_on(default_thread_pool(), dq, dk, dv, dout, q, k, v, out, lse, scratch, s);
+}
+
+void gqa_attention_backward_reference(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                      const float* k, const float* v, const GqaShape& s) {
+  const size_t nkv = static_cast<size_t>(s.B) * s.T * s.NKV * s.hs;
+  std::fill(dk, dk + nkv, 0.0f);
+  std::fill(dv, dv + nkv, 0.0f);
   for (int b = 0; b < s.B; b++) {
-    for (int h = 0; h < s.NH; h++) {  // in order, so a kv head's query heads add up in head order
-      const GqaHead hd = gqa_head(s, b, h);
-      const float* head_lse = lse + hd.lse_offset;  // (T)
-      const float* dO = dout + hd.q_offset;
-      scores(p, q, k, hd, T, hs, scale);
-      detail::parallel_for(T, detail::row_grain(10 * T), 10 * T, [&](size_t begin, size_t end) {
-        for (int i = static_cast<int>(begin); i < static_cast<int>(end); i++) {
-          probs_row(p + static_cast<size_t>(i) * T, i, T, head_lse[i]);
-        }
-      });
-      // dP (T,T) = dO (T,hs) @ V^T
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dO, hd.qw, v + hd.kv_offset, hd.kvw, 0.0f,
-                  dp, T);
-      // Softmax backward: dS = P * (dP - rowsum(P * dP)), times the score scale.
-      detail::parallel_for(T, detail::row_grain(4 * T), 4 * T, [&](size_t begin, size_t end) {
-        for (int i = static_cast<int>(begin); i < static_cast<int>(end); i++) {
-          const float* prow = p + static_cast<size_t>(i) * T;
-          float* drow = dp + static_cast<size_t>(i) * T;
-          float dot = 0.0f;
-          for (int j = 0; j <= i; j++) dot += prow[j] * drow[j];
-          for (int j = 0; j <= i; j++) drow[j] = prow[j] * (drow[j] - dot) * scale;
-          for (int j = i + 1; j < T; j++) drow[j] = 0.0f;
-        }
-      });
-      // dQ (T,hs) = dS @ K ; dK (T,hs) (+)= dS^T @ Q ; dV (T,hs) (+)= P^T @ dO
-      const float beta = hd.first_of_group ? 0.0f : 1.0f;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T, k + hd.kv_offset, hd.kvw, 0.0f,
-                  dq + hd.q_offset, hd.qw);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T, q + hd.q_offset, hd.qw, beta,
-                  dk + hd.kv_offset, hd.kvw);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T, dO, hd.qw, beta, dv + hd.kv_offset,
-                  hd.kvw);
+    for (int h = 0; h < s.NH; h++) {
+      const detail::HeadRows hr = gqa_head(q, k, v, s, b, h);
+      detail::attention_backward_head_reference(hr, dout + (hr.q - q), dq + (hr.q - q), dk + (hr.k - k),
+                                                dv + (hr.v - v), s.T, s.hs);
     }
   }
 }

@@ -51,16 +51,30 @@ void softmax_xent_forward(float* logits_to_probs, float* losses, const int32_t* 
 void softmax_xent_backward(float* probs_to_dlogits, const int32_t* targets, float dloss, int N,
                            int V);
 
-// Causal multi-head self-attention over qkv (B,T,3C) laid out [q | k | v], NH heads of C/NH.
-// out (B,T,C); lse (B,NH,T) saves each query row's log-sum-exp so backward can rebuild the
-// probabilities from Q and K instead of storing (B,NH,T,T). scratch: attention_scratch_floats(T).
-size_t attention_scratch_floats(int T);
+// Causal multi-head self-attention over qkv (B,T,3C) laid out [q | k | v], NH heads of C/NH,
+// blocked (attention_core.h): no (T,T) matrix, blocks above the diagonal skipped. out (B,T,C);
+// lse (B,NH,T) saves each query row's log-sum-exp so backward rebuilds the probabilities block by
+// block from Q and K. scratch: attention_scratch_floats(), a few blocks per thread of
+// default_thread_pool(), independent of B and T. The bits do not depend on the thread count.
+size_t attention_scratch_floats();
 void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
                        int C, int NH);
-// dqkv (B,T,3C) overwritten, from dout (B,T,C).
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                        float* scratch, int B, int T, int C, int NH);
+// dqkv (B,T,3C) overwritten, from dout (B,T,C) and forward's out and lse.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, float* scratch, int B, int T, int C, int NH);
 // Direct loops, llm.c's attention_forward with (B,NH,T,T) probabilities (the tests' reference).
 void attention_forward_reference(float* out, const float* qkv, int B, int T, int C, int NH);
+// Direct loops for the backward: dqkv (B,T,3C) overwritten (the tests' reference).
+void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, int B, int T, int C,
+                                  int NH);
+
+// The previous kernels, kept as the benchmark's baseline: per (b, h) the full (T,T) scores by
+// one sgemm, masked afterwards (twice the necessary flops), same contracts as above except
+// scratch: attention_full_scratch_floats(T), and backward does not read out.
+size_t attention_full_scratch_floats(int T);
+void attention_forward_full(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
+                            int C, int NH);
+void attention_backward_full(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                             float* scratch, int B, int T, int C, int NH);
 
 }  // namespace zinf::model::kernels

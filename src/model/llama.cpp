@@ -38,7 +38,7 @@ struct LlamaLayerActs {
 
 struct LlamaActivations {
   size_t cap_bt = 0;  // B*T the buffers hold
-  size_t cap_t = 0;   // T the attention scratch and RoPE tables hold
+  size_t cap_t = 0;   // T the RoPE tables hold
   FloatBuffer storage;
   std::vector<LlamaLayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
   std::vector<float*> resid;           // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
@@ -50,7 +50,7 @@ struct LlamaActivations {
   float* dx;                           // (B,T,C) scratch gradient
   float* dx2;                          // (B,T,C) scratch gradient
   float* dbig;                         // (B,T,max(C+2KV, 2I)): dq|dk|dv, or dact|dup
-  float* att_scratch;                  // gqa_attention_scratch_floats(T)
+  float* att_scratch;                  // gqa_attention_scratch_floats()
   float* rope_cos;                     // (T, head_dim/2)
   float* rope_sin;                     // (T, head_dim/2)
 };
@@ -91,7 +91,7 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActiva
   a->dx = cv.take(bt * C);
   a->dx2 = cv.take(bt * C);
   a->dbig = cv.take(bt * std::max(C + 2 * KV, 2 * I));
-  a->att_scratch = cv.take(k::gqa_attention_scratch_floats(static_cast<int>(t)));
+  a->att_scratch = cv.take(k::gqa_attention_scratch_floats());
   a->rope_cos = cv.take(t * (d.hd / 2));
   a->rope_sin = cv.take(t * (d.hd / 2));
   return cv.used();
@@ -301,7 +301,7 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dk = dq + NC;                                  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
     k::matmul_backward(datty, g[3], nullptr, a.dres, la.atty, v[3], N, d.C, d.C);
-    k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.lse, a.att_scratch,
+    k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);

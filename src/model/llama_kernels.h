@@ -40,19 +40,23 @@ void swiglu_backward(float* dgate, float* dup, const float* dout, const float* g
 
 // Causal grouped-query self-attention. q (B,T,NH*hs), k and v (B,T,NKV*hs); query head h uses
 // kv head h / (NH/NKV); scores scaled by 1/sqrt(hs). out (B,T,NH*hs); lse (B,NH,T) keeps each
-// query row's log-sum-exp, from which backward rebuilds exactly forward's probabilities (as
-// kernels.h's attention does). scratch: gqa_attention_scratch_floats(T).
+// query row's log-sum-exp, from which backward rebuilds the probabilities block by block (the
+// blocked core of kernels.h's attention, attention_core.h). scratch: gqa_attention_scratch_floats(),
+// independent of B and T. The bits do not depend on the thread count.
 struct GqaShape {
   int B, T, NH, NKV, hs;
 };
-size_t gqa_attention_scratch_floats(int T);
+size_t gqa_attention_scratch_floats();
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
                            const GqaShape& s);
-// dq (B,T,NH*hs), dk and dv (B,T,NKV*hs) overwritten from dout (B,T,NH*hs); a kv head's
-// gradient sums its query heads in head order.
+// dq (B,T,NH*hs), dk and dv (B,T,NKV*hs) overwritten from dout (B,T,NH*hs) and forward's out
+// and lse; a kv head's gradient sums its query heads in head order.
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* lse, float* scratch, const GqaShape& s);
+                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s);
 // Direct loops over (b, t, h) with the explicit softmax (the tests' reference).
 void gqa_attention_forward_reference(float* out, const float* q, const float* k, const float* v, const GqaShape& s);
+// Direct loops for the backward, same contract as gqa_attention_backward (the tests' reference).
+void gqa_attention_backward_reference(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                                      const float* k, const float* v, const GqaShape& s);
 
 }  // namespace zinf::model::kernels

@@ -1,10 +1,14 @@
-// The model's fast kernels (OpenBLAS, sgemm attention) against plain scalar references.
+// The model's fast kernels (OpenBLAS, blocked sgemm attention) against plain scalar references.
 #include "model/kernels.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 #include <vector>
+
+#include "model/attention_core.h"
 
 #include "model_test_util.h"
 
@@ -63,7 +67,7 @@ TEST(KernelsTest, AttentionForwardMatchesDirectLoops) {
     std::vector<float> qkv = randn(7, static_cast<size_t>(B) * T * 3 * C);
     std::vector<float> out(static_cast<size_t>(B) * T * C), ref(out.size());
     std::vector<float> lse(static_cast<size_t>(B) * NH * T);
-    std::vector<float> scratch(attention_scratch_floats(T));
+    std::vector<float> scratch(attention_scratch_floats());
     attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
     attention_forward_reference(ref.data(), qkv.data(), B, T, C, NH);
     expect_close(out, ref, 1e-5);
@@ -82,7 +86,7 @@ TEST(KernelsTest, AttentionForwardMatchesDirectLoops) {
 TEST(KernelsTest, AttentionBackwardMatchesFiniteDifferences) {
   const int B = 2, T = 6, C = 8, NH = 2;
   std::vector<float> qkv = randn(11, B * T * 3 * C), w = randn(12, B * T * C);
-  std::vector<float> out(B * T * C), lse(B * NH * T), scratch(attention_scratch_floats(T));
+  std::vector<float> out(B * T * C), lse(B * NH * T), scratch(attention_scratch_floats());
   auto loss = [&](const std::vector<float>& x) {
     attention_forward(out.data(), lse.data(), x.data(), scratch.data(), B, T, C, NH);
     double s = 0.0;
@@ -91,7 +95,7 @@ TEST(KernelsTest, AttentionBackwardMatchesFiniteDifferences) {
   };
   loss(qkv);
   std::vector<float> dqkv(qkv.size());
-  attention_backward(dqkv.data(), w.data(), qkv.data(), lse.data(), scratch.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C, NH);
   const float h = 1e-2f;
   for (size_t i = 0; i < qkv.size(); i++) {
     std::vector<float> x = qkv;
@@ -101,6 +105,110 @@ TEST(KernelsTest, AttentionBackwardMatchesFiniteDifferences) {
     const double lm = loss(x);
     ASSERT_NEAR(dqkv[i], (lp - lm) / (2 * h), 2e-3) << i;
   }
+}
+
+// T around the 64-row block (one partial block, exactly one, one plus a row, several with a
+// partial last one) and head sizes below, at and above the 8-wide sum lanes.
+constexpr int kBlockedTs[] = {1, 7, 63, 64, 65, 200, 257};
+constexpr std::tuple<int, int, int> kBlockedShapes[] = {{2, 24, 3}, {1, 64, 1}, {1, 40, 2}};  // B, C, NH
+
+// |a - b| within tol everywhere.
+void expect_within(const std::vector<float>& a, const std::vector<float>& b, double tol) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); i++) ASSERT_NEAR(a[i], b[i], tol) << i;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0.0;
+  for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));
+  return m;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Blocked forward (online softmax over 64-key blocks) against llm.c's direct loops. The sums run
+// in another order and exp is a polynomial: 1e-5 of the largest output.
+TEST(KernelsTest, BlockedAttentionForwardMatchesReferenceAcrossBlockBoundaries) {
+  for (int T : kBlockedTs) {
+    for (auto [B, C, NH] : kBlockedShapes) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " B=" << B << " C=" << C << " NH=" << NH);
+      std::vector<float> qkv = randn(21 + T, static_cast<size_t>(B) * T * 3 * C);
+      std::vector<float> out(static_cast<size_t>(B) * T * C), ref(out.size()), lse(static_cast<size_t>(B) * NH * T);
+      std::vector<float> scratch(attention_scratch_floats());
+      attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
+      attention_forward_reference(ref.data(), qkv.data(), B, T, C, NH);
+      expect_close(out, ref, 1e-5);
+      // lse against the full path's (which takes max and log-sum over the whole row at once).
+      std::vector<float> out_full(out.size()), lse_full(lse.size()), full_scratch(attention_full_scratch_floats(T));
+      attention_forward_full(out_full.data(), lse_full.data(), qkv.data(), full_scratch.data(), B, T, C, NH);
+      expect_close(lse, lse_full, 1e-5);
+    }
+  }
+}
+
+// Blocked backward (P rebuilt from lse block by block, dK/dV accumulated over query blocks)
+// against scalar loops that form each row's softmax and its gradient directly: within 2e-5 of
+// the largest v gradient (at T = 1 the q and k gradients are exactly 0 in the reference and
+// rounding-sized in the blocked kernel, so they cannot set their own scale).
+TEST(KernelsTest, BlockedAttentionBackwardMatchesReferenceAcrossBlockBoundaries) {
+  for (int T : kBlockedTs) {
+    for (auto [B, C, NH] : kBlockedShapes) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " B=" << B << " C=" << C << " NH=" << NH);
+      const size_t n = static_cast<size_t>(B) * T * C;
+      std::vector<float> qkv = randn(31 + T, 3 * n), dout = randn(32 + T, n);
+      std::vector<float> out(n), lse(static_cast<size_t>(B) * NH * T), scratch(attention_scratch_floats());
+      attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
+      std::vector<float> dqkv(3 * n, NAN), ref(3 * n, NAN);  // overwritten, never read
+      attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C, NH);
+      attention_backward_reference(ref.data(), dout.data(), qkv.data(), B, T, C, NH);
+      std::vector<float> dv_ref;
+      for (size_t row = 0; row < static_cast<size_t>(B) * T; row++) {
+        dv_ref.insert(dv_ref.end(), ref.begin() + row * 3 * C + 2 * C, ref.begin() + (row + 1) * 3 * C);
+      }
+      ASSERT_GT(max_abs(dv_ref), 0.1);
+      expect_within(dqkv, ref, 2e-5 * max_abs(dv_ref));
+    }
+  }
+}
+
+// Same inputs, same bits: twice on one pool, and on pools of 1, 2 and 3 threads (tasks go to
+// whichever thread is free, so this also catches a result that depends on the lane).
+TEST(KernelsTest, BlockedAttentionBitsIndependentOfRunAndThreadCount) {
+  const int B = 2, T = 200, C = 128, NH = 2;  // large enough for attention_worth_threads
+  ASSERT_TRUE(detail::attention_worth_threads(B, NH, T, C / NH));
+  const size_t n = static_cast<size_t>(B) * T * C;
+  std::vector<float> qkv = randn(41, 3 * n), dout = randn(42, n);
+  std::vector<std::vector<float>> results;
+  for (size_t threads : {1, 2, 2, 3}) {
+    ThreadPool pool(threads, false);
+    std::vector<float> scratch(pool.threads() * detail::kAttnLaneFloats);
+    std::vector<float> out(n), lse(static_cast<size_t>(B) * NH * T), dqkv(3 * n);
+    detail::attention_forward_on(pool, out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
+    detail::attention_backward_on(pool, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(),
+                                  B, T, C, NH);
+    out.insert(out.end(), lse.begin(), lse.end());
+    out.insert(out.end(), dqkv.begin(), dqkv.end());
+    results.push_back(std::move(out));
+  }
+  for (size_t i = 1; i < results.size(); i++) EXPECT_TRUE(same_bits(results[0], results[i])) << "run " << i;
+}
+
+// The full (T, T) path kept for the benchmark computes the same attention.
+TEST(KernelsTest, FullMatrixAttentionAgreesWithBlocked) {
+  const int B = 2, T = 130, C = 32, NH = 2;
+  const size_t n = static_cast<size_t>(B) * T * C;
+  std::vector<float> qkv = randn(51, 3 * n), dout = randn(52, n);
+  std::vector<float> out(n), lse(static_cast<size_t>(B) * NH * T), dqkv(3 * n);
+  std::vector<float> out_f(n), lse_f(lse.size()), dqkv_f(3 * n);
+  std::vector<float> scratch(attention_scratch_floats()), full(attention_full_scratch_floats(T));
+  attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, C, NH);
+  attention_forward_full(out_f.data(), lse_f.data(), qkv.data(), full.data(), B, T, C, NH);
+  attention_backward_full(dqkv_f.data(), dout.data(), qkv.data(), lse_f.data(), full.data(), B, T, C, NH);
+  expect_close(out, out_f, 1e-5);
+  expect_close(dqkv, dqkv_f, 2e-5);
 }
 
 TEST(KernelsTest, SoftmaxCrossEntropyMatchesDouble) {

@@ -6,9 +6,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
+#include "model/attention_core.h"
 #include "model/kernels.h"
 #include "model_test_util.h"
 
@@ -225,7 +228,7 @@ TEST(LlamaKernelsTest, GqaAttentionForwardMatchesReferences) {
     const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = nq / s.NH * s.NKV;
     std::vector<float> q = randn(41, nq), k = randn(42, nkv), v = randn(43, nkv);
     std::vector<float> out(nq), ref(nq), lse(static_cast<size_t>(s.B) * s.NH * s.T);
-    std::vector<float> scratch(gqa_attention_scratch_floats(s.T));
+    std::vector<float> scratch(gqa_attention_scratch_floats());
     gqa_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
     gqa_attention_forward_reference(ref.data(), q.data(), k.data(), v.data(), s);
     expect_close(out, to_double(ref), 1e-6);
@@ -245,16 +248,70 @@ TEST(LlamaKernelsTest, GqaAttentionBackwardMatchesFiniteDifferences) {
   for (GqaShape s : {GqaShape{2, 6, 4, 2, 4}, GqaShape{1, 5, 3, 1, 2}, GqaShape{1, 4, 2, 2, 4}}) {
     const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = nq / s.NH * s.NKV;
     std::vector<float> q = randn(51, nq), k = randn(52, nkv), v = randn(53, nkv), w = randn(54, nq);
-    std::vector<float> out(nq), lse(static_cast<size_t>(s.B) * s.NH * s.T), scratch(gqa_attention_scratch_floats(s.T));
+    std::vector<float> out(nq), lse(static_cast<size_t>(s.B) * s.NH * s.T), scratch(gqa_attention_scratch_floats());
     gqa_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
     std::vector<float> dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN);  // overwritten, never read
-    gqa_attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), lse.data(),
+    gqa_attention_backward(dq.data(), dk.data(), dv.data(), w.data(), q.data(), k.data(), v.data(), out.data(), lse.data(),
                            scratch.data(), s);
     const auto Q = to_double(q), K = to_double(k), Vv = to_double(v);
     expect_close(dq, fd_grad([&](const std::vector<double>& x) { return gqa_ref(x, K, Vv, s); }, Q, w), 1e-5);
     expect_close(dk, fd_grad([&](const std::vector<double>& x) { return gqa_ref(Q, x, Vv, s); }, K, w), 1e-5);
     expect_close(dv, fd_grad([&](const std::vector<double>& x) { return gqa_ref(Q, K, x, s); }, Vv, w), 1e-5);
     EXPECT_GT(max_abs(dk), 0.0);
+  }
+}
+
+// The blocked kernels across block boundaries (64 rows; 32 at head size 128) and GQA ratios
+// (1, 2, 3 and 4 query heads per kv head) against the scalar loops: forward to 1e-5 of the largest value, backward to 2e-5
+// of the largest v gradient (other summation order, polynomial exp; at T = 1 the q and k
+// gradients are exactly 0 in the reference and rounding-sized here).
+TEST(LlamaKernelsTest, BlockedGqaAttentionMatchesReferencesAcrossBlockBoundaries) {
+  for (int T : {1, 7, 63, 64, 65, 200, 257}) {
+    for (GqaShape s : {GqaShape{1, T, 4, 1, 16}, GqaShape{2, T, 4, 2, 8}, GqaShape{1, T, 6, 2, 12},
+                       GqaShape{1, T, 2, 2, 64}, GqaShape{1, T, 2, 1, 128}}) {
+      SCOPED_TRACE(::testing::Message() << "T=" << T << " NH=" << s.NH << " NKV=" << s.NKV << " hs=" << s.hs);
+      const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = nq / s.NH * s.NKV;
+      std::vector<float> q = randn(71 + T, nq), k = randn(72 + T, nkv), v = randn(73 + T, nkv), dout = randn(74 + T, nq);
+      std::vector<float> out(nq), ref(nq), lse(static_cast<size_t>(s.B) * s.NH * s.T);
+      std::vector<float> scratch(gqa_attention_scratch_floats());
+      gqa_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
+      gqa_attention_forward_reference(ref.data(), q.data(), k.data(), v.data(), s);
+      expect_close(out, to_double(ref), 1e-5);
+      std::vector<float> dq(nq, NAN), dk(nkv, NAN), dv(nkv, NAN);  // overwritten, never read
+      std::vector<float> dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+      gqa_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                             lse.data(), scratch.data(), s);
+      gqa_attention_backward_reference(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(), k.data(),
+                                       v.data(), s);
+      const double tol = 2e-5 * max_abs(dv_ref);
+      ASSERT_GT(tol, 0.0);
+      for (auto [got, want] : {std::pair{&dq, &dq_ref}, std::pair{&dk, &dk_ref}, std::pair{&dv, &dv_ref}}) {
+        for (size_t i = 0; i < got->size(); i++) ASSERT_NEAR((*got)[i], (*want)[i], tol) << i;
+      }
+    }
+  }
+}
+
+// Same bits twice and on pools of 1, 2 and 3 threads, with kv heads shared by query heads.
+TEST(LlamaKernelsTest, BlockedGqaAttentionBitsIndependentOfRunAndThreadCount) {
+  const GqaShape s{2, 150, 4, 2, 32};
+  ASSERT_TRUE(detail::attention_worth_threads(s.B, s.NH, s.T, s.hs));
+  const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = nq / s.NH * s.NKV;
+  std::vector<float> q = randn(81, nq), k = randn(82, nkv), v = randn(83, nkv), dout = randn(84, nq);
+  std::vector<std::vector<float>> results;
+  for (size_t threads : {1, 2, 2, 3}) {
+    ThreadPool pool(threads, false);
+    std::vector<float> scratch(pool.threads() * detail::kAttnLaneFloats);
+    std::vector<float> out(nq), lse(static_cast<size_t>(s.B) * s.NH * s.T), dq(nq), dk(nkv), dv(nkv);
+    detail::gqa_attention_forward_on(pool, out.data(), lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
+    detail::gqa_attention_backward_on(pool, dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                                      v.data(), out.data(), lse.data(), scratch.data(), s);
+    for (const auto* part : {&lse, &dq, &dk, &dv}) out.insert(out.end(), part->begin(), part->end());
+    results.push_back(std::move(out));
+  }
+  for (size_t i = 1; i < results.size(); i++) {
+    ASSERT_EQ(results[i].size(), results[0].size());
+    EXPECT_EQ(std::memcmp(results[0].data(), results[i].data(), results[0].size() * sizeof(float)), 0) << "run " << i;
   }
 }
 
@@ -272,7 +329,7 @@ TEST(LlamaKernelsTest, GqaWithOneHeadPerGroupIsGptAttention) {
     }
   }
   std::vector<float> out(B * T * C), gpt(B * T * C), lse(B * NH * T), lse_gpt(B * NH * T);
-  std::vector<float> scratch(gqa_attention_scratch_floats(T));
+  std::vector<float> scratch(gqa_attention_scratch_floats());
   gqa_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), scratch.data(), GqaShape{B, T, NH, NH, hs});
   attention_forward(gpt.data(), lse_gpt.data(), qkv.data(), scratch.data(), B, T, C, NH);
   expect_close(out, to_double(gpt), 1e-6);

@@ -1,0 +1,152 @@
+// Causal attention forward+backward: the blocked kernels against the full (T,T) path they
+// replaced, on GPT `small`'s heads (6 x 64), with the ratio measured interleaved in one run.
+//
+//   build/bench/attention_bench [--attn_rounds=7 (0: none)] [--attn_batch=1] [google benchmark flags]
+//
+// Google Benchmark times each path on its own; then, per T, rounds alternate which path goes
+// first (A B, B A, ...), each sample the best of 3 calls, and the medians and their ratio are
+// printed. Flop rates count the causal half only (7 T^2 hs per head for forward + backward), so
+// the full path's rate is what it achieves on the work that matters.
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "model/attention_core.h"
+#include "model/kernels.h"
+#include "zinf/thread_pool.h"
+#include "zinf/topology.h"
+
+namespace {
+
+namespace k = zinf::model::kernels;
+
+constexpr int kHeads = 6, kHeadSize = 64, kC = kHeads * kHeadSize;  // GPT small
+constexpr int kTs[] = {256, 1024, 2048};
+
+// Inputs, outputs and both paths' scratch for one (B, T), filled before any timing (first-touch
+// page faults would otherwise land in the first timed call; see docs measuring.md).
+struct Problem {
+  int B, T;
+  std::vector<float> qkv, dout, out, lse, dqkv, scratch, full_scratch;
+
+  Problem(int b, int t)
+      : B(b), T(t), qkv(static_cast<size_t>(b) * t * 3 * kC), dout(static_cast<size_t>(b) * t * kC),
+        out(dout.size()), lse(static_cast<size_t>(b) * kHeads * t), dqkv(qkv.size()),
+        scratch(k::attention_scratch_floats()), full_scratch(k::attention_full_scratch_floats(t)) {
+    for (size_t i = 0; i < qkv.size(); i++) qkv[i] = std::sin(0.37f * static_cast<float>(i % 10007));
+    for (size_t i = 0; i < dout.size(); i++) dout[i] = std::cos(0.11f * static_cast<float>(i % 10009));
+    std::fill(full_scratch.begin(), full_scratch.end(), 0.0f);
+    std::fill(scratch.begin(), scratch.end(), 0.0f);
+  }
+
+  void blocked() {
+    k::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, kC, kHeads);
+    k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, kC,
+                          kHeads);
+    benchmark::ClobberMemory();
+  }
+
+  void full() {
+    k::attention_forward_full(out.data(), lse.data(), qkv.data(), full_scratch.data(), B, T, kC, kHeads);
+    k::attention_backward_full(dqkv.data(), dout.data(), qkv.data(), lse.data(), full_scratch.data(), B, T, kC,
+                               kHeads);
+    benchmark::ClobberMemory();
+  }
+
+  double causal_flops() const { return 7.0 * T * T * kHeadSize * B * kHeads; }
+};
+
+void BM_Attention(benchmark::State& state, int batch, bool blocked) {
+  Problem p(batch, static_cast<int>(state.range(0)));
+  for (auto _ : state) blocked ? p.blocked() : p.full();
+  state.counters["causal_GFLOP/s"] =
+      benchmark::Counter(p.causal_flops() * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
+}
+
+template <typename Fn>
+double best_of_3(Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < 3; r++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Takes --attn_* flags out of argv.
+void parse_own_flags(int* argc, char** argv, int* rounds, int* batch) {
+  int out = 1;
+  for (int i = 1; i < *argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a.starts_with("--attn_rounds=")) {
+      *rounds = std::atoi(argv[i] + 14);
+    } else if (a.starts_with("--attn_batch=")) {
+      *batch = std::atoi(argv[i] + 13);
+    } else {
+      argv[out++] = argv[i];
+    }
+  }
+  *argc = out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rounds = 7, batch = 1;
+  parse_own_flags(&argc, argv, &rounds, &batch);
+  if (rounds < 0 || batch < 1) {
+    std::fprintf(stderr, "attention_bench: --attn_rounds must be >= 0 (0: no interleaved run), --attn_batch >= 1\n");
+    return 2;
+  }
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+
+  const char* isa = __builtin_cpu_supports("avx512f") ? "avx512f" : __builtin_cpu_supports("avx2") ? "avx2" : "sse2";
+  std::printf("attention_bench: B=%d, %d heads x %d, block %d; %s; CPU %s, OpenBLAS core %s; %zu threads in the pool\n",
+              batch, kHeads, kHeadSize, zinf::model::kernels::detail::attention_block(kHeadSize), zinf::topology().summary().c_str(),
+              isa, openblas_get_corename(), zinf::default_thread_pool().threads());
+  for (bool blocked : {false, true}) {
+    auto* b = benchmark::RegisterBenchmark(blocked ? "attention_fwd_bwd/blocked" : "attention_fwd_bwd/full",
+                                           BM_Attention, batch, blocked);
+    for (int T : kTs) b->Arg(T);
+    b->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+
+  for (int T : rounds > 0 ? std::vector<int>(std::begin(kTs), std::end(kTs)) : std::vector<int>{}) {
+    Problem p(batch, T);
+    p.blocked();  // warm-up, both paths
+    p.full();
+    std::vector<double> full, blocked;
+    for (int r = 0; r < rounds; r++) {
+      if (r % 2 == 0) {
+        full.push_back(best_of_3([&] { p.full(); }));
+        blocked.push_back(best_of_3([&] { p.blocked(); }));
+      } else {
+        blocked.push_back(best_of_3([&] { p.blocked(); }));
+        full.push_back(best_of_3([&] { p.full(); }));
+      }
+    }
+    const double f = median(full), b = median(blocked);
+    std::printf("T=%d interleaved medians, %d rounds: full %.2f ms (%.1f causal GFLOP/s) | blocked %.2f ms (%.1f "
+                "causal GFLOP/s) | speedup %.2fx\n",
+                T, rounds, f * 1e3, p.causal_flops() / f / 1e9, b * 1e3, p.causal_flops() / b / 1e9, f / b);
+  }
+  benchmark::Shutdown();
+  return 0;
+}

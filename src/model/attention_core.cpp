@@ -1,0 +1,221 @@
+// Blocked (flash-style) causal attention on the CPU: sgemm on (64, 64) blocks, online softmax in
+// forward, FlashAttention-2 backward from the saved log-sum-exp; no (T, T) matrix anywhere.
+#include "model/attention_core.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace zinf::model::kernels::detail {
+
+namespace {
+
+constexpr int kLd = kAttnBlock;  // row stride of the lane's blocks
+
+// exp(x) by Cephes expf's range reduction and degree-6 polynomial (about 1 ulp on [-87, 88]),
+// branch-free and without library calls so that GCC vectorises the loops around it (std::exp
+// stays a scalar call without -ffast-math, and was most of the old kernels' softmax time). Plain
+// IEEE operations: the same bits on every machine. Inputs are clamped to [-87, 88]; softmax only
+// passes x <= 0, where exp(-87) ~ 1.6e-38 is invisible next to the row's exp(0) = 1 term.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln 2)
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  return y * std::bit_cast<float>((static_cast<int32_t>(n) + 127) << 23);
+}
+
+// Sums and maxima over eight interleaved lanes in a fixed order: vectorisable, and the same bits
+// for the same n.
+inline float lane_sum(const float* x, int n) {
+  float acc[8] = {};
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int u = 0; u < 8; u++) acc[u] += x[j + u];
+  }
+  for (int u = 0; j < n; j++, u++) acc[u] += x[j];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline float lane_dot(const float* x, const float* y, int n) {
+  float acc[8] = {};
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int u = 0; u < 8; u++) acc[u] += x[j + u] * y[j + u];
+  }
+  for (int u = 0; j < n; j++, u++) acc[u] += x[j] * y[j];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+inline float lane_max(const float* x, int n) {  // n >= 1
+  float acc[8];
+  for (float& a : acc) a = x[0];
+  int j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int u = 0; u < 8; u++) acc[u] = std::max(acc[u], x[j + u]);
+  }
+  for (int u = 0; j < n; j++, u++) acc[u] = std::max(acc[u], x[j]);
+  return std::max(std::max(std::max(acc[0], acc[1]), std::max(acc[2], acc[3])),
+                  std::max(std::max(acc[4], acc[5]), std::max(acc[6], acc[7])));
+}
+
+// s (rows, kLd) = scale * Q_rows K_cols^T: the block's scores.
+void block_scores(float* s, const HeadRows& h, int r0, int br, int c0, int bc, int hs, float scale) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld,
+              h.q_ld, h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, 0.0f, s, kLd);
+}
+
+// Keys of block (qb, kb) that query row r of the block may see: all bc below the diagonal block,
+// r + 1 on it.
+inline int visible(int qb, int kb, int r, int bc) { return kb == qb ? r + 1 : bc; }
+
+}  // namespace
+
+void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int block = attention_block(hs);
+  const int r0 = qb * block;
+  const int br = std::min(block, T - r0);
+  float* s = lane;                  // (br, kLd) scores, then unnormalised probabilities
+  float* m = lane + 2 * kLd * kLd;  // (br) running row maximum
+  float* l = m + kLd;               // (br) running row sum of exp(s - m)
+  float* ob = o + static_cast<size_t>(r0) * h.o_ld;  // (br, hs) rows of o
+  for (int kb = 0; kb <= qb; kb++) {  // blocks above the diagonal (kb > qb) are all masked
+    const int c0 = kb * block;
+    const int bc = std::min(block, T - c0);
+    block_scores(s, h, r0, br, c0, bc, hs, scale);
+    for (int r = 0; r < br; r++) {
+      float* row = s + static_cast<size_t>(r) * kLd;
+      const int n = visible(qb, kb, r, bc);
+      const float bmax = lane_max(row, n);
+      if (kb == 0) {
+        m[r] = bmax;
+        l[r] = 0.0f;
+      } else if (bmax > m[r]) {  // rescale what earlier blocks added to the new maximum
+        const float alpha = fast_exp(m[r] - bmax);
+        l[r] *= alpha;
+        float* orow = ob + static_cast<size_t>(r) * h.o_ld;
+        for (int c = 0; c < hs; c++) orow[c] *= alpha;
+        m[r] = bmax;
+      }
+      const float mr = m[r];
+      for (int j = 0; j < n; j++) row[j] = fast_exp(row[j] - mr);
+      for (int j = n; j < bc; j++) row[j] = 0.0f;
+      l[r] += lane_sum(row, n);
+    }
+    // o rows (br, hs) (+)= P (br, bc) @ V_kb (bc, hs)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, s, kLd,
+                h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, kb == 0 ? 0.0f : 1.0f, ob, h.o_ld);
+  }
+  for (int r = 0; r < br; r++) {
+    float* orow = ob + static_cast<size_t>(r) * h.o_ld;
+    for (int c = 0; c < hs; c++) orow[c] /= l[r];
+    lse[r0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+void attention_backward_head(const HeadRows& h, const float* o, const float* dout, const float* lse, float* dq,
+                             float* dk, float* dv, int T, int hs, float* lane) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int block = attention_block(hs);
+  float* p = lane;                  // (br, kLd) probabilities
+  float* ds = lane + kLd * kLd;     // (br, kLd) dP, then dS
+  float* dsum = ds + kLd * kLd;     // (br) D = rowsum(dO * O) = rowsum(P * dP)
+  const int blocks = (T + block - 1) / block;
+  for (int qb = 0; qb < blocks; qb++) {
+    const int r0 = qb * block;
+    const int br = std::min(block, T - r0);
+    const float* q_i = h.q + static_cast<size_t>(r0) * h.q_ld;
+    const float* do_i = dout + static_cast<size_t>(r0) * h.o_ld;
+    float* dq_i = dq + static_cast<size_t>(r0) * h.q_ld;
+    for (int r = 0; r < br; r++) {
+      dsum[r] = lane_dot(do_i + static_cast<size_t>(r) * h.o_ld, o + static_cast<size_t>(r0 + r) * h.o_ld, hs);
+    }
+    for (int kb = 0; kb <= qb; kb++) {
+      const int c0 = kb * block;
+      const int bc = std::min(block, T - c0);
+      const float* k_j = h.k + static_cast<size_t>(c0) * h.kv_ld;
+      const float* v_j = h.v + static_cast<size_t>(c0) * h.kv_ld;
+      block_scores(p, h, r0, br, c0, bc, hs, scale);
+      for (int r = 0; r < br; r++) {
+        float* row = p + static_cast<size_t>(r) * kLd;
+        const int n = visible(qb, kb, r, bc);
+        const float lr = lse[r0 + r];
+        for (int j = 0; j < n; j++) row[j] = fast_exp(row[j] - lr);
+        for (int j = n; j < bc; j++) row[j] = 0.0f;
+      }
+      // dV_j (bc, hs) += P^T @ dO_i
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, 1.0f,
+                  dv + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
+      // dP (br, bc) = dO_i @ V_j^T, then dS = P * (dP - D) times the score scale
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, 0.0f, ds,
+                  kLd);
+      for (int r = 0; r < br; r++) {
+        const float* prow = p + static_cast<size_t>(r) * kLd;
+        float* srow = ds + static_cast<size_t>(r) * kLd;
+        const float d = dsum[r];
+        for (int j = 0; j < bc; j++) srow[j] = prow[j] * (srow[j] - d) * scale;
+      }
+      // dQ_i (br, hs) (+)= dS @ K_j ; dK_j (bc, hs) += dS^T @ Q_i
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld,
+                  kb == 0 ? 0.0f : 1.0f, dq_i, h.q_ld);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, 1.0f,
+                  dk + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
+    }
+  }
+}
+
+void attention_backward_head_reference(const HeadRows& h, const float* dout, float* dq, float* dk, float* dv,
+                                       int T, int hs) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  std::vector<float> p(T), dp(T);
+  for (int t = 0; t < T; t++) {
+    const float* qt = h.q + static_cast<size_t>(t) * h.q_ld;
+    const float* dot = dout + static_cast<size_t>(t) * h.o_ld;
+    float maxv = -INFINITY;
+    for (int u = 0; u <= t; u++) {
+      const float* ku = h.k + static_cast<size_t>(u) * h.kv_ld;
+      float s = 0.0f;
+      for (int i = 0; i < hs; i++) s += qt[i] * ku[i];
+      p[u] = s * scale;
+      maxv = std::max(maxv, p[u]);
+    }
+    float sum = 0.0f;
+    for (int u = 0; u <= t; u++) sum += (p[u] = std::exp(p[u] - maxv));
+    float d = 0.0f;  // rowsum(P * dP)
+    for (int u = 0; u <= t; u++) {
+      const float* vu = h.v + static_cast<size_t>(u) * h.kv_ld;
+      p[u] /= sum;
+      float s = 0.0f;
+      for (int i = 0; i < hs; i++) s += dot[i] * vu[i];
+      dp[u] = s;
+      d += p[u] * s;
+    }
+    float* dqt = dq + static_cast<size_t>(t) * h.q_ld;
+    for (int i = 0; i < hs; i++) dqt[i] = 0.0f;
+    for (int u = 0; u <= t; u++) {
+      const float dsu = p[u] * (dp[u] - d) * scale;
+      const float* ku = h.k + static_cast<size_t>(u) * h.kv_ld;
+      float* dku = dk + static_cast<size_t>(u) * h.kv_ld;
+      float* dvu = dv + static_cast<size_t>(u) * h.kv_ld;
+      for (int i = 0; i < hs; i++) {
+        dqt[i] += dsu * ku[i];
+        dku[i] += dsu * qt[i];
+        dvu[i] += p[u] * dot[i];
+      }
+    }
+  }
+}
+
+}  // namespace zinf::model::kernels::detail
