@@ -64,8 +64,8 @@ std::optional<Matmul> bf16_matmul(std::string* why) {
   return m;
 }
 
-// A[N,K] @ B^T... checks: for every (r, c), |got - want| <= tol(S, K), where want and S are
-// computed in double from `a_row(r, k)` and `b_col(k, c)`.
+// got (R, Ccols) against base + sum_k a(r, k) * b(k, c) computed in double: for every (r, c),
+// |got - want| <= tol(S, K) with S = |base| + sum_k |a(r, k) * b(k, c)|.
 template <typename A, typename B>
 void expect_product(const char* what, const std::vector<float>& got, const std::vector<float>& base, int R,
                     int Ccols, int K, A a, B b, bool bf16_inputs_tolerance) {

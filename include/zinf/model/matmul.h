@@ -42,6 +42,9 @@ class Bf16MatmulBackend;  // internal: the oneDNN primitives and bf16 scratch
 // product, which accumulates and writes fp32; bias and dbias stay fp32 end to end. Both kinds are
 // deterministic: a fixed shape gives the same bits on every call with the same thread count.
 // Not thread-safe: one call at a time (each call uses all cores through OpenBLAS or oneDNN).
+// use() has created oneDNN's engine and a bf16 primitive; a oneDNN failure inside a later
+// call (memory for a new shape's primitive) throws dnnl::error, as an allocation throws
+// std::bad_alloc elsewhere in the model.
 class Matmul {
  public:
   Matmul();  // kFp32
