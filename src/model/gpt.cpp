@@ -114,6 +114,11 @@ GptModel::GptModel(GptModel&&) noexcept = default;
 GptModel& GptModel::operator=(GptModel&&) noexcept = default;
 GptModel::~GptModel() = default;
 
+Status GptModel::set_compute_precision(ComputePrecision precision) {
+  ZINF_ASSIGN_OR_RETURN(const MatmulKind kind, resolve_matmul(precision));
+  return matmul_.use(kind);
+}
+
 uint64_t GptModel::activation_bytes(int B, int T) const {
   GptActivations counting;
   return carve(config_, static_cast<size_t>(B) * T, nullptr, &counting) * sizeof(float);
@@ -178,7 +183,7 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
     k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], v[0], v[1], N, C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
-    k::matmul_forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
+    matmul_.forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
   }));
   k::softmax_xent_forward(a.logits, a.losses, targets, N, V);
   double sum = 0.0;  // fixed order
@@ -199,20 +204,20 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
     k::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, v[0], v[1], N, C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
-    k::matmul_forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
+    matmul_.forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
     k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
-    k::matmul_forward(la.res2, la.atty, v[2], v[3], N, C, C);
+    matmul_.forward(la.res2, la.atty, v[2], v[3], N, C, C);
     k::residual_add(la.res2, x, NC);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
     k::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, v[0], v[1], N, C);
   }));
   return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
-    k::matmul_forward(la.fch, la.ln2, v[0], v[1], N, C, 4 * C);
+    matmul_.forward(la.fch, la.ln2, v[0], v[1], N, C, 4 * C);
     k::gelu_forward(la.fch_gelu, la.fch, 4 * NC);
     // Recompute for backward needs the block's internals, not its output.
     if (need_output) {
-      k::matmul_forward(y, la.fch_gelu, v[2], v[3], N, 4 * C, C);
+      matmul_.forward(y, la.fch_gelu, v[2], v[3], N, 4 * C, C);
       k::residual_add(y, la.res2, NC);
     }
   });
@@ -228,7 +233,7 @@ Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, in
   // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
   k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, V);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
-    k::matmul_backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
+    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
@@ -257,9 +262,9 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const size_t NC = static_cast<size_t>(N) * C;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
-    k::matmul_backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
+    matmul_.backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
     k::gelu_backward(dfch, la.fch, dfch, 4 * NC);
-    k::matmul_backward(a.dsmall, g[0], g[1], dfch, la.ln2, v[0], N, C, 4 * C);
+    matmul_.backward(a.dsmall, g[0], g[1], dfch, la.ln2, v[0], N, C, 4 * C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
@@ -268,9 +273,9 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
-    k::matmul_backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
+    matmul_.backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
     k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
-    k::matmul_backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
+    matmul_.backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
   }));
   return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,

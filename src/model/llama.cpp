@@ -120,6 +120,11 @@ LlamaModel::LlamaModel(LlamaModel&&) noexcept = default;
 LlamaModel& LlamaModel::operator=(LlamaModel&&) noexcept = default;
 LlamaModel::~LlamaModel() = default;
 
+Status LlamaModel::set_compute_precision(ComputePrecision precision) {
+  ZINF_ASSIGN_OR_RETURN(const MatmulKind kind, resolve_matmul(precision));
+  return matmul_.use(kind);
+}
+
 std::string LlamaModel::describe() const {
   const LlamaConfig& c = config_;
   return fmt::format("llama: {} layers, hidden {}, {} heads ({} kv), intermediate {}, seq {}, vocab {}, {} head{}",
@@ -206,7 +211,7 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
     k::rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], v[0], eps, N, d.C);
   }));
   return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
-    k::matmul_forward(a.logits, a.xnf, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
+    matmul_.forward(a.logits, a.xnf, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
   });
 }
 
@@ -224,25 +229,25 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
     k::rmsnorm_forward(la.xn1, la.rstd1, x, v[0], eps, N, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
-    k::matmul_forward(la.q, la.xn1, v[0], nullptr, N, d.C, d.C);
-    k::matmul_forward(la.k, la.xn1, v[1], nullptr, N, d.C, d.KV);
-    k::matmul_forward(la.v, la.xn1, v[2], nullptr, N, d.C, d.KV);
+    matmul_.forward(la.q, la.xn1, v[0], nullptr, N, d.C, d.C);
+    matmul_.forward(la.k, la.xn1, v[1], nullptr, N, d.C, d.KV);
+    matmul_.forward(la.v, la.xn1, v[2], nullptr, N, d.C, d.KV);
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    k::matmul_forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);
+    matmul_.forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);
     k::residual_add(la.res2, x, NC);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
     k::rmsnorm_forward(la.xn2, la.rstd2, la.res2, v[0], eps, N, d.C);
   }));
   return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
-    k::matmul_forward(la.gate, la.xn2, v[0], nullptr, N, d.C, d.I);
-    k::matmul_forward(la.up, la.xn2, v[1], nullptr, N, d.C, d.I);
+    matmul_.forward(la.gate, la.xn2, v[0], nullptr, N, d.C, d.I);
+    matmul_.forward(la.up, la.xn2, v[1], nullptr, N, d.C, d.I);
     k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
     // Recompute for backward needs the block's internals, not its output.
     if (need_output) {
-      k::matmul_forward(y, la.act, v[2], nullptr, N, d.I, d.C);
+      matmul_.forward(y, la.act, v[2], nullptr, N, d.I, d.C);
       k::residual_add(y, la.res2, NC);
     }
   });
@@ -256,7 +261,7 @@ Status LlamaModel::backward_pass(const int32_t* inputs, const int32_t* targets, 
   // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
   k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, d.V);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
-    k::matmul_backward(a.dx, g[0], nullptr, a.logits, a.xnf, v[0], N, d.C, d.V);
+    matmul_.backward(a.dx, g[0], nullptr, a.logits, a.xnf, v[0], N, d.C, d.V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, norm_module(), [&](auto v, auto g) {
@@ -286,10 +291,10 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
     float* dact = a.dbig;     // (B,T,I), then dgate
     float* dup = a.dbig + NI;  // (B,T,I)
-    k::matmul_backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
+    matmul_.backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
-    k::matmul_backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
-    k::matmul_backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
+    matmul_.backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
+    matmul_.backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
     k::residual_add(a.dx, a.dx2, NC);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
@@ -300,15 +305,15 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dq = a.dbig;                                   // (B,T,C)
     float* dk = dq + NC;                                  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
-    k::matmul_backward(datty, g[3], nullptr, a.dres, la.atty, v[3], N, d.C, d.C);
+    matmul_.backward(datty, g[3], nullptr, a.dres, la.atty, v[3], N, d.C, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
-    k::matmul_backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
-    k::matmul_backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
+    matmul_.backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
+    matmul_.backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
     k::residual_add(a.dx, a.dx2, NC);
-    k::matmul_backward(a.dx2, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
+    matmul_.backward(a.dx2, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
     k::residual_add(a.dx, a.dx2, NC);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {

@@ -130,6 +130,10 @@ std::vector<swap::ParamPartition> layout_partitions(std::span<const model::Param
 
 Status Engine::Impl::init() {
   const config::DsConfig& ds = options.ds;
+  // The model computes in 16 bits where it can when the run does (its matrix products, matmul.h).
+  ZINF_RETURN_IF_ERROR(model->set_compute_precision(
+      ds.bf16.enabled ? model::ComputePrecision::kBf16
+                      : (ds.fp16.enabled ? model::ComputePrecision::kFp16 : model::ComputePrecision::kFp32)));
   ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model->params(), model->modules().size(), comm.world_size()));
   std::vector<swap::ParamPartition> partitions = layout_partitions(model->params(), model->modules(), plan);
   layout = swap::OptimizerLayout::build(partitions, static_cast<std::uint64_t>(ds.zero.sub_group_size));

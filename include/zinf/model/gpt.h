@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "zinf/model/config.h"
+#include "zinf/model/matmul.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 
@@ -24,9 +25,10 @@ struct GptActivations;  // internal: the model's activation and scratch buffers
 // and again only when B*T or T grows.
 //
 // Deterministic: the same inputs and parameter values give bit-identical loss and gradients
-// (all reductions run in a fixed order; matrix products are OpenBLAS sgemm calls of fixed shape).
+// (all reductions run in a fixed order; matrix products are OpenBLAS sgemm or oneDNN bf16 calls of
+// fixed shape, see matmul.h).
 // Activation checkpointing changes memory and time, not a single bit of the results.
-// Not thread-safe: one pass at a time. Matrix products use OpenBLAS's own threads.
+// Not thread-safe: one pass at a time. Matrix products use OpenBLAS's (or oneDNN's) own threads.
 class GptModel final : public Model {
  public:
   // Fails with the validate_config() error (naming the field) for an invalid configuration.
@@ -63,6 +65,12 @@ class GptModel final : public Model {
   // Allocates activations for (B, T) now (a pass does it on demand). Fails with
   // resource_exhausted when the memory is not there.
   Status reserve(int B, int T) override;
+
+  // Matrix products: fp32 OpenBLAS until told otherwise. set_compute_precision() resolves the
+  // kind for the run (resolve_matmul); use_matmul() sets it directly (tests, benchmarks).
+  Status set_compute_precision(ComputePrecision precision) override;
+  Status use_matmul(MatmulKind kind) { return matmul_.use(kind); }
+  MatmulKind matmul_kind() const { return matmul_.kind(); }
   // Bytes of activations and scratch a pass with (B, T) needs under this configuration.
   uint64_t activation_bytes(int B, int T) const override;
 
@@ -80,6 +88,7 @@ class GptModel final : public Model {
   std::vector<ParamSpec> params_;
   std::vector<ModuleSpec> modules_;
   std::unique_ptr<GptActivations> acts_;
+  Matmul matmul_;
 };
 
 // Module ids of GptModel::modules(), for engines and tests that want to name one.

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "zinf/model/matmul.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 
@@ -96,6 +97,12 @@ class LlamaModel final : public Model {
                         std::span<float> logits);
 
   Status reserve(int B, int T) override;
+
+  // Matrix products: fp32 OpenBLAS until told otherwise. set_compute_precision() resolves the
+  // kind for the run (resolve_matmul); use_matmul() sets it directly (tests, benchmarks).
+  Status set_compute_precision(ComputePrecision precision) override;
+  Status use_matmul(MatmulKind kind) { return matmul_.use(kind); }
+  MatmulKind matmul_kind() const { return matmul_.kind(); }
   uint64_t activation_bytes(int B, int T) const override;
 
  private:
@@ -114,6 +121,7 @@ class LlamaModel final : public Model {
   std::vector<ParamSpec> params_;
   std::vector<ModuleSpec> modules_;
   std::unique_ptr<LlamaActivations> acts_;
+  Matmul matmul_;
 };
 
 }  // namespace zinf::model

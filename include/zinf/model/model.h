@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 
+#include "zinf/model/matmul.h"
 #include "zinf/model/params.h"
 #include "zinf/status.h"
 
@@ -68,6 +69,12 @@ class Model {
   virtual Status reserve(int B, int T) = 0;
   // Bytes of activations and scratch a pass with (B, T) needs.
   virtual uint64_t activation_bytes(int B, int T) const = 0;
+
+  // The engine calls this once, before the first pass, with the run's precision (ds_config's
+  // bf16 / fp16, or neither). A model may then compute where 16 bits are close enough in 16 bits;
+  // GptModel and LlamaModel pick their matrix products with resolve_matmul() (matmul.h). The
+  // default ignores it. An error (an override that cannot be honoured) fails Engine::create.
+  virtual Status set_compute_precision(ComputePrecision) { return Status::ok(); }
 
   // Parameter elements, each tensor counted once.
   uint64_t num_params() const;

@@ -1,0 +1,73 @@
+// Matmul: the matrix products of the built-in models, fp32 OpenBLAS (the reference) or oneDNN with
+// bf16 inputs and fp32 accumulation, chosen at run time.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+// The arithmetic of a run, as the engine derives it from ds_config (bf16 / fp16 / neither).
+enum class ComputePrecision { kFp32, kBf16, kFp16 };
+
+enum class MatmulKind {
+  kFp32,  // OpenBLAS cblas_sgemm, fp32 in and out: the reference, and every fp32 run
+  kBf16,  // oneDNN matmul: inputs rounded to bf16 (nearest even), fp32 accumulation and output
+};
+std::string_view matmul_kind_name(MatmulKind kind);  // "fp32", "bf16"
+
+// What this build and CPU offer for bf16 products.
+struct MatmulSupport {
+  bool dnnl_built = false;  // zinf was built with oneDNN (meson option dnnl)
+  bool bf16_units = false;  // the CPU has bf16 dot-product units: AVX512-BF16 or AMX
+  std::string isa;          // oneDNN's effective ISA ("avx512_core_bf16", "avx512_core_amx", ...)
+};
+MatmulSupport matmul_support();
+
+// The kind a run computing in `precision` uses. fp32 runs always get kFp32 (bit for bit the
+// results zinf gave before bf16 products existed). 16-bit runs get kBf16 when oneDNN is built in
+// and the CPU has bf16 units, else kFp32; ZINF_MATMUL=auto|fp32|bf16 in the environment
+// overrides that choice for 16-bit runs. ZINF_MATMUL=bf16 on a build without oneDNN, or an
+// unknown value, is invalid_argument. Logs the choice at notice level once per distinct choice,
+// e.g. "matmul: oneDNN bf16 (avx512_core_bf16), fp32 accumulation".
+Result<MatmulKind> resolve_matmul(ComputePrecision precision);
+
+class Bf16MatmulBackend;  // internal: the oneDNN primitives and bf16 scratch
+
+// The products of a linear layer, weight (OC, C) row-major. N rows throughout.
+// Numerics of kBf16: inp, weight and dout are rounded to bf16 (8-bit significand) before each
+// product, which accumulates and writes fp32; bias and dbias stay fp32 end to end. Both kinds are
+// deterministic: a fixed shape gives the same bits on every call with the same thread count.
+// Not thread-safe: one call at a time (each call uses all cores through OpenBLAS or oneDNN).
+// use() has created oneDNN's engine and a bf16 primitive; a oneDNN failure inside a later
+// call (memory for a new shape's primitive) throws dnnl::error, as an allocation throws
+// std::bad_alloc elsewhere in the model.
+class Matmul {
+ public:
+  Matmul();  // kFp32
+  Matmul(Matmul&&) noexcept;
+  Matmul& operator=(Matmul&&) noexcept;
+  ~Matmul();
+
+  // Switches the kind. kBf16 creates the oneDNN engine and checks that it can run bf16
+  // products here; unsupported (naming why) when it cannot, and then the kind stays.
+  Status use(MatmulKind kind);
+  MatmulKind kind() const { return kind_; }
+
+  // out (N,OC) = inp (N,C) @ weight^T + bias (OC) when bias != nullptr
+  void forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+               int OC);
+  // dinp (N,C) = dout (N,OC) @ weight (overwritten); dweight (OC,C) += dout^T @ inp;
+  // dbias (OC) += column sums of dout (skipped when dbias == nullptr)
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                const float* weight, int N, int C, int OC);
+
+ private:
+  MatmulKind kind_ = MatmulKind::kFp32;
+  std::unique_ptr<Bf16MatmulBackend> bf16_;
+};
+
+}  // namespace zinf::model

@@ -1,0 +1,32 @@
+// Internal: the bf16 matrix-product backend behind Matmul (matmul_dnnl.cpp implements it with
+// oneDNN; matmul_nodnnl.cpp, built without oneDNN, reports it missing).
+#pragma once
+
+#include <memory>
+
+#include "zinf/model/matmul.h"
+#include "zinf/status.h"
+
+namespace zinf::model {
+
+// Contracts as Matmul::forward / Matmul::backward of kind kBf16. Owns its bf16 scratch, so one
+// call at a time.
+class Bf16MatmulBackend {
+ public:
+  virtual ~Bf16MatmulBackend() = default;
+  virtual void forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                       int C, int OC) = 0;
+  virtual void backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, int N, int C, int OC) = 0;
+  // One line naming the implementation, e.g. "oneDNN 2.6.3 bf16 (avx512_core_bf16)".
+  virtual std::string describe() const = 0;
+};
+
+namespace detail {
+// unsupported when zinf was built without oneDNN, or when oneDNN has no fast bf16 matmul on this
+// CPU (only its reference loops).
+Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend();
+MatmulSupport probe_matmul_support();
+}  // namespace detail
+
+}  // namespace zinf::model

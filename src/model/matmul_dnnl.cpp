@@ -1,0 +1,190 @@
+// The bf16 matrix-product backend on oneDNN: bf16 inputs, fp32 accumulation and output.
+#include <dnnl.hpp>
+#include <fmt/format.h>
+
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "model/bf16_matmul.h"
+#include "model/parallel.h"
+
+namespace zinf::model {
+namespace {
+
+using dnnl::memory;
+using dt = dnnl::memory::data_type;
+
+std::string isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return fmt::format("isa {}", static_cast<int>(isa));
+  }
+}
+
+bool has_bf16_units(dnnl::cpu_isa isa) {
+  return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
+}
+
+// fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. Branch-free so it vectorises.
+inline uint16_t to_bf16(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
+}
+
+void convert(std::vector<uint16_t>& dst, const float* src, size_t n) {
+  if (dst.size() < n) dst.resize(n);
+  uint16_t* d = dst.data();
+  detail::parallel_for(n, size_t{1} << 16, 1, [&](size_t begin, size_t end) {
+    for (size_t i = begin; i < end; i++) d[i] = to_bf16(src[i]);
+  });
+}
+
+enum class Product { kForward, kForwardBias, kDinp, kDweight };
+
+// A matrix (rows, cols) with element strides; transposed views come from strides.
+memory::desc matrix(int64_t rows, int64_t cols, dt type, int64_t row_stride, int64_t col_stride) {
+  return memory::desc({rows, cols}, type, memory::dims{row_stride, col_stride});
+}
+
+class DnnlBf16Matmul final : public Bf16MatmulBackend {
+ public:
+  DnnlBf16Matmul() : engine_(dnnl::engine::kind::cpu, 0), stream_(engine_) {}
+
+  // The implementation oneDNN picks for a forward product; "ref" means no fast bf16 kernel.
+  std::string probe_impl() { return primitive(Product::kForward, 64, 64, 64).second; }
+
+  void forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+               int OC) override {
+    convert(a_, inp, static_cast<size_t>(N) * C);
+    convert(w_, weight, static_cast<size_t>(OC) * C);
+    const Product p = bias != nullptr ? Product::kForwardBias : Product::kForward;
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, memory(matrix(N, C, dt::bf16, C, 1), engine_, a_.data())},
+        {DNNL_ARG_WEIGHTS, memory(matrix(C, OC, dt::bf16, 1, C), engine_, w_.data())},
+        {DNNL_ARG_DST, memory(matrix(N, OC, dt::f32, OC, 1), engine_, out)}};
+    if (bias != nullptr) {
+      args.emplace(DNNL_ARG_BIAS, memory(matrix(1, OC, dt::f32, OC, 1), engine_, const_cast<float*>(bias)));
+    }
+    run(p, N, OC, C, args);
+  }
+
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                const float* weight, int N, int C, int OC) override {
+    convert(d_, dout, static_cast<size_t>(N) * OC);
+    convert(w_, weight, static_cast<size_t>(OC) * C);
+    convert(a_, inp, static_cast<size_t>(N) * C);
+    // dinp (N,C) = dout (N,OC) @ weight (OC,C)
+    run(Product::kDinp, N, C, OC,
+        {{DNNL_ARG_SRC, memory(matrix(N, OC, dt::bf16, OC, 1), engine_, d_.data())},
+         {DNNL_ARG_WEIGHTS, memory(matrix(OC, C, dt::bf16, C, 1), engine_, w_.data())},
+         {DNNL_ARG_DST, memory(matrix(N, C, dt::f32, C, 1), engine_, dinp)}});
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): a sum post-op adds the fp32 product to dweight.
+    run(Product::kDweight, OC, C, N,
+        {{DNNL_ARG_SRC, memory(matrix(OC, N, dt::bf16, 1, OC), engine_, d_.data())},
+         {DNNL_ARG_WEIGHTS, memory(matrix(N, C, dt::bf16, C, 1), engine_, a_.data())},
+         {DNNL_ARG_DST, memory(matrix(OC, C, dt::f32, C, 1), engine_, dweight)}});
+    if (dbias != nullptr) {  // fp32 column sums, the reference's order
+      for (int n = 0; n < N; n++) {
+        const float* row = dout + static_cast<size_t>(n) * OC;
+        for (int o = 0; o < OC; o++) dbias[o] += row[o];
+      }
+    }
+  }
+
+  std::string describe() const override {
+    const dnnl_version_t* v = dnnl_version();
+    return fmt::format("oneDNN {}.{}.{} bf16 ({})", v->major, v->minor, v->patch,
+                       isa_name(dnnl::get_effective_cpu_isa()));
+  }
+
+ private:
+  using Key = std::array<int64_t, 4>;  // product, M, N, K
+
+  // The primitive for dst (M,N) = src (M,K) @ weights (K,N) of kind p, created once per shape.
+  std::pair<dnnl::matmul, std::string>& primitive(Product p, int64_t M, int64_t N, int64_t K) {
+    const Key key{static_cast<int64_t>(p), M, N, K};
+    auto it = cache_.find(key);
+    if (it != cache_.end()) return it->second;
+    memory::desc src, weights, dst = matrix(M, N, dt::f32, N, 1);
+    dnnl::primitive_attr attr;
+    switch (p) {
+      case Product::kForward:
+      case Product::kForwardBias:
+        src = matrix(M, K, dt::bf16, K, 1);
+        weights = matrix(K, N, dt::bf16, 1, K);
+        break;
+      case Product::kDinp:
+        src = matrix(M, K, dt::bf16, K, 1);
+        weights = matrix(K, N, dt::bf16, N, 1);
+        break;
+      case Product::kDweight: {
+        src = matrix(M, K, dt::bf16, 1, M);
+        weights = matrix(K, N, dt::bf16, N, 1);
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+        break;
+      }
+    }
+    const dnnl::matmul::desc desc =
+        p == Product::kForwardBias
+            ? dnnl::matmul::desc(src, weights, matrix(1, N, dt::f32, N, 1), dst)
+            : dnnl::matmul::desc(src, weights, dst);
+    const dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    return cache_.emplace(key, std::make_pair(dnnl::matmul(pd), std::string(pd.impl_info_str())))
+        .first->second;
+  }
+
+  void run(Product p, int64_t M, int64_t N, int64_t K, const std::unordered_map<int, memory>& args) {
+    primitive(p, M, N, K).first.execute(stream_, args);
+    stream_.wait();
+  }
+
+  dnnl::engine engine_;
+  dnnl::stream stream_;
+  std::map<Key, std::pair<dnnl::matmul, std::string>> cache_;
+  std::vector<uint16_t> a_, w_, d_;  // bf16 copies of inp, weight, dout
+};
+
+}  // namespace
+
+namespace detail {
+
+MatmulSupport probe_matmul_support() {
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  return MatmulSupport{true, has_bf16_units(isa), isa_name(isa)};
+}
+
+Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend() {
+  try {
+    auto backend = std::make_unique<DnnlBf16Matmul>();
+    const std::string impl = backend->probe_impl();
+    if (impl.rfind("ref", 0) == 0) {
+      return Status::unsupported(fmt::format(
+          "bf16 matmul: oneDNN has only its reference bf16 matmul ({}) on this CPU ({})", impl,
+          isa_name(dnnl::get_effective_cpu_isa())));
+    }
+    return std::unique_ptr<Bf16MatmulBackend>(std::move(backend));
+  } catch (const dnnl::error& e) {
+    return Status::unsupported(fmt::format("bf16 matmul: oneDNN: {}", e.what()));
+  }
+}
+
+}  // namespace detail
+}  // namespace zinf::model
