@@ -231,11 +231,13 @@ class KeyScanner {
     }
     value_path(i);
     if (c == '"') return scan_string(text_, i, nullptr);
+    const std::size_t start = i;
     while (i < text_.size() && !is_space(text_[i]) && text_[i] != ',' && text_[i] != '}' &&
            text_[i] != ']' && text_[i] != '/') {
       ++i;
     }
-    return i;
+    // Always move on: a '/' that starts no comment would otherwise be looked at forever.
+    return i == start ? i + 1 : i;
   }
 
   void next_member() {
@@ -313,6 +315,9 @@ Status check_text_limits(std::string_view text, std::string_view source) {
       i = after_comment;
       continue;
     }
+    // nlohmann's lexer takes a NUL for the end of the input, so "0<NUL>garbage" would parse as
+    // 0 and the key index would then walk the garbage (found by the config_text fuzzer).
+    if (c == '\0') return at(i, "a NUL byte; a config is text");
     if (c == '[' || c == '{') {
       if (++depth > kMaxConfigDepth) {
         return at(i, fmt::format("arrays and objects nested deeper than {} levels", kMaxConfigDepth));
