@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "config/known_keys.h"
 #include "config/sections.h"
@@ -96,6 +97,17 @@ Status check_context(const AutoContext& ctx) {
                            std::pair{cli_option::kSteps, ctx.run_steps}}) {
     if (v && *v < 1) return bad(option, "a positive integer", *v);
   }
+  for (auto [option, v] : {std::pair{cli_option::kMicroBatch, ctx.micro_batch},
+                           std::pair{cli_option::kGradAccum, ctx.grad_accum},
+                           std::pair{cli_option::kTrainBatch, ctx.train_batch}}) {
+    if (v && *v > detail::kBatchRange.max) {
+      return bad(option, fmt::format("an integer from 1 to {}", detail::kBatchRange.max), *v);
+    }
+  }
+  if (ctx.world_size > detail::kBatchRange.max) {
+    return bad(cli_option::kWorldSize, fmt::format("an integer from 1 to {}", detail::kBatchRange.max),
+               ctx.world_size);
+  }
   if (ctx.warmup_steps && *ctx.warmup_steps < 0) {
     return bad(cli_option::kWarmupSteps, "a non-negative integer", *ctx.warmup_steps);
   }
@@ -165,6 +177,15 @@ Status derive_batch(ParseState& st, std::optional<std::int64_t> train,
                                     "train_micro_batch_size_per_gpu (or pass {})",
                                     cli_option::kMicroBatch));
   }
+  // The trainer counts rows in int: a derived size past that is an error, not a truncation.
+  for (auto [key, v] : {std::pair{"train_batch_size", *train}, std::pair{"train_micro_batch_size_per_gpu", *micro},
+                        std::pair{"gradient_accumulation_steps", *accum}}) {
+    if (v > detail::kBatchRange.max) {
+      return st.error(key, fmt::format("{} (train_micro_batch_size_per_gpu * gradient_accumulation_steps * world "
+                                       "size) is over {}, the largest batch zinf can count",
+                                       v, detail::kBatchRange.max));
+    }
+  }
   b->train_batch_size = *train;
   b->train_micro_batch_size_per_gpu = *micro;
   b->gradient_accumulation_steps = *accum;
@@ -176,7 +197,7 @@ Result<std::optional<std::int64_t>> read_batch_key(ParseState& st, ObjectReader&
                                                    std::string_view key,
                                                    std::optional<std::int64_t> given,
                                                    std::string_view option) {
-  ZINF_ASSIGN_OR_RETURN(auto f, top.integer(key, detail::kPositive));
+  ZINF_ASSIGN_OR_RETURN(auto f, top.integer(key, detail::kBatchRange));
   std::string path(key);
   if (f.is_auto) {
     if (given) st.note_auto(path, std::to_string(*given), std::string(option));
@@ -380,10 +401,19 @@ Result<DsConfig> parse_ds_config(std::string_view text, std::string_view source_
 Result<DsConfig> load_ds_config(const std::string& path, const AutoContext& ctx) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::sys_error(fmt::format("{}: cannot open", path), errno);
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read in pieces and stop past the cap, so a huge (or endless, e.g. /dev/zero) file costs
+  // at most the cap in memory.
+  std::string text;
+  std::vector<char> piece(std::size_t{1} << 16);
+  while (in.read(piece.data(), static_cast<std::streamsize>(piece.size())) || in.gcount() > 0) {
+    text.append(piece.data(), static_cast<std::size_t>(in.gcount()));
+    if (text.size() > detail::kMaxConfigBytes) {
+      return Status::invalid_argument(fmt::format("{}: more than {} bytes; a config may hold at most {} bytes (16 MiB)",
+                                                  path, detail::kMaxConfigBytes, detail::kMaxConfigBytes));
+    }
+  }
   if (in.bad()) return Status::sys_error(fmt::format("{}: cannot read", path), errno);
-  return parse_ds_config(text.str(), path, ctx);
+  return parse_ds_config(text, path, ctx);
 }
 
 }  // namespace zinf::config

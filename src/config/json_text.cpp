@@ -231,11 +231,13 @@ class KeyScanner {
     }
     value_path(i);
     if (c == '"') return scan_string(text_, i, nullptr);
+    const std::size_t start = i;
     while (i < text_.size() && !is_space(text_[i]) && text_[i] != ',' && text_[i] != '}' &&
            text_[i] != ']' && text_[i] != '/') {
       ++i;
     }
-    return i;
+    // Always move on: a '/' that starts no comment would otherwise be looked at forever.
+    return i == start ? i + 1 : i;
   }
 
   void next_member() {
@@ -285,7 +287,51 @@ class KeyScanner {
 
 KeyIndex index_keys(std::string_view text) { return KeyScanner(text).run(); }
 
+Status check_text_limits(std::string_view text, std::string_view source) {
+  if (text.size() > kMaxConfigBytes) {
+    return Status::invalid_argument(fmt::format("{}: {} bytes; a config may hold at most {} bytes (16 MiB)", source,
+                                                text.size(), kMaxConfigBytes));
+  }
+  auto at = [&](std::size_t offset, std::string_view message) {
+    TextPosition pos = position_of(text, offset);
+    return Status::invalid_argument(fmt::format("{}:{}:{}: {}", source, pos.line, pos.column, message));
+  };
+  std::size_t depth = 0;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '"') {
+      const std::size_t end = scan_string(text, i, nullptr);
+      // A key is a string followed by ':'; only keys are looked up and compared by distance.
+      const std::size_t next = skip_blank(text, end);
+      if (next < text.size() && text[next] == ':' && end - i > kMaxKeyBytes + 2) {
+        return at(i, fmt::format("a key of {} bytes; keys may be at most {} bytes", end - i - 2, kMaxKeyBytes));
+      }
+      i = end;
+      continue;
+    }
+    const std::size_t after_comment = skip_comment(text, i);
+    if (after_comment != i) {
+      i = after_comment;
+      continue;
+    }
+    // nlohmann's lexer takes a NUL for the end of the input, so "0<NUL>garbage" would parse as
+    // 0 and the key index would then walk the garbage (found by the config_text fuzzer).
+    if (c == '\0') return at(i, "a NUL byte; a config is text");
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxConfigDepth) {
+        return at(i, fmt::format("arrays and objects nested deeper than {} levels", kMaxConfigDepth));
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+    ++i;
+  }
+  return Status::ok();
+}
+
 Result<ParsedText> parse_json_text(std::string_view text, std::string_view source) {
+  ZINF_RETURN_IF_ERROR(check_text_limits(text, source));
   std::string cleaned = blank_trailing_commas(text);
   ParsedText parsed;
   try {

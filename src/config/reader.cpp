@@ -109,6 +109,10 @@ std::optional<std::string> closest_match(std::string_view key,
   std::optional<std::string> best;
   std::size_t best_distance = limit + 1;
   for (const std::string& c : candidates) {
+    // The distance is at least the difference in length: skip the O(n*m) table when that alone
+    // is too far (a long string value compared with short names).
+    const std::size_t diff = k.size() > c.size() ? k.size() - c.size() : c.size() - k.size();
+    if (diff > limit) continue;
     std::size_t dist = osa_distance(k, lower(c));
     if (dist < best_distance) {
       best_distance = dist;

@@ -77,6 +77,8 @@ struct IntRange {
 };
 inline constexpr IntRange kPositive{1, std::numeric_limits<std::int64_t>::max()};
 inline constexpr IntRange kNonNegative{0, std::numeric_limits<std::int64_t>::max()};
+// Batch sizes: the trainer holds them (and their product) in int.
+inline constexpr IntRange kBatchRange{1, std::numeric_limits<std::int32_t>::max()};
 
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
 

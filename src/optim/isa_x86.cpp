@@ -1,4 +1,6 @@
 // x86-64: the AVX2 and AVX-512 kernel tables, offered when the CPU and the OS support them.
+#include <cpuid.h>
+
 #include "optim/kernels.h"
 #include "zinf/optim/isa.h"
 
@@ -6,8 +8,15 @@ namespace zinf::optim::detail {
 
 namespace {
 
-// __builtin_cpu_supports also checks that the OS saves the vector registers (XGETBV).
-bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool cpu_has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+
+// __builtin_cpu_supports also checks that the OS saves the vector registers (XGETBV); F16C
+// uses the same registers as AVX.
+bool cpu_has_avx2() { return __builtin_cpu_supports("avx2") && cpu_has_f16c(); }
 
 bool cpu_has_avx512() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -64,6 +64,7 @@ Status OptimizerSwapper::plan_tiles(aio::Handle& handle) {
   po.budget = PoolBudget{"offload_optimizer", config_.buffer_count,
                          config_.buffer_size != 0 ? config_.buffer_size : static_cast<std::size_t>(largest), 4};
   po.pin_memory = config_.pin_memory;
+  ZINF_RETURN_IF_ERROR(po.budget.checked_bytes().status());
   tile_ = std::min(align_down(po.budget.bytes() / (stages * per_element), OptimizerLayout::kAlign), largest);
   if (tile_ == 0) {
     const std::uint64_t need = stages * per_element * OptimizerLayout::kAlign;

@@ -1,8 +1,12 @@
 // PinnedPool: a budgeted arena of staging memory with resident blocks and streaming chunks.
 #include "zinf/swap/pinned_pool.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cassert>
+#include <cstdio>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -19,7 +23,52 @@ namespace zinf::swap {
 namespace {
 constexpr int kMainRegion = 0;     // resident blocks, and chunks when no resident request waits
 constexpr int kReserveRegion = 1;  // streaming chunks only
+
+// Memory the kernel says a new allocation can have now: MemAvailable from /proc/meminfo, else
+// all physical pages (sysconf). 0 when neither is known.
+std::uint64_t available_memory_bytes() {
+  if (std::FILE* f = std::fopen("/proc/meminfo", "re")) {
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (std::fgets(line, sizeof(line), f) != nullptr) {
+      if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) {
+        found = true;
+        break;
+      }
+    }
+    std::fclose(f);
+    if (found) return static_cast<std::uint64_t>(kib) * 1024;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return 0;
+  return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page);
+}
+
 }  // namespace
+
+Result<std::size_t> PoolBudget::checked_bytes() const {
+  const PoolBudget& b = *this;
+  std::uint64_t buffer = 0, total = 0;
+  const std::string what = fmt::format("{0}.buffer_count x {0}.buffer_size = {1} x {2} elements of {3} bytes",
+                                       b.config_block, b.buffer_count, b.buffer_size, b.element_bytes);
+  if (__builtin_mul_overflow(static_cast<std::uint64_t>(b.buffer_size), static_cast<std::uint64_t>(b.element_bytes),
+                             &buffer) ||
+      buffer > std::numeric_limits<std::uint64_t>::max() - kSwapAlignment ||
+      __builtin_mul_overflow(align_up(buffer, kSwapAlignment), static_cast<std::uint64_t>(b.buffer_count), &total) ||
+      total > std::numeric_limits<std::size_t>::max()) {
+    return Status::invalid_argument(fmt::format("{} overflows a 64-bit byte count; lower {}.buffer_size or "
+                                                "{}.buffer_count", what, b.config_block, b.config_block));
+  }
+  const std::uint64_t available = available_memory_bytes();
+  if (available != 0 && total > available) {
+    return Status::resource_exhausted(fmt::format(
+        "{} = {} bytes of staging memory, but only {} bytes are available (MemAvailable); lower {}.buffer_size or "
+        "{}.buffer_count",
+        what, total, available, b.config_block, b.config_block));
+  }
+  return static_cast<std::size_t>(total);
+}
 
 std::size_t PoolBudget::buffer_bytes() const {
   return static_cast<std::size_t>(align_up(static_cast<std::uint64_t>(buffer_size) * element_bytes,
@@ -54,9 +103,10 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
         "{0}.buffer_count ({1}) and {0}.buffer_size ({2}) must be positive", b.config_block,
         b.buffer_count, b.buffer_size));
   }
+  ZINF_ASSIGN_OR_RETURN(const std::size_t capacity, b.checked_bytes());
   std::unique_ptr<PinnedPool> pool(new PinnedPool());
   pool->budget_ = b;
-  pool->capacity_ = b.bytes();
+  pool->capacity_ = capacity;
   pool->reserve_buffers_ = std::min(options.streaming_reserve_buffers, b.buffer_count - 1);
   pool->reserve_ = pool->reserve_buffers_ * b.buffer_bytes();
   ZINF_ASSIGN_OR_RETURN(pool->state_->arena,

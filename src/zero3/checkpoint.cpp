@@ -28,6 +28,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/checksum.h"
+#include "common/json_check.h"
+#include "zero3/checkpoint_format.h"
 #include "zero3/engine_impl.h"
 #include "zero3/file_util.h"
 #include "zinf/log.h"
@@ -37,6 +39,12 @@
 
 namespace zinf::zero3 {
 namespace {
+
+using detail::EngineJson;
+using detail::kMaxCheckpointWorld;
+using detail::ModelLayout;
+using detail::SavedLayout;
+using detail::SavedRankFile;
 
 constexpr int kFormatVersion = 2;  // 2: partition groups per module
 
@@ -61,19 +69,17 @@ nlohmann::json layout_json(const model::Model& m) {
   return {{"params", std::move(params)}, {"modules", std::move(modules)}};
 }
 
-// A model's parameter and module lists as a checkpoint knows them.
-struct ModelLayout {
-  std::vector<model::ParamSpec> params;
-  std::vector<model::ModuleSpec> modules;
-};
-
 // Reads "params"/"modules" from engine.json; a checkpoint without them (written before the Model
 // interface) is a built-in model rebuilt from "model". Never throws on malformed input.
 Result<ModelLayout> saved_model_layout(const nlohmann::json& j, const std::string& folder) {
   const std::string where = folder + "/engine.json";
   ModelLayout out;
-  if (!j.contains("params") && !j.contains("modules")) {
-    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::make_builtin_model(j["model"].dump(), where));
+  const nlohmann::json* jp = jsonck::member(j, "params");
+  const nlohmann::json* jm = jsonck::member(j, "modules");
+  if (jp == nullptr && jm == nullptr) {
+    const nlohmann::json* model = jsonck::member(j, "model");
+    if (model == nullptr) return Status::corruption(fmt::format("{}: missing key \"model\"", where));
+    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, model::make_builtin_model(model->dump(), where));
     out.params.assign(m->params().begin(), m->params().end());
     out.modules.assign(m->modules().begin(), m->modules().end());
     return out;
@@ -81,45 +87,53 @@ Result<ModelLayout> saved_model_layout(const nlohmann::json& j, const std::strin
   const auto bad = [&](const std::string& what) {
     return Status::corruption(fmt::format("{}: {} (the model's parameter list is damaged)", where, what));
   };
-  const nlohmann::json none;
-  const nlohmann::json& jp = j.contains("params") ? j["params"] : none;
-  const nlohmann::json& jm = j.contains("modules") ? j["modules"] : none;
-  if (!jp.is_array() || !jm.is_array()) return bad("\"params\" and \"modules\" must be arrays");
-  const auto small_int = [](const nlohmann::json& v, std::int64_t lo, std::int64_t hi) {
-    return v.is_number_integer() && v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi &&
-           !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi));
+  if (jp == nullptr || jm == nullptr || !jp->is_array() || !jm->is_array()) {
+    return bad("\"params\" and \"modules\" must be arrays");
+  }
+  const auto small_int = [](const nlohmann::json* v, std::int64_t lo, std::int64_t hi) {
+    return v != nullptr && jsonck::int_value(*v, lo, hi, {}).is_ok();
   };
-  for (std::size_t i = 0; i < jp.size(); ++i) {
-    const nlohmann::json& e = jp[i];
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("shape") ||
-        !e["shape"].is_array() || !e.contains("module") || !small_int(e["module"], 0, INT32_MAX)) {
+  // The whole model at most 2^48 elements, so byte offsets (x arrays x 4) stay far from 2^64.
+  constexpr std::size_t kMaxElements = std::size_t{1} << 48;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < jp->size(); ++i) {
+    const nlohmann::json& e = (*jp)[i];
+    const nlohmann::json* name = jsonck::member(e, "name");
+    const nlohmann::json* shape = jsonck::member(e, "shape");
+    const nlohmann::json* module = jsonck::member(e, "module");
+    if (name == nullptr || !name->is_string() || shape == nullptr || !shape->is_array() ||
+        !small_int(module, 0, INT32_MAX)) {
       return bad(fmt::format("params[{}] needs a string \"name\", an array \"shape\" and an integer \"module\"", i));
     }
     model::ParamSpec p;
-    p.name = e["name"].get<std::string>();
+    p.name = name->get<std::string>();
     p.index = static_cast<int>(i);
-    p.module = e["module"].get<int>();
+    p.module = static_cast<int>(module->get<std::int64_t>());
     p.numel = 1;
-    for (const nlohmann::json& d : e["shape"]) {
-      if (!small_int(d, 1, INT64_MAX / 2)) return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, e["shape"].dump()));
+    for (const nlohmann::json& d : *shape) {
+      if (!small_int(&d, 1, INT64_MAX / 2)) return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, shape->dump()));
       p.shape.push_back(d.get<std::int64_t>());
-      if (p.numel > (std::size_t{1} << 48) / static_cast<std::size_t>(p.shape.back())) {
-        return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, e["shape"].dump()));
+      if (p.numel > kMaxElements / static_cast<std::size_t>(p.shape.back())) {
+        return bad(fmt::format("params[{}] ('{}') has shape {}", i, p.name, shape->dump()));
       }
       p.numel *= static_cast<std::size_t>(p.shape.back());
     }
+    total += p.numel;
+    if (total > kMaxElements) return bad(fmt::format("more than 2^48 elements in all at params[{}]", i));
     out.params.push_back(std::move(p));
   }
-  for (std::size_t m = 0; m < jm.size(); ++m) {
-    const nlohmann::json& e = jm[m];
-    if (!e.is_object() || !e.contains("name") || !e["name"].is_string() || !e.contains("params") || !e["params"].is_array()) {
+  for (std::size_t m = 0; m < jm->size(); ++m) {
+    const nlohmann::json& e = (*jm)[m];
+    const nlohmann::json* name = jsonck::member(e, "name");
+    const nlohmann::json* params = jsonck::member(e, "params");
+    if (name == nullptr || !name->is_string() || params == nullptr || !params->is_array()) {
       return bad(fmt::format("modules[{}] needs a string \"name\" and an array \"params\"", m));
     }
     model::ModuleSpec mod;
-    mod.name = e["name"].get<std::string>();
-    for (const nlohmann::json& v : e["params"]) {
-      if (!small_int(v, 0, INT32_MAX)) return bad(fmt::format("modules[{}] ('{}') lists {}", m, mod.name, v.dump()));
-      mod.params.push_back(v.get<int>());
+    mod.name = name->get<std::string>();
+    for (const nlohmann::json& v : *params) {
+      if (!small_int(&v, 0, INT32_MAX)) return bad(fmt::format("modules[{}] ('{}') lists {}", m, mod.name, v.dump()));
+      mod.params.push_back(static_cast<int>(v.get<std::int64_t>()));
     }
     out.modules.push_back(std::move(mod));
   }
@@ -139,52 +153,42 @@ Status make_dir(const std::string& path) {
 }
 
 Status check_format(const nlohmann::json& j, const std::string& folder) {
-  if (j.is_discarded() || !j.is_object() || !j.contains("model")) {
+  if (!j.is_object() || !j.contains("model")) {
     return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint", folder));
   }
-  if (j.value("format", 0) != kFormatVersion) {
+  const nlohmann::json* format = jsonck::member(j, "format");
+  const bool current = format != nullptr && format->is_number_integer() && format->get<std::int64_t>() == kFormatVersion;
+  if (!current) {
     return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads format {} (format 1 "
                                            "partitioned each parameter on its own)",
-                                           folder, j.value("format", 0), kFormatVersion));
+                                           folder, format == nullptr ? "(none)" : jsonck::describe(*format),
+                                           kFormatVersion));
   }
   return Status::ok();
 }
 
-// How a checkpoint's ranks laid out their state: its plan and layout, rebuilt from engine.json
-// and checked against the stored fingerprint.
-struct SavedLayout {
-  PartitionPlan plan;
-  swap::OptimizerLayout layout;
-  std::size_t arrays = 1;
-  std::vector<std::uint64_t> subgroup_bytes_at;  // where each sub-group's arrays start in a rank file
-
-  // Byte offset in a rank file of element `element` of group g's slice in array `which`.
-  std::uint64_t element_offset(std::size_t g, std::size_t which, std::size_t element) const {
-    const std::size_t sg = layout.subgroup_of[g];
-    return subgroup_bytes_at[sg] + (which * layout.subgroups[sg].numel + layout.offset_in_subgroup[g] + element) * sizeof(float);
-  }
-};
-
 Result<SavedLayout> saved_layout(const ModelLayout& model, const nlohmann::json& j, const std::string& folder) {
-  const int world = j.value("world_size", 0);
-  if (world < 1 || !j.contains("sub_group_size") || !j.contains("arrays") || !j.contains("ranks") ||
-      !j["ranks"].is_array() || j["ranks"].size() != static_cast<std::size_t>(world)) {
-    return Status::corruption(fmt::format("{}/engine.json: world_size, sub_group_size, arrays or ranks missing or wrong",
-                                          folder));
-  }
-  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params, model.modules.size(), world));
-  SavedLayout s{std::move(plan), {}, j.value("arrays", std::size_t{1}), {}};
-  s.layout = swap::OptimizerLayout::build(layout_partitions(model.params, model.modules, s.plan),
-                                          j.value("sub_group_size", std::uint64_t{1}));
-  if (s.layout.fingerprint() != j.value("layout", "")) {
+  const std::string file = folder + "/engine.json";
+  const jsonck::Where w{file, ""};
+  ZINF_ASSIGN_OR_RETURN(const std::int64_t world, jsonck::int_key(j, "world_size", 1, kMaxCheckpointWorld, w));
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t sub_group_size,
+                        jsonck::uint_key(j, "sub_group_size", 0, std::numeric_limits<std::uint64_t>::max(), w));
+  // The master copy and at most a few optimizer states per element.
+  ZINF_ASSIGN_OR_RETURN(const std::int64_t arrays, jsonck::int_key(j, "arrays", 1, 16, w));
+  ZINF_ASSIGN_OR_RETURN(const std::string fingerprint, jsonck::string_key(j, "layout", w));
+  ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params, model.modules.size(), static_cast<int>(world)));
+  SavedLayout s{std::move(plan), {}, static_cast<std::size_t>(arrays), {}, 0};
+  s.layout = swap::OptimizerLayout::build(layout_partitions(model.params, model.modules, s.plan), sub_group_size);
+  if (s.layout.fingerprint() != fingerprint) {
     return Status::corruption(fmt::format("{}/engine.json: partition layout '{}' does not match its model and {} ranks ('{}')",
-                                          folder, j.value("layout", ""), world, s.layout.fingerprint()));
+                                          folder, fingerprint, world, s.layout.fingerprint()));
   }
   std::uint64_t at = 0;
   for (const swap::SubGroup& sg : s.layout.subgroups) {
     s.subgroup_bytes_at.push_back(at);
-    at += sg.numel * s.arrays * sizeof(float);
+    at += sg.numel * s.arrays * sizeof(float);  // < 2^48 x 2 x 16 x 4 in all: no overflow
   }
+  s.rank_file_bytes = at;
   return s;
 }
 
@@ -209,20 +213,20 @@ Status check_same_params(const ModelLayout& saved, const model::Model& now, cons
 }
 
 // Size and checksum of saved rank r's file against engine.json.
-Status verify_rank_file(const nlohmann::json& j, const std::string& folder, int r) {
+Status verify_rank_file(const EngineJson& e, const std::string& folder, int r) {
   const std::string path = rank_file(folder, r);
-  const auto& info = j["ranks"][static_cast<std::size_t>(r)];
+  const SavedRankFile& info = e.ranks[static_cast<std::size_t>(r)];
   auto size = file_size_of(path);
   if (!size.is_ok()) {
     return size.status().with_context(
-        j.value("node_local", false)
+        e.node_local
             ? fmt::format("{} was saved with checkpoint.use_node_local_storage: each node holds only its own ranks' "
                           "files; copy every rank<r>.state of the {} ranks into one folder to resume with another "
-                          "world size", folder, j.value("world_size", 0))
+                          "world size", folder, e.ranks.size())
             : folder);
   }
-  if (size.value() != info.value("bytes", std::uint64_t{0})) {
-    return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size.value(), info.value("bytes", 0)));
+  if (size.value() != info.bytes) {
+    return Status::corruption(fmt::format("{}: {} bytes, engine.json says {}", path, size.value(), info.bytes));
   }
   Checksum64 sum;
   std::vector<char> chunk(std::size_t{1} << 20);
@@ -231,26 +235,116 @@ Status verify_rank_file(const nlohmann::json& j, const std::string& folder, int 
     ZINF_RETURN_IF_ERROR(read_exact(path, off, chunk.data(), n));
     sum.add(chunk.data(), n);
   }
-  if ((sum.value() >> 11) != info.value("checksum", std::uint64_t{0})) {
-    const std::string algo = j.value("checksum_algo", "");
-    if (algo != kChecksumAlgo) {
+  if ((sum.value() >> 11) != info.checksum) {
+    if (e.checksum_algo != kChecksumAlgo) {
       return Status::corruption(fmt::format(
           "{}: checksum mismatch: {}/engine.json records {}, and this build checks {}; a checkpoint without "
           "checksum_algo was saved by an older zinf (FNV-1a checksums) and cannot be verified by this one",
-          path, folder, algo.empty() ? "no checksum_algo" : "checksum_algo \"" + algo + "\"", kChecksumAlgo));
+          path, folder, e.checksum_algo.empty() ? "no checksum_algo" : "checksum_algo \"" + e.checksum_algo + "\"",
+          kChecksumAlgo));
     }
     return Status::corruption(fmt::format("{}: checksum mismatch ({}); the file is damaged", path, kChecksumAlgo));
   }
   return Status::ok();
 }
 
+Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, const SavedLayout& saved, const std::string& file) {
+  const nlohmann::json* ranks = jsonck::member(j, "ranks");
+  const std::size_t world = static_cast<std::size_t>(saved.plan.world_size());
+  if (ranks == nullptr || !ranks->is_array() || ranks->size() != world) {
+    return Status::corruption(fmt::format("{}: ranks: expected an array of world_size = {} entries", file, world));
+  }
+  std::vector<SavedRankFile> out;
+  for (std::size_t r = 0; r < world; ++r) {
+    const std::string path = fmt::format("ranks[{}]", r);
+    const jsonck::Where w{file, path};
+    SavedRankFile f;
+    ZINF_ASSIGN_OR_RETURN(f.bytes, jsonck::uint_key((*ranks)[r], "bytes", 0, std::numeric_limits<std::uint64_t>::max(), w));
+    ZINF_ASSIGN_OR_RETURN(f.checksum, jsonck::uint_key((*ranks)[r], "checksum", 0, (std::uint64_t{1} << 53) - 1, w));
+    if (f.bytes != saved.rank_file_bytes) {
+      return Status::corruption(fmt::format("{}: {}.bytes = {}, but the recorded layout makes every rank file {} bytes",
+                                            file, path, f.bytes, saved.rank_file_bytes));
+    }
+    out.push_back(f);
+  }
+  return out;
+}
+
+Result<EngineCounters> saved_counters(const nlohmann::json& j, const std::string& file) {
+  const nlohmann::json* c = jsonck::member(j, "counters");
+  if (c == nullptr || !c->is_object()) return Status::corruption(fmt::format("{}: counters: missing or not an object", file));
+  const jsonck::Where w{file, "counters"};
+  constexpr std::int64_t kMax = std::numeric_limits<std::int64_t>::max();
+  EngineCounters out;
+  ZINF_ASSIGN_OR_RETURN(out.steps, jsonck::int_key(*c, "steps", 0, kMax, w));
+  ZINF_ASSIGN_OR_RETURN(out.updates, jsonck::int_key(*c, "updates", 0, kMax, w));
+  ZINF_ASSIGN_OR_RETURN(out.schedule_k, jsonck::int_key(*c, "schedule_k", 0, kMax, w));
+  ZINF_ASSIGN_OR_RETURN(out.loss_scale, jsonck::number_key(*c, "loss_scale", w));
+  ZINF_ASSIGN_OR_RETURN(out.scaler_iteration, jsonck::int_key_or(*c, "scaler_iteration", 0, 0, kMax, w));
+  ZINF_ASSIGN_OR_RETURN(out.scaler_last_overflow, jsonck::int_key_or(*c, "scaler_last_overflow", -1, -1, kMax, w));
+  ZINF_ASSIGN_OR_RETURN(const std::int64_t hysteresis,
+                        jsonck::int_key_or(*c, "scaler_hysteresis_left", 1, 0, std::numeric_limits<int>::max(), w));
+  out.scaler_hysteresis_left = static_cast<int>(hysteresis);
+  return out;
+}
+
 }  // namespace
+
+namespace detail {
+
+Result<EngineJson> parse_engine_json(std::string_view text, const std::string& folder) {
+  const std::string file = folder + "/engine.json";
+  ZINF_ASSIGN_OR_RETURN(const nlohmann::json j, jsonck::parse<nlohmann::json>(text, file));
+  ZINF_RETURN_IF_ERROR(check_format(j, folder));
+  const jsonck::Where w{file, ""};
+  EngineJson e;
+  e.model = normalized_model_json(*jsonck::member(j, "model"));  // check_format made sure it is there
+  ZINF_ASSIGN_OR_RETURN(e.model_layout, saved_model_layout(j, folder));
+  ZINF_ASSIGN_OR_RETURN(e.saved, saved_layout(e.model_layout, j, folder));
+  ZINF_ASSIGN_OR_RETURN(e.precision, jsonck::string_key(j, "precision", w));
+  ZINF_ASSIGN_OR_RETURN(e.optimizer, jsonck::string_key(j, "optimizer", w));
+  ZINF_ASSIGN_OR_RETURN(e.checksum_algo, jsonck::string_key_or(j, "checksum_algo", "", w));
+  ZINF_ASSIGN_OR_RETURN(e.node_local, jsonck::bool_key_or(j, "node_local", false, w));
+  ZINF_ASSIGN_OR_RETURN(e.ranks, saved_ranks(j, e.saved, file));
+  ZINF_ASSIGN_OR_RETURN(e.counters, saved_counters(j, file));
+  ZINF_ASSIGN_OR_RETURN(e.client_state, jsonck::string_key_or(j, "client_state", "", w));
+  return e;
+}
+
+Status check_checkpoint_tag(std::string_view tag, std::string_view where) {
+  const auto bad = [&](std::string_view why) {
+    return Status::invalid_argument(fmt::format("{}: checkpoint tag '{}': {}; a tag names a folder directly inside "
+                                                "the checkpoint folder",
+                                                where, tag.size() > 80 ? std::string(tag.substr(0, 77)) + "..." : std::string(tag),
+                                                why));
+  };
+  if (tag.empty()) return bad("empty");
+  if (tag.size() > 255) return bad(fmt::format("{} bytes, more than a file name may have (255)", tag.size()));
+  if (tag == "." || tag == "..") return bad("refers to a folder itself");
+  if (tag == "latest") return bad("'latest' is the name of the file that points at the newest tag");
+  for (char c : tag) {
+    if (c == '/') return bad("contains '/'");
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) return bad("contains a control character");
+  }
+  if (tag.ends_with(".tmp") || tag.ends_with(".old")) return bad("ends in .tmp or .old, the names a save uses for its temporaries");
+  return Status::ok();
+}
+
+Result<std::string> parse_latest_tag(std::string_view text, const std::string& dir) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ' || text.back() == '\r' || text.back() == '\t')) {
+    text.remove_suffix(1);
+  }
+  const std::string where = dir + "/latest";
+  const Status st = check_checkpoint_tag(text, where);
+  if (!st.is_ok()) return Status::corruption(st.message());
+  return std::string(text);
+}
+
+}  // namespace detail
 
 Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
   Impl& m = *impl_;
-  if (tag.empty() || tag.find('/') != std::string::npos || tag == "latest" || tag.find(".tmp") != std::string::npos) {
-    return Status::invalid_argument(fmt::format("checkpoint tag '{}': must be a plain, non-empty name", tag));
-  }
+  ZINF_RETURN_IF_ERROR(detail::check_checkpoint_tag(tag, fmt::format("checkpoint save into {}", dir)));
   const int rank = m.comm.rank();
   const std::string final_dir = dir + "/" + tag;
   const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
@@ -354,31 +448,31 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   if (tag.empty()) {
     auto latest = read_small_file(dir + "/latest");
     if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
-    tag = latest.value();
-    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+    ZINF_ASSIGN_OR_RETURN(tag, detail::parse_latest_tag(latest.value(), dir));
+  } else {
+    ZINF_RETURN_IF_ERROR(detail::check_checkpoint_tag(tag, fmt::format("--resume {}", dir)));
   }
   const std::string folder = dir + "/" + tag;
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  ZINF_RETURN_IF_ERROR(check_format(j, folder));
+  ZINF_ASSIGN_OR_RETURN(const EngineJson e, detail::parse_engine_json(text, folder));
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return Status::invalid_argument(fmt::format("{}: checkpoint has {} {}, this run has {}", folder, what, saved, now));
   };
   const nlohmann::json now_model = model_json(*m.model);
-  if (normalized_model_json(j["model"]) != now_model) return mismatch("model", j["model"].dump(), now_model.dump());
-  ZINF_ASSIGN_OR_RETURN(const ModelLayout saved_model, saved_model_layout(j, folder));
+  if (e.model != now_model) return mismatch("model", e.model.dump(), now_model.dump());
+  const ModelLayout& saved_model = e.model_layout;
   ZINF_RETURN_IF_ERROR(check_same_params(saved_model, *m.model, folder));
-  if (j.value("precision", "") != swap::dtype_name(m.dtype)) {
-    return mismatch("precision", j.value("precision", ""), std::string(swap::dtype_name(m.dtype)));
+  if (e.precision != swap::dtype_name(m.dtype)) {
+    return mismatch("precision", e.precision, std::string(swap::dtype_name(m.dtype)));
   }
-  if (j.value("optimizer", "") != m.optimizer->optimizer().config().name()) {
-    return mismatch("optimizer", j.value("optimizer", ""), std::string(m.optimizer->optimizer().config().name()));
+  if (e.optimizer != m.optimizer->optimizer().config().name()) {
+    return mismatch("optimizer", e.optimizer, std::string(m.optimizer->optimizer().config().name()));
   }
-  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(saved_model, j, folder));
+  const SavedLayout& saved = e.saved;
   const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
-  if (j.value("arrays", std::size_t{0}) != arrays) {
+  if (saved.arrays != arrays) {
     return Status::corruption(fmt::format("{}/engine.json: {} arrays per sub-group, the optimizer has {}", folder,
-                                          j.value("arrays", 0), arrays));
+                                          saved.arrays, arrays));
   }
   // The saved ranks whose slices overlap this rank's: verify each whole file before any state
   // is touched.
@@ -393,7 +487,7 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
     }
   }
   for (int q = 0; q < old_world; ++q) {
-    if (needed[static_cast<std::size_t>(q)]) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, q));
+    if (needed[static_cast<std::size_t>(q)]) ZINF_RETURN_IF_ERROR(verify_rank_file(e, folder, q));
   }
   std::vector<float> buf;
   for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
@@ -419,20 +513,19 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
     log(LogLevel::kInfo, fmt::format("{}: re-partitioned from {} to {} ranks ({} -> {})", folder, old_world,
                                      m.comm.world_size(), saved.layout.fingerprint(), m.layout.fingerprint()));
   }
-  const auto& c = j["counters"];
-  m.counters.steps = c.value("steps", std::int64_t{0});
-  m.counters.updates = c.value("updates", std::int64_t{0});
-  m.counters.schedule_k = c.value("schedule_k", std::int64_t{0});
+  m.counters.steps = e.counters.steps;
+  m.counters.updates = e.counters.updates;
+  m.counters.schedule_k = e.counters.schedule_k;
   optim::LossScaler::State s;
-  s.scale = c.value("loss_scale", 1.0);
-  s.iteration = c.value("scaler_iteration", std::int64_t{0});
-  s.last_overflow_iteration = c.value("scaler_last_overflow", std::int64_t{-1});
-  s.hysteresis_left = c.value("scaler_hysteresis_left", 1);
+  s.scale = e.counters.loss_scale;
+  s.iteration = e.counters.scaler_iteration;
+  s.last_overflow_iteration = e.counters.scaler_last_overflow;
+  s.hysteresis_left = e.counters.scaler_hysteresis_left;
   ZINF_RETURN_IF_ERROR(m.scaler->restore(s).with_context(folder));
   m.sync_scaler_counters();
   ZINF_RETURN_IF_ERROR(m.publish_params());
   m.coordinator->invalidate_gathered();
-  return j.value("client_state", std::string());
+  return e.client_state;
 }
 
 struct CheckpointReader::Impl {
@@ -454,18 +547,13 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& checkpoint) {
     if (!latest.is_ok()) {
       return Status::not_found(fmt::format("{}: neither a checkpoint folder (engine.json) nor one with 'latest'", checkpoint));
     }
-    std::string tag = latest.value();
-    while (!tag.empty() && (tag.back() == '\n' || tag.back() == ' ')) tag.pop_back();
+    ZINF_ASSIGN_OR_RETURN(const std::string tag, detail::parse_latest_tag(latest.value(), checkpoint));
     folder = checkpoint + "/" + tag;
   }
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
-  const auto j = nlohmann::json::parse(text, nullptr, false);
-  ZINF_RETURN_IF_ERROR(check_format(j, folder));
-  ZINF_ASSIGN_OR_RETURN(ModelLayout model, saved_model_layout(j, folder));
-  ZINF_ASSIGN_OR_RETURN(SavedLayout saved, saved_layout(model, j, folder));
-  for (int r = 0; r < saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(j, folder, r));
-  auto impl = std::make_unique<Impl>(
-      Impl{folder, normalized_model_json(j["model"]).dump(), std::move(model), std::move(saved)});
+  ZINF_ASSIGN_OR_RETURN(EngineJson e, detail::parse_engine_json(text, folder));
+  for (int r = 0; r < e.saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(e, folder, r));
+  auto impl = std::make_unique<Impl>(Impl{folder, e.model.dump(), std::move(e.model_layout), std::move(e.saved)});
   return CheckpointReader(std::move(impl));
 }
 

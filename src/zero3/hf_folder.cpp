@@ -10,6 +10,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_check.h"
+
 #include "zero3/file_util.h"
 #include "zinf/model/config.h"
 #include "zinf/model/llama.h"
@@ -210,8 +212,9 @@ void transpose(std::span<const float> in, std::size_t rows, std::size_t cols, st
 
 Result<json> read_json(const std::string& path) {
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(path));
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return Status::invalid_argument(fmt::format("{}: not a JSON object", path));
+  auto j = jsonck::parse<json>(text, path);
+  if (!j.is_ok()) return Status::invalid_argument(j.status().message());
+  if (!j.value().is_object()) return Status::invalid_argument(fmt::format("{}: not a JSON object", path));
   return j;
 }
 

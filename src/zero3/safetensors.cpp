@@ -7,10 +7,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_check.h"
 #include "zinf/optim/half.h"
 #include "zero3/file_util.h"
 
@@ -74,10 +76,12 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
   }
   std::string text(len, '\0');
   ZINF_RETURN_IF_ERROR(read_exact(path, 8, text.data(), len));
-  const auto header = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
-    return Status::corruption(fmt::format("{}: the safetensors header is not a JSON object", path));
+  auto parsed = jsonck::parse<nlohmann::json>(text, path + " (safetensors header)");
+  if (!parsed.is_ok() || !parsed.value().is_object()) {
+    return Status::corruption(fmt::format("{}: the safetensors header is not a JSON object{}", path,
+                                          parsed.is_ok() ? "" : " (" + parsed.status().message() + ")"));
   }
+  const nlohmann::json& header = parsed.value();
   SafetensorsReader reader;
   reader.path_ = path;
   reader.data_start_ = 8 + len;
@@ -92,23 +96,30 @@ Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
     }
     SafetensorsEntry e;
     e.name = name;
-    const bool well_formed = value.is_object() && value.contains("dtype") && value["dtype"].is_string() &&
-                             value.contains("shape") && value["shape"].is_array() &&
-                             value.contains("data_offsets") && value["data_offsets"].is_array() &&
-                             value["data_offsets"].size() == 2;
+    const nlohmann::json* dtype = jsonck::member(value, "dtype");
+    const nlohmann::json* shape = jsonck::member(value, "shape");
+    const nlohmann::json* offsets = jsonck::member(value, "data_offsets");
+    const bool well_formed = dtype != nullptr && dtype->is_string() && shape != nullptr && shape->is_array() &&
+                             offsets != nullptr && offsets->is_array() && offsets->size() == 2 &&
+                             (*offsets)[0].is_number_unsigned() && (*offsets)[1].is_number_unsigned();
     if (!well_formed) return Status::corruption(fmt::format("{}: tensor {}: malformed header entry", path, name));
-    e.dtype = value["dtype"].get<std::string>();
-    for (const auto& d : value["shape"]) {
-      if (!d.is_number_integer() || d.get<std::int64_t>() < 0) {
-        return Status::corruption(fmt::format("{}: tensor {}: bad shape", path, name));
+    e.dtype = dtype->get<std::string>();
+    // Element counts are checked for overflow: a wrapped product could match any offsets.
+    std::uint64_t numel = 1;
+    for (const auto& d : *shape) {
+      if (!d.is_number_integer() || (!d.is_number_unsigned() && d.get<std::int64_t>() < 0) ||
+          d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+          __builtin_mul_overflow(numel, d.get<std::uint64_t>(), &numel)) {
+        return Status::corruption(fmt::format("{}: tensor {}: bad shape {}", path, name, shape->dump()));
       }
       e.shape.push_back(d.get<std::int64_t>());
     }
-    e.begin = value["data_offsets"][0].get<std::uint64_t>();
-    e.end = value["data_offsets"][1].get<std::uint64_t>();
+    e.begin = (*offsets)[0].get<std::uint64_t>();
+    e.end = (*offsets)[1].get<std::uint64_t>();
     const std::size_t elem = dtype_bytes(e.dtype);
     if (elem == 0) return Status::unsupported(fmt::format("{}: tensor {}: dtype {} (zinf reads F32, F16, BF16)", path, name, e.dtype));
-    if (e.end < e.begin || e.end > data_size || e.end - e.begin != numel_of(e.shape) * elem) {
+    std::uint64_t bytes = 0;
+    if (e.end < e.begin || e.end > data_size || __builtin_mul_overflow(numel, elem, &bytes) || e.end - e.begin != bytes) {
       return Status::corruption(fmt::format("{}: tensor {}: data_offsets [{}, {}] do not match shape and file size {}",
                                             path, name, e.begin, e.end, data_size));
     }

@@ -67,7 +67,7 @@ INSTANTIATE_TEST_SUITE_P(
                   "ds_config.json:1:25: my_custom_setting: unknown key (not a key DeepSpeed or zinf knows at the top level)"},
         // wrong types
         ErrorCase{"StringForInteger", R"({"train_batch_size": "32"})",
-                  "ds_config.json:1:2: train_batch_size: expected a positive integer, got the string \"32\""},
+                  "ds_config.json:1:2: train_batch_size: expected an integer from 1 to 2147483647, got the string \"32\""},
         ErrorCase{"StringForBoolean", R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "overlap_comm": "true"}})",
                   "ds_config.json:1:59: zero_optimization.overlap_comm: expected a boolean (true/false), got the string \"true\""},
         ErrorCase{"NumberForBoolean", R"({"train_batch_size": 1, "wall_clock_breakdown": 0})",
@@ -93,7 +93,15 @@ INSTANTIATE_TEST_SUITE_P(
         ErrorCase{"QueueDepthTooDeep", R"({"train_batch_size": 1, "aio": {"queue_depth": 4096}})",
                   "ds_config.json:1:33: aio.queue_depth: expected an integer from 1 to 1024, got 4096"},
         ErrorCase{"HugeInteger", R"({"train_batch_size": 1e30})",
-                  "ds_config.json:1:2: train_batch_size: expected a positive integer, got 1e+30 (out of range)"},
+                  "ds_config.json:1:2: train_batch_size: expected an integer from 1 to 2147483647, got 1e+30 (out of range)"},
+        // Batch sizes are counted in int by the trainer: 2^32 + 1 must not pass as a micro-batch of 1.
+        ErrorCase{"MicroBatchOverInt", R"({"train_micro_batch_size_per_gpu": 4294967297})",
+                  "ds_config.json:1:2: train_micro_batch_size_per_gpu: expected an integer from 1 to 2147483647, got "
+                  "4294967297"},
+        ErrorCase{"DerivedBatchOverInt",
+                  R"({"train_micro_batch_size_per_gpu": 65536, "gradient_accumulation_steps": 65536})",
+                  "ds_config.json: train_batch_size: 4294967296 (train_micro_batch_size_per_gpu * "
+                  "gradient_accumulation_steps * world size) is over 2147483647, the largest batch zinf can count"},
         ErrorCase{"BadDevice", R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}})",
                   "ds_config.json:1:77: zero_optimization.offload_param.device: expected one of \"none\", \"cpu\", \"nvme\", got \"CPU\"; did you mean \"cpu\"?"},
         ErrorCase{"BadBetas", R"({"train_batch_size": 1, "optimizer": {"type": "Adam", "params": {"betas": [0.9]}}})",

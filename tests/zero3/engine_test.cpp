@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -396,6 +397,49 @@ TEST(EngineTest, CheckpointWithoutChecksumAlgoSaysSo) {
   ASSERT_FALSE(loaded.is_ok());
   EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption);
   EXPECT_NE(loaded.status().message().find("older zinf"), std::string::npos) << loaded.status().message();
+}
+
+// engine.json is untrusted: a missing key, a wrong type or a tag that leaves the folder is a
+// Status naming the file and the key (a missing key used to abort --resume with exit 134).
+TEST(EngineTest, MalformedEngineJsonIsAStatusNamingTheKey) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const std::string json_path = ckpt.path() + "/a/engine.json";
+  const auto saved = nlohmann::json::parse(std::ifstream(json_path));
+  struct Case {
+    std::function<void(nlohmann::json&)> damage;
+    std::string expected;
+  };
+  const Case cases[] = {
+      {[](nlohmann::json& j) { j["counters"].erase("steps"); }, "engine.json: counters: missing integer key \"steps\""},
+      {[](nlohmann::json& j) { j.erase("counters"); }, "engine.json: counters: missing or not an object"},
+      {[](nlohmann::json& j) { j["ranks"][0]["bytes"] = "12"; }, "engine.json: ranks[0].bytes: expected an integer"},
+      {[](nlohmann::json& j) { j["world_size"] = 4294967297LL; }, "engine.json: world_size: 4294967297 is out of range"},
+      {[](nlohmann::json& j) { j.erase("sub_group_size"); }, "engine.json: missing integer key \"sub_group_size\""},
+  };
+  for (const Case& c : cases) {
+    nlohmann::json j = saved;
+    c.damage(j);
+    std::ofstream(json_path) << j.dump(2);
+    auto loaded = t.engine().load_checkpoint(ckpt.path(), "");
+    ASSERT_FALSE(loaded.is_ok()) << c.expected;
+    EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption) << loaded.status().to_string();
+    EXPECT_NE(loaded.status().message().find(c.expected), std::string::npos) << loaded.status().message();
+  }
+  std::ofstream(json_path) << saved.dump(2);
+  ASSERT_TRUE(t.engine().load_checkpoint(ckpt.path(), "").is_ok());
+  // A `latest` that points out of the folder is refused before anything is read.
+  std::ofstream(ckpt.path() + "/latest") << "../a\n";
+  auto escaped = t.engine().load_checkpoint(ckpt.path(), "");
+  ASSERT_FALSE(escaped.is_ok());
+  EXPECT_NE(escaped.status().message().find("checkpoint tag '../a': contains '/'"), std::string::npos)
+      << escaped.status().message();
+  EXPECT_FALSE(t.engine().load_checkpoint(ckpt.path(), "..").is_ok());
+  EXPECT_FALSE(t.engine().save_checkpoint(ckpt.path(), "..", "{}").is_ok());
 }
 
 // The checkpoint folder has one writer at a time: a save while another holds the folder's lock

@@ -3,6 +3,8 @@
 #include "run_state.h"
 
 #include <algorithm>
+#include <charconv>
+#include <limits>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +14,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "common/json_check.h"
+#include "zero3/checkpoint_format.h"
 #include "zinf/log.h"
 
 namespace zinf::cli {
@@ -107,50 +111,71 @@ Result<SavedRun> SavedRun::read(const std::string& dir) {
   r.dir_ = dir;
   auto latest = read_text(dir + "/latest");
   if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
-  r.tag_ = latest.value();
-  while (!r.tag_.empty() && (r.tag_.back() == '\n' || r.tag_.back() == ' ')) r.tag_.pop_back();
+  ZINF_ASSIGN_OR_RETURN(r.tag_, zero3::detail::parse_latest_tag(latest.value(), dir));
   r.folder_ = dir + "/" + r.tag_;
   ZINF_ASSIGN_OR_RETURN(std::string text, read_text(r.folder_ + "/engine.json"));
   const std::string where = r.folder_ + "/engine.json";
-  const auto engine = nlohmann::json::parse(text, nullptr, false);
-  if (engine.is_discarded() || !engine.is_object() || !engine.contains("client_state") ||
-      !engine["client_state"].is_string()) {
+  auto parsed = jsonck::parse<nlohmann::json>(text, where);
+  if (!parsed.is_ok()) return parsed.status().with_context(fmt::format("--resume {}", dir));
+  const nlohmann::json& engine = parsed.value();
+  const nlohmann::json* client_state = jsonck::member(engine, "client_state");
+  if (client_state == nullptr || !client_state->is_string()) {
     return Status::corruption(fmt::format("--resume {}: {} has no client_state", dir, where));
   }
-  if (engine.contains("model") && engine["model"].is_object()) {
-    nlohmann::json m = engine["model"];
+  if (const nlohmann::json* model = jsonck::member(engine, "model"); model != nullptr && model->is_object()) {
+    nlohmann::json m = *model;
     if (!m.contains("type")) m["type"] = "gpt";  // checkpoints from before the Model interface
     r.model_json_ = m.dump();
   }
-  const auto j = nlohmann::json::parse(engine["client_state"].get<std::string>(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("epoch") || !j.contains("row")) {
+  const std::string state_where = where + " client_state";
+  auto state = jsonck::parse<nlohmann::json>(client_state->get<std::string>(), state_where);
+  const nlohmann::json* j = state.is_ok() ? &state.value() : nullptr;
+  if (j == nullptr || !j->is_object() || !j->contains("epoch") || !j->contains("row")) {
     return Status::corruption(fmt::format("--resume {}: checkpoint has no data loader position", dir));
   }
-  try {
-    r.position_ = {j["epoch"].get<std::uint64_t>(), j["row"].get<std::uint64_t>()};
-    if (j.contains("seed")) r.seed_ = j["seed"].get<std::uint64_t>();
-    if (j.contains("rows_per_step")) r.rows_per_step_ = j["rows_per_step"].get<std::uint64_t>();
-    r.world_size_ = j.value("world_size", 1);
-    if (j.contains("micro_batch") && j.contains("seq") && j.contains("grad_accum")) {
-      r.batch_ = BatchGeometry{j["micro_batch"].get<int>(), j["seq"].get<int>(), j["grad_accum"].get<int>(),
-                               r.world_size_};
+  // Every value checked for type and range (no exceptions, no truncation to int).
+  const Status read = [&]() -> Status {
+    const jsonck::Where w{state_where, ""};
+    constexpr std::uint64_t kU64 = std::numeric_limits<std::uint64_t>::max();
+    constexpr std::int64_t kInt = std::numeric_limits<int>::max();
+    ZINF_ASSIGN_OR_RETURN(const std::uint64_t epoch, jsonck::uint_key(*j, "epoch", 0, kU64, w));
+    ZINF_ASSIGN_OR_RETURN(const std::uint64_t row, jsonck::uint_key(*j, "row", 0, kU64, w));
+    r.position_ = {epoch, row};
+    if (j->contains("seed")) {
+      ZINF_ASSIGN_OR_RETURN(r.seed_, jsonck::uint_key(*j, "seed", 0, kU64, w));
     }
-    if (j.contains("data")) {
-      const auto& d = j["data"];
+    if (j->contains("rows_per_step")) {
+      ZINF_ASSIGN_OR_RETURN(r.rows_per_step_, jsonck::uint_key(*j, "rows_per_step", 0, kU64, w));
+    }
+    ZINF_ASSIGN_OR_RETURN(const std::int64_t world, jsonck::int_key_or(*j, "world_size", 1, 1, kInt, w));
+    r.world_size_ = static_cast<int>(world);
+    if (j->contains("micro_batch") && j->contains("seq") && j->contains("grad_accum")) {
+      ZINF_ASSIGN_OR_RETURN(const std::int64_t micro, jsonck::int_key(*j, "micro_batch", 1, kInt, w));
+      ZINF_ASSIGN_OR_RETURN(const std::int64_t seq, jsonck::int_key(*j, "seq", 1, kInt, w));
+      ZINF_ASSIGN_OR_RETURN(const std::int64_t accum, jsonck::int_key(*j, "grad_accum", 1, kInt, w));
+      r.batch_ = BatchGeometry{static_cast<int>(micro), static_cast<int>(seq), static_cast<int>(accum), r.world_size_};
+    }
+    if (const nlohmann::json* d = jsonck::member(*j, "data"); d != nullptr) {
+      const jsonck::Where dw{state_where, "data"};
       DataIdentity id;
-      id.path = d.at("path").get<std::string>();
-      id.source = d.value("source", std::string());
-      id.tokens = d.at("tokens").get<std::uint64_t>();
-      id.vocab = d.at("vocab").get<int>();
-      id.format = d.value("format", std::string("auto"));  // checkpoints from before --data-format
-      const std::string hash = d.at("hash").get<std::string>();
-      std::size_t used = 0;
-      id.hash = std::stoull(hash, &used, 16);
-      if (used != hash.size()) throw std::invalid_argument(hash);
+      ZINF_ASSIGN_OR_RETURN(id.path, jsonck::string_key(*d, "path", dw));
+      ZINF_ASSIGN_OR_RETURN(id.source, jsonck::string_key_or(*d, "source", "", dw));
+      ZINF_ASSIGN_OR_RETURN(id.tokens, jsonck::uint_key(*d, "tokens", 0, kU64, dw));
+      ZINF_ASSIGN_OR_RETURN(const std::int64_t vocab, jsonck::int_key(*d, "vocab", 0, kInt, dw));
+      id.vocab = static_cast<int>(vocab);
+      // Checkpoints from before --data-format have no format.
+      ZINF_ASSIGN_OR_RETURN(id.format, jsonck::string_key_or(*d, "format", "auto", dw));
+      ZINF_ASSIGN_OR_RETURN(const std::string hash, jsonck::string_key(*d, "hash", dw));
+      const auto [end, ec] = std::from_chars(hash.data(), hash.data() + hash.size(), id.hash, 16);
+      if (hash.empty() || ec != std::errc() || end != hash.data() + hash.size()) {
+        return jsonck::bad(dw, fmt::format("hash \"{}\" is not a hexadecimal number", hash));
+      }
       r.data_ = id;
     }
-  } catch (const std::exception& e) {
-    return Status::corruption(fmt::format("--resume {}: {}: client_state is malformed: {}", dir, where, e.what()));
+    return Status::ok();
+  }();
+  if (!read.is_ok()) {
+    return Status::corruption(fmt::format("--resume {}: client_state is malformed: {}", dir, read.message()));
   }
   return r;
 }

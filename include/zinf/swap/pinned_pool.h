@@ -48,8 +48,13 @@ struct PoolBudget {
 
   // One buffer, rounded up to the swap alignment (4 KiB).
   std::size_t buffer_bytes() const;
-  // buffer_count x buffer_bytes(): the pool's capacity.
+  // buffer_count x buffer_bytes(): the pool's capacity (call checked_bytes() first on values from
+  // a config: this one does not check for overflow).
   std::size_t bytes() const;
+  // bytes(), or InvalidArgument when the product overflows and ResourceExhausted when it is more
+  // than the memory available now (/proc/meminfo MemAvailable, else the physical pages), naming
+  // the config keys. PinnedPool::create checks it before allocating.
+  Result<std::size_t> checked_bytes() const;
 };
 
 struct PinnedPoolOptions {
