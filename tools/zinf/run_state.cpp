@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "zinf/log.h"
+#include "zinf/zero3/checkpoint.h"
 
 namespace zinf::cli {
 namespace {
@@ -105,11 +106,10 @@ std::string run_state_json(const RunState& s) {
 Result<SavedRun> SavedRun::read(const std::string& dir) {
   SavedRun r;
   r.dir_ = dir;
-  auto latest = read_text(dir + "/latest");
-  if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
-  r.tag_ = latest.value();
-  while (!r.tag_.empty() && (r.tag_.back() == '\n' || r.tag_.back() == ' ')) r.tag_.pop_back();
-  r.folder_ = dir + "/" + r.tag_;
+  auto latest = zero3::read_latest_tag(dir);
+  if (!latest.is_ok()) return latest.status().with_context("--resume");
+  r.tag_ = std::move(latest).value();
+  ZINF_ASSIGN_OR_RETURN(r.folder_, zero3::checkpoint_tag_folder(dir, r.tag_));
   ZINF_ASSIGN_OR_RETURN(std::string text, read_text(r.folder_ + "/engine.json"));
   const std::string where = r.folder_ + "/engine.json";
   const auto engine = nlohmann::json::parse(text, nullptr, false);
