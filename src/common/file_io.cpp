@@ -114,14 +114,20 @@ ssize_t hooked_call(std::string_view op, const std::string& path, std::size_t re
   return call(remaining);
 }
 
-// fsync through the hook (an injected errno fails it; other kinds run the real call).
+// fsync through the hook (an injected errno fails the call; other kinds run the real call),
+// retried on EINTR like every other call here.
 int hooked_fsync(int fd, const std::string& path) {
-  const InjectedFault f = consult_hook("fsync", path, 0);
-  if (f.kind == FaultKind::kErrno) {
-    errno = f.err;
-    return -1;
+  for (;;) {
+    const InjectedFault f = consult_hook("fsync", path, 0);
+    int rc = 0;
+    if (f.kind == FaultKind::kErrno) {
+      errno = f.err;
+      rc = -1;
+    } else {
+      rc = ::fsync(fd);
+    }
+    if (rc == 0 || errno != EINTR) return rc;
   }
-  return ::fsync(fd);
 }
 
 using LengthStep = std::function<ssize_t(std::size_t done, std::size_t len)>;
