@@ -31,6 +31,9 @@ FaultDecision FaultInjector::on_completion(bool is_write, const std::string& pat
       case FaultAction::kShorten:
         decision.shorten_by = rule.shorten_by;
         break;
+      case FaultAction::kZero:
+        decision.zero = true;
+        break;
       case FaultAction::kDelay:
         decision.delay += rule.delay;
         break;

@@ -32,6 +32,8 @@ class FaultQueue final : public BackendQueue {
       std::int64_t& result = out[i].result;
       if (d.fail) {
         result = -static_cast<std::int64_t>(d.errno_value);
+      } else if (d.zero && result > 0) {
+        result = 0;
       } else if (d.shorten_by > 0 && result > 1) {
         // Never shorten to 0: for a read that would mean end of file, not a short transfer.
         const auto by = static_cast<std::int64_t>(d.shorten_by);

@@ -85,11 +85,58 @@ Result<OpenedFile> open_direct_or_buffered(const std::string& path, int flags, m
   return file;
 }
 
-Status transfer_exact(std::string_view op, const std::string& path, std::uint64_t offset, std::size_t bytes,
-                      bool reading, int fd, const TransferStep& step) {
+namespace {
+
+// The installed test hook (set_fault_hook); `hook_installed` keeps the common path to one load.
+std::atomic<bool> hook_installed{false};
+FaultHook fault_hook;
+
+InjectedFault consult_hook(std::string_view op, const std::string& path, std::size_t remaining) {
+  if (!hook_installed.load(std::memory_order_acquire)) return {};
+  return fault_hook(FaultSite{op, path, remaining});
+}
+
+// One system call of a transfer, through the hook: `call(len)` moves up to `len` bytes.
+template <typename Call>
+ssize_t hooked_call(std::string_view op, const std::string& path, std::size_t remaining, const Call& call) {
+  const InjectedFault f = consult_hook(op, path, remaining);
+  switch (f.kind) {
+    case FaultKind::kErrno:
+      errno = f.err;
+      return -1;
+    case FaultKind::kZero:
+      return 0;
+    case FaultKind::kShort:
+      return call(std::max<std::size_t>(1, remaining / 2));
+    case FaultKind::kNone:
+      break;
+  }
+  return call(remaining);
+}
+
+// fsync through the hook (an injected errno fails the call; other kinds run the real call),
+// retried on EINTR like every other call here.
+int hooked_fsync(int fd, const std::string& path) {
+  for (;;) {
+    const InjectedFault f = consult_hook("fsync", path, 0);
+    int rc = 0;
+    if (f.kind == FaultKind::kErrno) {
+      errno = f.err;
+      rc = -1;
+    } else {
+      rc = ::fsync(fd);
+    }
+    if (rc == 0 || errno != EINTR) return rc;
+  }
+}
+
+using LengthStep = std::function<ssize_t(std::size_t done, std::size_t len)>;
+
+Status transfer_loop(std::string_view op, const std::string& path, std::uint64_t offset, std::size_t bytes,
+                     bool reading, int fd, const LengthStep& step) {
   std::size_t done = 0;
   while (done < bytes) {
-    const ssize_t n = step(done);
+    const ssize_t n = hooked_call(op, path, bytes - done, [&](std::size_t len) { return step(done, len); });
     if (n > 0) {
       done += static_cast<std::size_t>(n);
       continue;
@@ -118,10 +165,23 @@ Status transfer_exact(std::string_view op, const std::string& path, std::uint64_
   return Status::ok();
 }
 
+}  // namespace
+
+void set_fault_hook(FaultHook hook) {
+  hook_installed.store(false, std::memory_order_release);
+  fault_hook = std::move(hook);
+  if (fault_hook) hook_installed.store(true, std::memory_order_release);
+}
+
+Status transfer_exact(std::string_view op, const std::string& path, std::uint64_t offset, std::size_t bytes,
+                      bool reading, int fd, const TransferStep& step) {
+  return transfer_loop(op, path, offset, bytes, reading, fd, [&](std::size_t done, std::size_t) { return step(done); });
+}
+
 Status pread_exact(int fd, const std::string& path, void* out, std::size_t bytes, std::uint64_t offset) {
   auto* p = static_cast<char*>(out);
-  return transfer_exact("pread", path, offset, bytes, true, fd, [&](std::size_t done) {
-    return ::pread(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+  return transfer_loop("pread", path, offset, bytes, true, fd, [&](std::size_t done, std::size_t len) {
+    return ::pread(fd, p + done, len, static_cast<off_t>(offset + done));
   });
 }
 
@@ -132,21 +192,21 @@ Status pread_exact(const std::string& path, void* out, std::size_t bytes, std::u
 
 Status pwrite_all(int fd, const std::string& path, const void* data, std::size_t bytes, std::uint64_t offset) {
   const auto* p = static_cast<const char*>(data);
-  return transfer_exact("pwrite", path, offset, bytes, false, fd, [&](std::size_t done) {
-    return ::pwrite(fd, p + done, bytes - done, static_cast<off_t>(offset + done));
+  return transfer_loop("pwrite", path, offset, bytes, false, fd, [&](std::size_t done, std::size_t len) {
+    return ::pwrite(fd, p + done, len, static_cast<off_t>(offset + done));
   });
 }
 
 Status write_all(int fd, const std::string& path, const void* data, std::size_t bytes) {
   const auto* p = static_cast<const char*>(data);
-  return transfer_exact("write", path, 0, bytes, false, fd,
-                        [&](std::size_t done) { return ::write(fd, p + done, bytes - done); });
+  return transfer_loop("write", path, 0, bytes, false, fd,
+                       [&](std::size_t done, std::size_t len) { return ::write(fd, p + done, len); });
 }
 
 Status read_exact(int fd, const std::string& path, void* out, std::size_t bytes) {
   auto* p = static_cast<char*>(out);
-  return transfer_exact("read", path, 0, bytes, true, fd,
-                        [&](std::size_t done) { return ::read(fd, p + done, bytes - done); });
+  return transfer_loop("read", path, 0, bytes, true, fd,
+                       [&](std::size_t done, std::size_t len) { return ::read(fd, p + done, len); });
 }
 
 Result<std::uint64_t> file_size(const std::string& path) {
@@ -174,7 +234,8 @@ Result<std::string> read_small_file(const std::string& path, std::uint64_t max_b
   text.reserve(static_cast<std::size_t>(size));
   char chunk[65536];
   for (;;) {
-    const ssize_t n = ::read(fd.get(), chunk, sizeof(chunk));
+    const ssize_t n =
+        hooked_call("read", path, sizeof(chunk), [&](std::size_t len) { return ::read(fd.get(), chunk, len); });
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return Status::io_error("read", path, text.size(), sizeof(chunk), errno);
@@ -195,7 +256,7 @@ std::string parent_dir(const std::string& path) {
 
 Status sync_dir(const std::string& dir) {
   ZINF_ASSIGN_OR_RETURN(UniqueFd fd, open_file(dir, O_RDONLY | O_DIRECTORY, 0, "syncing the folder"));
-  if (::fsync(fd.get()) != 0) return Status::sys_error(fmt::format("fsync folder {}", dir), errno);
+  if (hooked_fsync(fd.get(), dir) != 0) return Status::sys_error(fmt::format("fsync folder {}", dir), errno);
   return Status::ok();
 }
 
@@ -264,7 +325,7 @@ Status AtomicFile::append(const void* data, std::size_t bytes) {
 Status AtomicFile::commit() {
   if (!fd_.valid()) return Status::internal(fmt::format("{} committed twice", tmp_path_));
   Status st;
-  if (::fsync(fd_.get()) != 0) st = Status::sys_error(fmt::format("fsync {}", tmp_path_), errno);
+  if (hooked_fsync(fd_.get(), tmp_path_) != 0) st = Status::sys_error(fmt::format("fsync {}", tmp_path_), errno);
   const int close_err = fd_.close_checked();
   if (st.is_ok() && close_err != 0) st = Status::sys_error(fmt::format("close {}", tmp_path_), close_err);
   if (st.is_ok() && ::rename(tmp_path_.c_str(), path_.c_str()) != 0) {

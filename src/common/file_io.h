@@ -97,6 +97,32 @@ using TransferStep = std::function<ssize_t(std::size_t done)>;
 Status transfer_exact(std::string_view op, const std::string& path, std::uint64_t offset, std::size_t bytes,
                       bool reading, int fd, const TransferStep& step);
 
+// Test-only fault injection (RocksDB's FaultInjectionTestFS in spirit): while a hook is installed,
+// every transfer of this toolkit (the four calls above, read_small_file, AtomicFile) asks it before
+// each system call, and fsync in AtomicFile::commit and sync_dir asks it too. Production code never
+// installs one; with none installed the cost is one relaxed atomic load per system call.
+enum class FaultKind {
+  kNone,   // the real system call runs
+  kErrno,  // the call "returns" -1 with `err` (ENOSPC, EIO, EINTR, EAGAIN, ...); nothing moves
+  kShort,  // the real call runs on half of what is left (at least 1 byte): a short transfer
+  kZero,   // the call "returns" 0: a zero-byte write, or end of file for a read
+};
+struct InjectedFault {
+  FaultKind kind = FaultKind::kNone;
+  int err = 0;
+};
+// Where a system call is about to happen: `op` is "pread", "pwrite", "read", "write" or "fsync".
+struct FaultSite {
+  std::string_view op;
+  const std::string& path;
+  std::size_t remaining;  // bytes still to move (0 for fsync)
+};
+using FaultHook = std::function<InjectedFault(const FaultSite& site)>;
+// Installs `hook` for the whole process (an empty function removes it). The hook may be called
+// from any thread that does file I/O through this toolkit, concurrently: it must be thread-safe.
+// Install and remove it only while no other thread does such I/O.
+void set_fault_hook(FaultHook hook);
+
 Result<std::uint64_t> file_size(const std::string& path);
 Result<std::uint64_t> file_size(int fd, const std::string& path);
 

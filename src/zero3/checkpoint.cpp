@@ -19,6 +19,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -288,6 +290,39 @@ Result<EngineCounters> saved_counters(const nlohmann::json& j, const std::string
   return out;
 }
 
+// Test-only (ZINF_TEST_SLOW_SAVE_MS=<ms>): announce each phase of a save on stderr and pause
+// there, so that the kill tests can stop a process inside a save. Unset: nothing happens.
+void save_phase(const char* phase) {
+  static const long pause_ms = [] {
+    const char* v = std::getenv("ZINF_TEST_SLOW_SAVE_MS");
+    return v != nullptr ? std::strtol(v, nullptr, 10) : -1L;
+  }();
+  if (pause_ms < 0) return;
+  std::fprintf(stderr, "zinf-test: save: %s\n", phase);
+  std::fflush(stderr);
+  if (pause_ms > 0) ::usleep(static_cast<useconds_t>(pause_ms) * 1000);
+}
+
+bool is_folder(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// What a save killed part way leaves in `dir`: "<tag>.tmp" folders and "latest.tmp.*" files
+// (a tag never ends in ".tmp"). Called by the writer while it holds the save lock.
+void remove_stale_temporaries(const std::string& dir) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const bool tmp_folder = name.ends_with(".tmp") && entry.is_directory(ec) && !entry.is_symlink(ec);
+    const bool tmp_latest = name.starts_with("latest.tmp.") && entry.is_regular_file(ec);
+    if (tmp_folder || tmp_latest) {
+      std::error_code rm;
+      std::filesystem::remove_all(entry.path(), rm);
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -342,9 +377,41 @@ Result<std::string> parse_latest_tag(std::string_view text, const std::string& d
 
 }  // namespace detail
 
+Status check_tag_name(const std::string& tag) {
+  if (tag.size() > kMaxTagLength) {
+    return Status::invalid_argument(fmt::format("checkpoint tag '{}...': {} bytes, more than the {} zinf accepts",
+                                                tag.substr(0, 64), tag.size(), kMaxTagLength));
+  }
+  return detail::check_checkpoint_tag(tag, "checkpoint");
+}
+
+Result<std::string> checkpoint_tag_folder(const std::string& dir, const std::string& tag) {
+  ZINF_RETURN_IF_ERROR(check_tag_name(tag));
+  const std::string folder = dir + "/" + tag;
+  if (is_folder(folder)) return folder;
+  // A re-save of this tag cut off between its two renames left the complete old folder here.
+  const std::string old = folder + ".old";
+  if (is_folder(old) && std::filesystem::exists(old + "/engine.json")) {
+    log(LogLevel::kNotice, fmt::format("{} is missing; using {} (a save of that tag was interrupted)", folder, old));
+    return old;
+  }
+  return Status::not_found(fmt::format("checkpoint folder {} does not exist", folder));
+}
+
+Result<std::string> read_latest_tag(const std::string& dir) {
+  // A tag is one short line: anything much longer is not a `latest` file.
+  auto text = read_small_file(dir + "/latest", kMaxTagLength + 64);
+  if (!text.is_ok()) return text.status().with_context(fmt::format("{}: no readable 'latest' tag", dir));
+  ZINF_ASSIGN_OR_RETURN(std::string tag, detail::parse_latest_tag(text.value(), dir));
+  if (tag.size() > kMaxTagLength) return Status::corruption(fmt::format("{}/latest: a tag of {} bytes", dir, tag.size()));
+  auto folder = checkpoint_tag_folder(dir, tag);
+  if (!folder.is_ok()) return Status::corruption(fmt::format("{}/latest names '{}': {}", dir, tag, folder.status().message()));
+  return tag;
+}
+
 Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
   Impl& m = *impl_;
-  ZINF_RETURN_IF_ERROR(detail::check_checkpoint_tag(tag, fmt::format("checkpoint save into {}", dir)));
+  ZINF_RETURN_IF_ERROR(check_tag_name(tag).with_context(fmt::format("checkpoint save into {}", dir)));
   const int rank = m.comm.rank();
   const std::string final_dir = dir + "/" + tag;
   const std::string tmp_dir = fmt::format("{}/{}.tmp", dir, tag);
@@ -359,8 +426,13 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
       ZINF_RETURN_IF_ERROR(make_dir(dir));
       ZINF_ASSIGN_OR_RETURN(save_lock, fileio::FileLock::acquire(dir + "/.zinf_save.lock",
                                                                  fmt::format("checkpoint folder {}", dir)));
-      std::error_code ec;
-      std::filesystem::remove_all(tmp_dir, ec);
+      remove_stale_temporaries(dir);
+      // A re-save of this tag that was cut off between its renames left only <tag>.old: put it
+      // back first, so that removing <tag>.old below never loses the only copy `latest` names.
+      const std::string old_dir = final_dir + ".old";
+      if (!is_folder(final_dir) && is_folder(old_dir) && ::rename(old_dir.c_str(), final_dir.c_str()) != 0) {
+        return Status::sys_error(fmt::format("rename {} to {}", old_dir, final_dir), errno);
+      }
       return make_dir(tmp_dir);
     }();
   }
@@ -387,6 +459,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     }
   }
   ZINF_RETURN_IF_ERROR(file.commit());
+  save_phase("rank file written");
   // Every rank's size and checksum reach rank 0 for engine.json.
   std::vector<double> sizes(static_cast<std::size_t>(m.comm.world_size()) * 2, 0.0);
   sizes[static_cast<std::size_t>(rank) * 2] = static_cast<double>(bytes);
@@ -424,7 +497,10 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     j["client_state"] = client_state;
     ZINF_RETURN_IF_ERROR(write_file_atomic(tmp_dir + "/engine.json", j.dump(2) + "\n"));
     ZINF_RETURN_IF_ERROR(sync_dir(tmp_dir));
+    save_phase("engine.json written");
     // Swap the new folder in; an older one with the same tag goes only after that succeeded.
+    // Between the two renames <tag> is missing: readers then take <tag>.old, which is complete
+    // (checkpoint_tag_folder), and the next save of the tag puts it back first.
     const std::string old_dir = fmt::format("{}/{}.old", dir, tag);
     std::error_code ec;
     std::filesystem::remove_all(old_dir, ec);
@@ -432,11 +508,16 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     if (had_old && ::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
       return Status::sys_error(fmt::format("rename {} to {}", final_dir, old_dir), errno);
     }
+    if (had_old) save_phase("old folder moved aside");
     if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-      return Status::sys_error(fmt::format("rename {} to {}", tmp_dir, final_dir), errno);
+      const int err = errno;
+      if (had_old) (void)::rename(old_dir.c_str(), final_dir.c_str());
+      return Status::sys_error(fmt::format("rename {} to {}", tmp_dir, final_dir), err);
     }
     ZINF_RETURN_IF_ERROR(sync_dir(dir));
+    save_phase("new folder in place");
     ZINF_RETURN_IF_ERROR(write_file_atomic(dir + "/latest", tag + "\n"));
+    save_phase("latest written");
     if (had_old) std::filesystem::remove_all(old_dir, ec);
   }
   return m.comm.barrier();
@@ -446,13 +527,11 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   Impl& m = *impl_;
   std::string tag = requested_tag;
   if (tag.empty()) {
-    auto latest = read_small_file(dir + "/latest");
-    if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
-    ZINF_ASSIGN_OR_RETURN(tag, detail::parse_latest_tag(latest.value(), dir));
+    ZINF_ASSIGN_OR_RETURN(tag, read_latest_tag(dir));
   } else {
-    ZINF_RETURN_IF_ERROR(detail::check_checkpoint_tag(tag, fmt::format("--resume {}", dir)));
+    ZINF_RETURN_IF_ERROR(check_tag_name(tag).with_context(fmt::format("--resume {}", dir)));
   }
-  const std::string folder = dir + "/" + tag;
+  ZINF_ASSIGN_OR_RETURN(const std::string folder, checkpoint_tag_folder(dir, tag));
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   ZINF_ASSIGN_OR_RETURN(const EngineJson e, detail::parse_engine_json(text, folder));
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
@@ -543,12 +622,11 @@ CheckpointReader::~CheckpointReader() = default;
 Result<CheckpointReader> CheckpointReader::open(const std::string& checkpoint) {
   std::string folder = checkpoint;
   if (!std::filesystem::exists(folder + "/engine.json")) {
-    auto latest = read_small_file(checkpoint + "/latest");
-    if (!latest.is_ok()) {
+    if (!std::filesystem::exists(checkpoint + "/latest")) {
       return Status::not_found(fmt::format("{}: neither a checkpoint folder (engine.json) nor one with 'latest'", checkpoint));
     }
-    ZINF_ASSIGN_OR_RETURN(const std::string tag, detail::parse_latest_tag(latest.value(), checkpoint));
-    folder = checkpoint + "/" + tag;
+    ZINF_ASSIGN_OR_RETURN(const std::string tag, read_latest_tag(checkpoint));
+    ZINF_ASSIGN_OR_RETURN(folder, checkpoint_tag_folder(checkpoint, tag));
   }
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   ZINF_ASSIGN_OR_RETURN(EngineJson e, detail::parse_engine_json(text, folder));

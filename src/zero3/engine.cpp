@@ -168,6 +168,7 @@ Status Engine::Impl::init() {
     aio.single_submit = ds.aio.single_submit;
     aio.overlap_events = ds.aio.overlap_events;
     aio.request_timeout_s = ds.aio.request_timeout_s;
+    aio.faults = options.aio_faults;
     ZINF_ASSIGN_OR_RETURN(handle, aio::Handle::create(aio));
   }
   optim::Optimizer optimizer(opt_config);

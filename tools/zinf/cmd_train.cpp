@@ -1,9 +1,14 @@
 // `zinf train`: ZeRO-3 training of a GPT preset, a Hugging Face folder (--model-dir) or a checkpoint's model,
 // with state offloaded per ds_config.
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -17,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "auto_options.h"
+#include "common/file_io.h"
 #include "commands.h"
 #include "default_config.h"
 #include "model_options.h"
@@ -125,6 +131,91 @@ class Progress {
   std::chrono::steady_clock::time_point t0_;
   std::uint64_t tokens_ = 0;
 };
+
+// SIGINT/SIGTERM: the first asks the training loop to stop at the next step boundary (it saves
+// when --save is given); a second one takes the signal's default action at once. Checkpoints
+// are written to a temporary folder and renamed, so neither can leave a damaged `latest`.
+std::atomic<int> stop_signal{0};
+
+extern "C" void on_stop_signal(int sig) {
+  int expected = 0;
+  if (!stop_signal.compare_exchange_strong(expected, sig)) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(sig, &dfl, nullptr);
+    ::raise(sig);
+    return;
+  }
+  static const char kNote[] =
+      "\nzinf train: stopping at the end of this step (send the signal again to exit at once)\n";
+  (void)!::write(STDERR_FILENO, kNote, sizeof(kNote) - 1);
+}
+
+// Installs the handlers for the life of the training command; the default ones come back after.
+class StopSignals {
+ public:
+  StopSignals() {
+    stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGINT, &sa, &old_int_);
+    ::sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGINT, &old_int_, nullptr);
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// The signal every rank stops for, or 0 to go on. Ranks agree (one all-reduce when there are
+// several) so that all of them stop after the same step and save together.
+Result<int> agreed_stop_signal(zero3::Communicator& comm) {
+  const int mine = stop_signal.load();
+  if (comm.world_size() == 1) return mine;
+  std::vector<double> seen = {mine == SIGINT ? 1.0 : 0.0, mine == SIGTERM ? 1.0 : 0.0};
+  ZINF_RETURN_IF_ERROR(comm.all_reduce_sum(seen));
+  return seen[1] > 0 ? SIGTERM : seen[0] > 0 ? SIGINT : 0;
+}
+
+// Fail before work: the folders and files a run writes are checked before anything is trained
+// (a --save that cannot be created used to fail only after the whole run). --resume and --data
+// are read, and the NVMe swap folders locked and created, before step 1 as well.
+Status check_save_folder(const std::string& dir) {
+  std::error_code ec;
+  if (!std::filesystem::exists(dir, ec)) {
+    const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent, ec);
+    if (::mkdir(dir.c_str(), fileio::kPrivateDirMode) != 0 && errno != EEXIST) {
+      return Status::sys_error(fmt::format("--save {}: create the folder", dir), errno);
+    }
+  }
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return Status::invalid_argument(fmt::format("--save {}: exists and is not a folder", dir));
+  }
+  // A probe file, never committed: the AtomicFile removes it again.
+  auto probe = fileio::AtomicFile::create(dir + "/.zinf_probe");
+  if (!probe.is_ok()) return probe.status().with_context(fmt::format("--save {}: the folder is not writable", dir));
+  const char byte = 0;
+  return probe.value().append(&byte, 1).with_context(fmt::format("--save {}: the folder is not writable", dir));
+}
+
+Status check_json_log(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    // A FIFO or a terminal: opening it here could block; writable is what matters.
+    if (::access(path.c_str(), W_OK) != 0) return Status::sys_error("--json-log " + path, errno);
+    return Status::ok();
+  }
+  auto fd = fileio::open_file(path, O_WRONLY | O_APPEND | O_CREAT, 0644, "appending");
+  return fd.is_ok() ? Status::ok() : fd.status().with_context("--json-log");
+}
 
 // The rank and world size mpirun gave this process (OpenMPI's variables; 0 and 1 without it).
 int launcher_env(const char* name, int fallback) {
@@ -269,7 +360,10 @@ Status check_tokens_fit(const model::TokenDataset& data, const model::Model& m) 
 
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
-Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
+// `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
+Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_by) {
+  if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(check_save_folder(o.save_dir));
+  if (!o.json_log.empty() && comm.rank() == 0) ZINF_RETURN_IF_ERROR(check_json_log(o.json_log));
   // A resumed run continues the checkpoint's data order: its seed and data unless told otherwise.
   const ResumeRules rules{o.allow_data_change, comm.rank() == 0};
   std::optional<SavedRun> saved;
@@ -360,7 +454,26 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
   const auto start_step = static_cast<int>(engine->counters().steps);
   Progress progress(o.steps, start_step, ds->steps_per_print);
   double first_loss = NAN, last_loss = NAN;
+  std::int64_t saved_step = -1;
   while (engine->counters().steps < o.steps) {
+    ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
+    if (sig != 0) {
+      const std::int64_t step = engine->counters().steps;
+      const char* name = sig == SIGINT ? "SIGINT" : "SIGTERM";
+      std::string did = "nothing saved (no --save)";
+      if (!o.save_dir.empty() && step == start_step) {
+        did = "nothing saved (no step trained in this run)";
+      } else if (!o.save_dir.empty() && saved_step == step) {
+        did = fmt::format("already saved {}/global_step{}", o.save_dir, step);
+      } else if (!o.save_dir.empty()) {
+        ZINF_RETURN_IF_ERROR(save(step));
+        did = fmt::format("saved {}/global_step{}", o.save_dir, step);
+      }
+      out << (::isatty(STDOUT_FILENO) ? "\n" : "")
+          << fmt::format("stopped by {} after step {} of {}: {}\n", name, step, o.steps, did) << std::flush;
+      *stopped_by = sig;
+      return Status::ok();
+    }
     for (int g = 0; g < gas; ++g) {
       inputs[g].resize(static_cast<std::size_t>(B) * T);
       targets[g].resize(static_cast<std::size_t>(B) * T);
@@ -390,6 +503,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm) {
     }
     if (!o.save_dir.empty() && o.save_interval > 0 && r.step % o.save_interval == 0 && r.step < o.steps) {
       ZINF_RETURN_IF_ERROR(save(r.step));
+      saved_step = r.step;
     }
   }
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
@@ -440,9 +554,15 @@ void add_train_command(CLI::App& app, int* exit_code) {
       o->model_given = o->model_given || cmd->count(opt) > 0;
     }
     Result<std::unique_ptr<zero3::Communicator>> comm = make_communicator(*o);
-    const Status s = comm.is_ok() ? run_train(*o, *comm.value()) : comm.status().with_context("--comm " + o->comm);
+    int stopped_by = 0;
+    Status s;
+    {
+      const StopSignals signals;
+      s = comm.is_ok() ? run_train(*o, *comm.value(), &stopped_by) : comm.status().with_context("--comm " + o->comm);
+    }
     if (s.is_ok()) {
-      *exit_code = 0;
+      // Stopped by a signal: the shell's convention, 128 + the signal's number.
+      *exit_code = stopped_by != 0 ? 128 + stopped_by : 0;
       return;
     }
     const int world = comm.is_ok() ? comm.value()->world_size() : launcher_world_size();

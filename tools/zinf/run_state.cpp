@@ -17,6 +17,7 @@
 #include "common/json_check.h"
 #include "zero3/checkpoint_format.h"
 #include "zinf/log.h"
+#include "zinf/zero3/checkpoint.h"
 
 namespace zinf::cli {
 namespace {
@@ -109,10 +110,10 @@ std::string run_state_json(const RunState& s) {
 Result<SavedRun> SavedRun::read(const std::string& dir) {
   SavedRun r;
   r.dir_ = dir;
-  auto latest = read_text(dir + "/latest");
-  if (!latest.is_ok()) return latest.status().with_context(fmt::format("--resume {}: no 'latest' tag", dir));
-  ZINF_ASSIGN_OR_RETURN(r.tag_, zero3::detail::parse_latest_tag(latest.value(), dir));
-  r.folder_ = dir + "/" + r.tag_;
+  auto latest = zero3::read_latest_tag(dir);
+  if (!latest.is_ok()) return latest.status().with_context("--resume");
+  r.tag_ = std::move(latest).value();
+  ZINF_ASSIGN_OR_RETURN(r.folder_, zero3::checkpoint_tag_folder(dir, r.tag_));
   ZINF_ASSIGN_OR_RETURN(std::string text, read_text(r.folder_ + "/engine.json"));
   const std::string where = r.folder_ + "/engine.json";
   auto parsed = jsonck::parse<nlohmann::json>(text, where);

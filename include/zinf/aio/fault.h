@@ -16,6 +16,7 @@ enum class FaultAction {
   kFail,     // the chunk completes with -errno_value
   kShorten,  // the chunk completes with fewer bytes than asked (once; the engine must retry)
   kDelay,    // the chunk completes after `delay`
+  kZero,     // the chunk completes with 0 bytes moved (once; the engine must retry)
 };
 
 struct FaultRule {
@@ -34,6 +35,7 @@ struct FaultDecision {
   int errno_value = 0;
   std::size_t shorten_by = 0;
   std::chrono::microseconds delay{0};
+  bool zero = false;
 };
 
 // Thread-safe. Shared by the test and the handle (AioConfig::faults).

@@ -12,6 +12,23 @@
 
 namespace zinf::zero3 {
 
+// The longest tag zinf accepts (a folder name, with room for the ".tmp" and ".old" of a save).
+inline constexpr std::size_t kMaxTagLength = 200;
+
+// Whether `tag` may name a checkpoint folder: not empty, at most kMaxTagLength bytes, no '/' and no
+// NUL, not "." or "..". InvalidArgument naming the tag and the rule otherwise.
+Status check_tag_name(const std::string& tag);
+
+// The folder that holds checkpoint `tag` of `dir`: <dir>/<tag>, or <dir>/<tag>.old when a re-save of
+// that tag was cut off between moving the old folder aside and moving the new one in (the old
+// folder is complete: it was <dir>/<tag> until then). NotFound when neither is a folder.
+Result<std::string> checkpoint_tag_folder(const std::string& dir, const std::string& tag);
+
+// The tag `<dir>/latest` names, checked with check_tag_name and checkpoint_tag_folder: never a
+// path outside `dir`, never a folder that does not exist. Every reader of `latest` uses this
+// (Engine::load_checkpoint, CheckpointReader::open, the CLI's resume). Errors name `dir`.
+Result<std::string> read_latest_tag(const std::string& dir);
+
 // Reads a checkpoint without an engine: what the model said of itself (config_json(), the
 // parameter and module lists) and each parameter's full fp32 master value, gathered from the
 // per-rank files of any world size. open() verifies every rank file's size and checksum first;

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "zinf/aio/fault.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
@@ -33,6 +34,8 @@ struct EngineOptions {
   // (model().params()[index].numel elements), e.g. HfFolder::read_param. Called once per
   // parameter a rank holds a piece of, in parameter order. Takes precedence over init_from.
   std::function<Status(std::size_t index, std::span<float> out)> initial_weights = {};
+  // Test-only: a fault injector for the NVMe tiers' aio requests (aio::AioConfig::faults).
+  std::shared_ptr<aio::FaultInjector> aio_faults = {};
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
