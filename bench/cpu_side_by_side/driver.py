@@ -199,7 +199,7 @@ def report(a, cases, samples, roofs, unavailable, elapsed):
           f"(max of torch mm {median_roof(roofs, 'torch_fp32') or 0:.0f}, system OpenBLAS sgemm "
           f"{median_roof(roofs, 'openblas_sgemm') or 0:.0f}), bf16 {rf('bf16')} GFLOP/s (torch mm)")
     print(f"model flops per token: 6 * {n_params} + 12 * {N_LAYER} * {C} * {T} = {fpt / 1e6:.1f} MFLOP; "
-          f"MFU = tok/s * that / the roof of the case's precision")
+          f"MFU = tok/s * that / the roof of the precision the case computes in (fp32 for zinf)")
 
     def ratio(label, num, den, goal):
         if num in tps and den in tps:
