@@ -1,0 +1,226 @@
+"""Side-by-side CPU training benchmark: zinf against PyTorch and DeepSpeed ZeRO-3, one run.
+
+Trains zinf's GPT `small` shape (6 layers, 384 hidden, 6 heads, seq 256, byte vocab 256, tied
+head, micro-batch 8) in every case below, on the same corpus, optimizer and clipping. zinf and
+DeepSpeed read the very same ds_config files. Cases run as separate processes in rounds, each
+round in the reverse order of the last (A B C, C B A, ...), so that drift on a shared machine
+falls on all of them; every run drops its warm-up steps, and the timed steps of all rounds are
+pooled into a median. The matmul roof is measured in every round too.
+Run through ../cpu_side_by_side.sh, which makes the Python environment and sets the threads.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+B, T = 8, 256
+N_LAYER, C = 6, 384
+
+OPTIMIZER = {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}
+
+
+def ds_config(bf16, nvme_path=None, pipelined=True):
+    """One ds_config, read by zinf and by DeepSpeed alike; NVMe as zinf's built-in config, with
+    16 parameter staging buffers (DeepSpeed's swapper asserts with 5: one buffer per tensor).
+    pipelined=False for DeepSpeed: its PipelinedOptimizerSwapper runs out of swap buffers here
+    (0.19.8, sub_group_size 1e6, even with offload_optimizer.buffer_count 8)."""
+    zero = {"stage": 3, "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}
+    cfg = {"train_micro_batch_size_per_gpu": B, "gradient_accumulation_steps": 1,
+           "gradient_clipping": 1.0, "steps_per_print": 1000000, "bf16": {"enabled": bf16},
+           "optimizer": OPTIMIZER, "zero_optimization": zero}
+    if nvme_path:
+        zero.update({"sub_group_size": 1000000, "stage3_prefetch_bucket_size": 200000,
+                     "stage3_param_persistence_threshold": 10000, "stage3_max_live_parameters": 2000000})
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False,
+                                 "buffer_count": 16, "buffer_size": 1000000, "max_in_cpu": 0}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme_path, "pin_memory": False,
+                                     "pipeline_read": pipelined, "pipeline_write": pipelined}
+        cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "intra_op_parallelism": 1,
+                      "single_submit": False, "overlap_events": True}
+    return cfg
+
+
+# name, framework, precision (of the config), where the state lives, config key. zinf computes
+# in fp32 whatever the config says (bf16 is its storage and transfer format, docs/model.md), so
+# its MFU is taken against the fp32 roof; the peers' bf16 cases compute in bf16.
+CASES = [
+    ("zinf fp32", "zinf", "fp32", "memory", "mem_fp32"),
+    ("zinf bf16", "zinf", "bf16", "memory", "mem_bf16"),
+    ("zinf bf16 NVMe", "zinf", "bf16", "nvme", "nvme_zinf"),
+    ("PyTorch fp32", "torch-fp32", "fp32", "memory", "mem_fp32"),
+    ("PyTorch bf16 autocast", "torch-bf16", "bf16", "memory", "mem_bf16"),
+    ("DeepSpeed ZeRO-3 bf16", "deepspeed", "bf16", "memory", "mem_bf16"),
+    ("DeepSpeed ZeRO-3 bf16 NVMe", "deepspeed", "bf16", "nvme", "nvme_ds"),
+]
+
+
+def run_case(case, a, work, configs, rnd):
+    name, fw, _, _, key = case
+    tag = f"{fw}-{key}-r{rnd}"
+    err_path = os.path.join(work, tag + ".stderr")
+    steps = a.warmup + a.steps
+    if fw == "zinf":
+        log = os.path.join(work, tag + ".jsonl")
+        cmd = [a.zinf, "train", "--model", "small", "--config", configs[key], "--steps", str(steps),
+               "--seed", "1234", "--json-log", log]
+    else:
+        cmd = [sys.executable, os.path.join(HERE, "peer.py"), fw, "--warmup", str(a.warmup),
+               "--steps", str(a.steps), "--config", configs[key], "--threads", str(a.threads)]
+    if key.startswith("nvme"):  # a fresh swap folder per run
+        path = json.load(open(configs[key]))["zero_optimization"]["offload_param"]["nvme_path"]
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+    with open(err_path, "w") as err:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=err, text=True, cwd=work)
+    if p.returncode != 0:
+        lines = [l.strip() for l in open(err_path) if l.strip()]
+        return None, f"exit {p.returncode}: {lines[-1] if lines else '?'} (see {err_path})"
+    if fw == "zinf":
+        rows = [json.loads(l) for l in open(log)]
+        return [r["step_s"] for r in rows[a.warmup:]], None
+    return json.loads(p.stdout.strip().splitlines()[-1])["step_s"], None
+
+
+def run_roof(a):
+    cmd = [sys.executable, os.path.join(HERE, "roof.py"), "--threads", str(a.threads)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+
+
+def machine_line(a):
+    model, flags = "?", set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and model == "?":
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags") and not flags:
+            flags = set(line.split(":", 1)[1].split())
+    isa = " ".join(f"{f}={'yes' if f in flags else 'no'}"
+                   for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"))
+    return (f"machine: {model} | {os.cpu_count()} cores | {isa} | threads {a.threads} (torch, "
+            f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, OPENBLAS_NUM_THREADS="
+            f"{os.environ.get('OPENBLAS_NUM_THREADS')}, ZINF_NUM_THREADS={os.environ.get('ZINF_NUM_THREADS')})")
+
+
+def flops_per_token(n_params):
+    # 6 N for forward + backward of every parameter, plus attention's QK^T and AV products
+    # (2 * 2 * T * C per token per layer forward, x3 with backward), counted over the full T x T
+    # as PaLM's MFU does: 12 * L * C * T.
+    return 6 * n_params + 12 * N_LAYER * C * T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--zinf", required=True, help="the zinf binary")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of every run")
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per run (x rounds in all)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--only", default="", help="comma-separated frameworks: zinf,torch-fp32,torch-bf16,deepspeed")
+    ap.add_argument("--workdir", default="", help="keep configs, logs and swap here (default: a temporary folder, removed)")
+    a = ap.parse_args()
+    print(machine_line(a), flush=True)
+
+    work = a.workdir or tempfile.mkdtemp(prefix="zinf_side_by_side.")
+    os.makedirs(work, exist_ok=True)
+    configs = {}
+    for key, cfg in (("mem_fp32", ds_config(False)), ("mem_bf16", ds_config(True)),
+                     ("nvme_zinf", ds_config(True, os.path.join(work, "nvme_zinf"))),
+                     ("nvme_ds", ds_config(True, os.path.join(work, "nvme_ds"), pipelined=False))):
+        configs[key] = os.path.join(work, key + ".json")
+        json.dump(cfg, open(configs[key], "w"), indent=1)
+
+    cases = [c for c in CASES if not a.only or c[1] in a.only.split(",")]
+    unavailable = {}
+    if any(c[1] == "deepspeed" for c in cases):
+        p = subprocess.run([sys.executable, "-c", "import deepspeed"], capture_output=True, text=True)
+        if p.returncode != 0:
+            unavailable["deepspeed"] = "cannot import deepspeed: " + (p.stderr.strip().splitlines() or ["?"])[-1]
+    samples = {c[0]: [] for c in cases}
+    roofs = []
+    t_start = time.time()
+    for rnd in range(a.rounds):
+        order = cases if rnd % 2 == 0 else cases[::-1]
+        roofs.append(run_roof(a))
+        print(f"round {rnd + 1}/{a.rounds}: roof {json.dumps(roofs[-1])}", flush=True)
+        for case in order:
+            if case[1] in unavailable or samples[case[0]] is None:
+                continue
+            t0 = time.time()
+            steps, why = run_case(case, a, work, configs, rnd)
+            if steps is None:
+                print(f"  {case[0]}: FAILED {why}", flush=True)
+                samples[case[0]] = None
+                if case[1] == "deepspeed":
+                    unavailable.setdefault(case[0], why)
+                else:
+                    unavailable[case[0]] = why
+                continue
+            samples[case[0]] += steps
+            print(f"  {case[0]}: median {statistics.median(steps):.3f} s/step over {len(steps)} "
+                  f"({time.time() - t0:.0f} s with start-up and warm-up)", flush=True)
+    report(a, cases, samples, roofs, unavailable, time.time() - t_start)
+    if not a.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def median_roof(roofs, key):
+    v = [r[key] for r in roofs if r.get(key)]
+    return statistics.median(v) if v else None
+
+
+def report(a, cases, samples, roofs, unavailable, elapsed):
+    n_params = 10844160  # zinf and the PyTorch model agree on it (both print it)
+    fpt = flops_per_token(n_params)
+    roof = {"fp32": max(filter(None, [median_roof(roofs, "torch_fp32"), median_roof(roofs, "openblas_sgemm")]), default=None),
+            "bf16": median_roof(roofs, "torch_bf16")}
+    tps = {}
+    print()
+    print(f"{'case':28} {'precision':9} {'state':7} {'tok/s':>8} {'s/step':>7} {'min-max s/step':>15} {'n':>3} {'MFU':>6}")
+    for name, fw, prec, where, _ in cases:
+        s = samples.get(name)
+        if not s:
+            why = unavailable.get(name) or unavailable.get(fw) or "no samples"
+            print(f"{name:28} {prec:9} {where:7} unavailable: {why}")
+            continue
+        med = statistics.median(s)
+        tps[name] = B * T / med
+        compute = "fp32" if fw == "zinf" else prec
+        mfu = tps[name] * fpt / (roof[compute] * 1e9) if roof[compute] else float("nan")
+        print(f"{name:28} {prec:9} {where:7} {tps[name]:8.0f} {med:7.3f} {min(s):7.3f}-{max(s):<7.3f} {len(s):3} {mfu:6.3f}")
+    print()
+    rf = lambda k: f"{roof[k]:.0f}" if roof[k] else "n/a"  # noqa: E731
+    print(f"roof (median of {len(roofs)}, 2048^3 products): fp32 {rf('fp32')} GFLOP/s "
+          f"(max of torch mm {median_roof(roofs, 'torch_fp32') or 0:.0f}, system OpenBLAS sgemm "
+          f"{median_roof(roofs, 'openblas_sgemm') or 0:.0f}), bf16 {rf('bf16')} GFLOP/s (torch mm)")
+    print(f"model flops per token: 6 * {n_params} + 12 * {N_LAYER} * {C} * {T} = {fpt / 1e6:.1f} MFLOP; "
+          f"MFU = tok/s * that / the roof of the precision the case computes in (fp32 for zinf)")
+
+    def ratio(label, num, den, goal):
+        if num in tps and den in tps:
+            r = tps[num] / tps[den]
+            print(f"{label:44} {r:5.2f}x   goal >= {goal:.1f}x: {'met' if r >= goal else 'NOT met'}")
+        else:
+            print(f"{label:44}   n/a   ({num if num not in tps else den} unavailable)")
+
+    ratio("zinf fp32 / PyTorch fp32 (memory)", "zinf fp32", "PyTorch fp32", 1.0)
+    ratio("zinf bf16 / PyTorch bf16 autocast (memory)", "zinf bf16", "PyTorch bf16 autocast", 1.0)
+    ratio("zinf bf16 / DeepSpeed ZeRO-3 bf16 (memory)", "zinf bf16", "DeepSpeed ZeRO-3 bf16", 1.0)
+    ratio("zinf NVMe / DeepSpeed NVMe (bf16)", "zinf bf16 NVMe", "DeepSpeed ZeRO-3 bf16 NVMe", 1.2)
+    best = max(filter(None, roof.values()), default=None)
+    for name in ("zinf fp32", "zinf bf16"):
+        for label, r in (("fp32 roof (its compute)", roof["fp32"]), ("best roof", best)):
+            if name in tps and r:
+                m = tps[name] * fpt / (r * 1e9)
+                print(f"{'MFU ' + name + ' vs the ' + label:44} {m:5.2f}    goal >= 0.6: {'met' if m >= 0.6 else 'NOT met'}")
+    print(f"rounds {a.rounds} x ({a.warmup} warm-up + {a.steps} timed) steps, micro-batch {B} x seq {T}; "
+          f"{elapsed / 60:.1f} min")
+
+
+if __name__ == "__main__":
+    main()
