@@ -43,27 +43,33 @@ constexpr int kMaxSeq = 1 << 20;
 constexpr int kMaxEmbd = 1 << 16;
 constexpr int kMaxLayer = 1 << 12;
 
+}  // namespace
+
+namespace detail {
+
 Status check_range(std::string_view field, int value, int lo, int hi) {
   if (value < lo || value > hi) {
-    return Status::invalid_argument(
-        fmt::format("{} ({}) must be between {} and {}", field, value, lo, hi));
+    return Status::invalid_argument(fmt::format("{} ({}) must be between {} and {}", field, value, lo, hi));
   }
   return Status::ok();
 }
 
-}  // namespace
-
-Status validate_config(const GptConfig& c) {
-  ZINF_RETURN_IF_ERROR(check_range("vocab_size", c.vocab_size, 1, kMaxVocab));
-  ZINF_RETURN_IF_ERROR(check_range("max_seq", c.max_seq, 1, kMaxSeq));
-  ZINF_RETURN_IF_ERROR(check_range("n_layer", c.n_layer, 1, kMaxLayer));
-  ZINF_RETURN_IF_ERROR(check_range("n_embd", c.n_embd, 1, kMaxEmbd));
-  ZINF_RETURN_IF_ERROR(check_range("n_head", c.n_head, 1, c.n_embd));
-  if (c.n_embd % c.n_head != 0) {
-    return Status::invalid_argument(
-        fmt::format("n_embd ({}) must be divisible by n_head ({})", c.n_embd, c.n_head));
+Status check_decoder_dims(int vocab_size, int max_seq, int n_layer, int n_embd, int n_head) {
+  ZINF_RETURN_IF_ERROR(check_range("vocab_size", vocab_size, 1, kMaxVocab));
+  ZINF_RETURN_IF_ERROR(check_range("max_seq", max_seq, 1, kMaxSeq));
+  ZINF_RETURN_IF_ERROR(check_range("n_layer", n_layer, 1, kMaxLayer));
+  ZINF_RETURN_IF_ERROR(check_range("n_embd", n_embd, 1, kMaxEmbd));
+  ZINF_RETURN_IF_ERROR(check_range("n_head", n_head, 1, n_embd));
+  if (n_embd % n_head != 0) {
+    return Status::invalid_argument(fmt::format("n_embd ({}) must be divisible by n_head ({})", n_embd, n_head));
   }
   return Status::ok();
+}
+
+}  // namespace detail
+
+Status validate_config(const GptConfig& c) {
+  return detail::check_decoder_dims(c.vocab_size, c.max_seq, c.n_layer, c.n_embd, c.n_head);
 }
 
 Result<GptConfig> gpt_preset(std::string_view name, int vocab_size) {

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,12 @@
 #include "zinf/model/params.h"
 
 namespace zinf::model::detail {
+
+// `field (value) must be between lo and hi`.
+Status check_range(std::string_view field, int value, int lo, int hi);
+// The dimensions every decoder shares, checked in this order with the field named: vocab_size,
+// max_seq, n_layer, n_embd, n_head in range, and n_embd divisible by n_head.
+Status check_decoder_dims(int vocab_size, int max_seq, int n_layer, int n_embd, int n_head);
 
 // Appends modules and parameters in forward order; a parameter's owner is the module open when
 // it is added, and reuse() lists an earlier parameter in the open module (a tied head).

@@ -13,18 +13,9 @@ namespace zinf::model {
 
 namespace {
 
-constexpr int kMaxVocab = 1 << 24;
-constexpr int kMaxSeq = 1 << 20;
-constexpr int kMaxEmbd = 1 << 16;
-constexpr int kMaxLayer = 1 << 12;
 constexpr int kMaxIntermediate = 1 << 20;
 
-Status check_range(std::string_view field, int value, int lo, int hi) {
-  if (value < lo || value > hi) {
-    return Status::invalid_argument(fmt::format("{} ({}) must be between {} and {}", field, value, lo, hi));
-  }
-  return Status::ok();
-}
+using detail::check_range;
 
 Status check_positive(std::string_view field, double value) {
   if (!(value > 0.0) || !std::isfinite(value)) {
@@ -36,14 +27,7 @@ Status check_positive(std::string_view field, double value) {
 }  // namespace
 
 Status validate_llama_config(const LlamaConfig& c) {
-  ZINF_RETURN_IF_ERROR(check_range("vocab_size", c.vocab_size, 1, kMaxVocab));
-  ZINF_RETURN_IF_ERROR(check_range("max_seq", c.max_seq, 1, kMaxSeq));
-  ZINF_RETURN_IF_ERROR(check_range("n_layer", c.n_layer, 1, kMaxLayer));
-  ZINF_RETURN_IF_ERROR(check_range("n_embd", c.n_embd, 1, kMaxEmbd));
-  ZINF_RETURN_IF_ERROR(check_range("n_head", c.n_head, 1, c.n_embd));
-  if (c.n_embd % c.n_head != 0) {
-    return Status::invalid_argument(fmt::format("n_embd ({}) must be divisible by n_head ({})", c.n_embd, c.n_head));
-  }
+  ZINF_RETURN_IF_ERROR(detail::check_decoder_dims(c.vocab_size, c.max_seq, c.n_layer, c.n_embd, c.n_head));
   if (const int hd = c.n_embd / c.n_head; hd % 2 != 0) {
     return Status::invalid_argument(
         fmt::format("head_dim (n_embd / n_head = {}) must be even for rotary embeddings", hd));
