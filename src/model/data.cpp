@@ -337,6 +337,17 @@ std::span<const uint32_t> TokenDataset::tokens() const {
   return std::span<const uint32_t>(*storage_).subspan(begin_, end_ - begin_);
 }
 
+Status TokenDataset::check_ids_below(uint32_t vocab, size_t count) const {
+  const std::span<const uint32_t> ids = tokens().first(std::min(count, size()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= vocab) {
+      return Status::invalid_argument(
+          fmt::format("{} is {}, outside the model's vocabulary of {}", locate(i), ids[i], vocab));
+    }
+  }
+  return Status::ok();
+}
+
 std::string TokenDataset::locate(size_t index) const {
   const size_t i = begin_ + index;
   if (!files_ || files_->empty()) return fmt::format("{}: token {} (0-based)", source_, index);

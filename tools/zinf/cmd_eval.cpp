@@ -108,14 +108,7 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   }
   // Every token the windows read must be one the model knows: say which one is not.
   const std::uint64_t used = static_cast<std::uint64_t>(N) * static_cast<std::uint64_t>(o.batch) * T + 1;
-  const auto tokens = data.tokens();
-  const auto vocab = static_cast<std::uint32_t>(m.vocab_size());
-  for (std::uint64_t i = 0; i < used; ++i) {
-    if (tokens[i] >= vocab) {
-      return Status::invalid_argument(fmt::format("--data {} is {}, outside the model's vocabulary of {}",
-                                                  data.locate(i), tokens[i], m.vocab_size()));
-    }
-  }
+  ZINF_RETURN_IF_ERROR(data.check_ids_below(static_cast<std::uint32_t>(m.vocab_size()), used).with_context("--data"));
   ZINF_ASSIGN_OR_RETURN(model::BatchLoader loader, model::BatchLoader::create(data, {o.batch, T, 0, 1, 0, false}));
   std::vector<std::int32_t> in(static_cast<std::size_t>(o.batch) * T), tg(in.size());
   double sum = 0;

@@ -344,19 +344,6 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
   return r;
 }
 
-// Every token of the data must be an id the model knows; the first one that is not is named by
-// its file and byte offset.
-Status check_tokens_fit(const model::TokenDataset& data, const model::Model& m) {
-  const auto tokens = data.tokens();
-  const auto vocab = static_cast<std::uint32_t>(m.vocab_size());
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] >= vocab) {
-      return Status::invalid_argument(fmt::format("{} is {}, outside the model's vocabulary of {}", data.locate(i),
-                                                  tokens[i], m.vocab_size()));
-    }
-  }
-  return Status::ok();
-}
 
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
@@ -375,7 +362,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   model::TokenDataset& data = run_data.data;
   ZINF_ASSIGN_OR_RETURN(RunModel run_model, resolve_run_model(o, data, saved));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> probe, run_model.make(false));
-  ZINF_RETURN_IF_ERROR(check_tokens_fit(data, *probe));
+  ZINF_RETURN_IF_ERROR(data.check_ids_below(static_cast<std::uint32_t>(probe->vocab_size())));
 
   // Rank 0 speaks for the job; the other ranks log only warnings and errors.
   if (comm.rank() != 0) set_log_level(LogLevel::kWarning);

@@ -71,6 +71,10 @@ class TokenDataset {
   // "corpus/train.bin: token at byte offset 1048576" (the offset counts any header), or for
   // in-memory data "<source>: token 12 (0-based)". index must be below size().
   std::string locate(size_t index) const;
+  // Every id among the first `count` tokens (all when count >= size()) is below `vocab`; else
+  // InvalidArgument naming the first that is not by locate(): "x.bin: token at byte offset 200
+  // is 128300, outside the model's vocabulary of 256".
+  Status check_ids_below(uint32_t vocab, size_t count = SIZE_MAX) const;
 
   // Tokens [begin, end) (clamped to size()), sharing this dataset's storage; e.g. a validation
   // tail split off a training set.
