@@ -25,18 +25,13 @@ using json = nlohmann::json;
 
 // ---- GPT-2 -----------------------------------------------------------------------------------
 
-// An integer key of config.json, or `fallback` when absent (when fallback >= 0).
+// A dimension of config.json, in [1, 2^30], or `fallback` when absent (when fallback >= 0).
+// InvalidArgument naming the file and key (jsonck's checked reads).
 Result<int> int_key(const json& c, const char* key, const std::string& source, int fallback = -1) {
-  const auto it = c.find(key);
-  if (it == c.end() || it->is_null()) {
-    if (fallback >= 0) return fallback;
-    return Status::invalid_argument(fmt::format("{}: \"{}\" is missing", source, key));
-  }
-  if (!it->is_number_integer() || it->get<std::int64_t>() < 1 || it->get<std::int64_t>() > (1 << 30) ||
-      (it->is_number_unsigned() && it->get<std::uint64_t>() > (1u << 30))) {
-    return Status::invalid_argument(fmt::format("{}: \"{}\" must be a positive integer, found {}", source, key, it->dump()));
-  }
-  return it->get<int>();
+  const jsonck::Where w{source, ""};
+  auto v = fallback >= 0 ? jsonck::int_key_or(c, key, fallback, 1, 1 << 30, w) : jsonck::int_key(c, key, 1, 1 << 30, w);
+  if (!v.is_ok()) return Status::invalid_argument(v.status().message());
+  return static_cast<int>(v.value());
 }
 
 // What zinf's GPT computes, checked against what the file asks for.
