@@ -1,0 +1,14 @@
+// Internal: how the caching allocator names streams and fences without CUDA types, so that its
+// bookkeeping builds and is tested without a device.
+#pragma once
+
+#include <cstdint>
+
+namespace zinf::gpu {
+
+// A stream: a cudaStream_t as an integer (gpu/stream.h's stream_key()); 0 is the legacy default stream.
+using StreamKey = std::uintptr_t;
+// A fence recorded on a stream: a backend's handle (the CUDA backend's cudaEvent_t).
+using FenceKey = std::uintptr_t;
+
+}  // namespace zinf::gpu
