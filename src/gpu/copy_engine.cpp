@@ -14,6 +14,8 @@
 namespace zinf::gpu {
 
 Result<std::unique_ptr<CopyEngine>> CopyEngine::create(int device, CopyEngineOptions options) {
+  // "no CUDA device: ..." or "device 3 does not exist" before anything is created.
+  ZINF_RETURN_IF_ERROR(device_info(device).status());
   ZINF_ASSIGN_OR_RETURN(Stream h2d, Stream::create(device, fmt::format("GPU {} H2D copies", device)));
   ZINF_ASSIGN_OR_RETURN(Stream d2h, Stream::create(device, fmt::format("GPU {} D2H copies", device)));
   return std::unique_ptr<CopyEngine>(new CopyEngine(device, options, std::move(h2d), std::move(d2h)));

@@ -21,6 +21,8 @@ class HostBuffer {
   std::byte* data() const { return pinned_.data() != nullptr ? pinned_.bytes() : plain_.get(); }
   std::size_t size() const { return size_; }
   bool locked() const { return pinned_.locked(); }
+  // Whether the pages are registered with CUDA (cudaHostRegister; pinned builds with a GPU present).
+  bool cuda_registered() const { return pinned_.cuda_registered(); }
 
  private:
   struct FreeDeleter {

@@ -309,6 +309,8 @@ std::size_t PinnedPool::high_water() const {
 
 bool PinnedPool::locked() const { return state_->arena.locked(); }
 
+bool PinnedPool::cuda_registered() const { return state_->arena.cuda_registered(); }
+
 PinnedBlock::PinnedBlock(PinnedBlock&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
       data_(std::exchange(other.data_, nullptr)),

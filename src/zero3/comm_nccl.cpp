@@ -1,4 +1,5 @@
-// NCCL communicator: host buffers staged through device scratch on one stream, waits polled with a deadline.
+// NCCL communicator: host buffers staged through device scratch on one stream, device buffers on the
+// caller's stream, waits polled with a deadline.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -6,12 +7,14 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "zero3/comm_nccl_device.h"
 #include "zero3/rank_order_sum.h"
 #include "zinf/zero3/comm_nccl.h"
 
@@ -63,7 +66,7 @@ class DeviceBuffer {
   std::size_t capacity_ = 0;
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public Communicator, public NcclDeviceCollectives {
  public:
   NcclCommunicator(std::unique_ptr<Communicator> bootstrap, std::chrono::seconds timeout, int device,
                    StreamOwner stream, CommOwner comm)
@@ -151,6 +154,30 @@ class NcclCommunicator final : public Communicator {
 
   Status barrier() override { return bootstrap_->barrier(); }
 
+  int device() const override { return device_; }
+
+  Status all_gather_device(const float* send, float* recv, std::size_t n, cudaStream_t stream) override {
+    if (n == 0) return Status::ok();
+    ZINF_RETURN_IF_ERROR(check_device_args("all_gather_device", send, recv, n));
+    ZINF_RETURN_IF_ERROR(ready("all_gather_device"));
+    return nccl_check(fmt::format("ncclAllGather of {} floats per rank on device buffers", n),
+                      ncclAllGather(send, recv, n, ncclFloat, comm_.get(), stream));
+  }
+
+  Status reduce_scatter_device(const float* send, float* recv, std::size_t n, cudaStream_t stream) override {
+    if (n == 0) return Status::ok();
+    ZINF_RETURN_IF_ERROR(check_device_args("reduce_scatter_device", send, recv, n));
+    ZINF_RETURN_IF_ERROR(ready("reduce_scatter_device"));
+    return nccl_check(fmt::format("ncclReduceScatter of {} floats per rank on device buffers", n),
+                      ncclReduceScatter(send, recv, n, ncclFloat, ncclSum, comm_.get(), stream));
+  }
+
+  Status wait_device(cudaStream_t stream, std::string_view op) override {
+    const std::string name(op);
+    ZINF_RETURN_IF_ERROR(ready(name.c_str()));
+    return wait(name.c_str(), stream);
+  }
+
  private:
   std::size_t world() const { return static_cast<std::size_t>(world_); }
 
@@ -165,13 +192,18 @@ class NcclCommunicator final : public Communicator {
     return Status::ok();
   }
 
-  // Every collective starts here: the comm must be alive, this thread on our GPU, scratch large enough.
-  Status begin(const char* op, std::size_t a_bytes, std::size_t b_bytes) {
+  // Every collective starts here: the comm must be alive and this thread on our GPU.
+  Status ready(const char* op) {
     if (!comm_) {
       return Status::aborted(fmt::format("NCCL {} on rank {} of {}: the NCCL communicator was aborted by an earlier failure",
                                          op, rank_, world_));
     }
-    ZINF_RETURN_IF_ERROR(cuda_check(fmt::format("cudaSetDevice({}) for {}", device_, op), cudaSetDevice(device_)));
+    return cuda_check(fmt::format("cudaSetDevice({}) for {}", device_, op), cudaSetDevice(device_));
+  }
+
+  // A host-buffer collective: ready(), and scratch large enough.
+  Status begin(const char* op, std::size_t a_bytes, std::size_t b_bytes) {
+    ZINF_RETURN_IF_ERROR(ready(op));
     ZINF_RETURN_IF_ERROR(a_.reserve(a_bytes).with_context(op));
     return b_.reserve(b_bytes).with_context(op);
   }
@@ -190,12 +222,25 @@ class NcclCommunicator final : public Communicator {
     return wait(op);
   }
 
-  // Polls the stream and NCCL's asynchronous error until the stream is idle or the deadline passes.
-  Status wait(const char* op) {
+  // The sizes of a device collective fit the staged byte counts NCCL computes.
+  Status check_device_args(const char* op, const float* send, const float* recv, std::size_t n) const {
+    if (send == nullptr || recv == nullptr) {
+      return Status::invalid_argument(fmt::format("NCCL {}: a null device buffer ({} floats per rank)", op, n));
+    }
+    if (n > SIZE_MAX / world() / sizeof(float)) {
+      return Status::invalid_argument(fmt::format("NCCL {}: {} floats per rank are too many", op, n));
+    }
+    return Status::ok();
+  }
+
+  Status wait(const char* op) { return wait(op, stream_.get()); }
+
+  // Polls `stream` and NCCL's asynchronous error until the stream is idle or the deadline passes.
+  Status wait(const char* op, cudaStream_t stream) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     auto pause = std::chrono::microseconds(1);
     for (;;) {
-      const cudaError_t q = cudaStreamQuery(stream_.get());
+      const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return Status::ok();
       if (q != cudaErrorNotReady) {
         abort_comm();
@@ -257,6 +302,10 @@ Status set_up_device(int rank, int local_rank, int& device, StreamOwner& stream)
 }  // namespace
 
 bool nccl_available() { return true; }
+
+NcclDeviceCollectives* nccl_device_collectives(Communicator& comm) {
+  return dynamic_cast<NcclCommunicator*>(&comm);
+}
 
 Result<std::unique_ptr<Communicator>> make_nccl_communicator(std::unique_ptr<Communicator> bootstrap,
                                                              std::chrono::seconds timeout) {

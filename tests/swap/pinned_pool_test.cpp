@@ -56,6 +56,14 @@ TEST(PinnedPool, CapacityIsCountTimesAlignedBuffer) {
   EXPECT_EQ(pool->high_water(), pool->capacity());
 }
 
+TEST(PinnedPool, AnUnpinnedArenaIsNotRegisteredWithCuda) {
+  // Only a pinned arena is registered (src/aio/pinned_cuda.cpp); GPU copies refuse pageable memory.
+  auto pool = make_pool(2, 4096, 1);
+  ASSERT_TRUE(pool);
+  EXPECT_FALSE(pool->locked());
+  EXPECT_FALSE(pool->cuda_registered());
+}
+
 TEST(PinnedPool, RejectsZeroBudget) {
   PinnedPoolOptions o;
   o.budget = PoolBudget{"offload_param", 0, 100, 2};

@@ -128,6 +128,9 @@ class PinnedPool {
   std::size_t high_water() const;
   // Whether the arena is page-locked.
   bool locked() const;
+  // Whether the arena is registered with CUDA (pin_memory, a CUDA build and a GPU present): GPU
+  // copies from and to its blocks then run at DMA speed without staging.
+  bool cuda_registered() const;
   const PoolBudget& budget() const { return budget_; }
   // "offload_param.buffer_count x buffer_size = 5 x 100000000 elements of 2 bytes = 1000000000 bytes".
   std::string describe_budget() const;
