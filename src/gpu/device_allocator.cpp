@@ -35,6 +35,8 @@ class CudaBackend final : public AllocatorBackend {
     return ptr;
   }
 
+  // cudaFree waits for the device's pending work before it returns the memory, so work on the
+  // block's own stream that still uses it (which the allocator does not fence) finishes first.
   void deallocate(void* ptr, std::size_t) noexcept override {
     Result<DeviceGuard> guard = DeviceGuard::enter(device_);
     (void)cudaFree(ptr);
