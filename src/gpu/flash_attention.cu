@@ -3,6 +3,7 @@
 // fast: tensor-core versions can replace these once these have been checked on a GPU.
 #include <cmath>
 
+#include "gpu/attention_tiles.h"
 #include "gpu/flash_attention.h"
 #include "gpu/kernel_util.cuh"
 
@@ -86,7 +87,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int i = 0; i < P; i++) o[rr][i] = 0.0f;
   }
-  const int last = min(q0 + kAttnQTile, T) - 1;  // the block's last query row
+  const int last = attn::last_row(q0, T);
   for (int k0 = 0; k0 <= last; k0 += kAttnKTile) {
     __syncthreads();  // the previous tile's readers are done; the q tile is in place
     load_rows(ks, hs + 1, x.k, k0, kAttnKTile, T, hs);
@@ -96,9 +97,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
       const int rl = warp * kAttnRowsPerWarp + rr;
-      const int row = q0 + rl;
-      if (row >= T || row < k0) continue;  // the same for the whole warp
-      const bool visible = key <= row;      // key k0 (lane 0) always is: the tile max is finite
+      const int row = attn::query_row(q0, warp, rr);
+      if (!attn::row_active(row, k0, T)) continue;  // the same for the whole warp
+      const bool visible = key <= row;               // key k0 (lane 0) always is: the tile max is finite
       const float s = visible ? dot(qs + rl * hs, ks + lane * (hs + 1), hs) * scale : -INFINITY;
       const float m_new = fmaxf(m[rr], warp_max(s));
       const float alpha = expf(m[rr] - m_new);  // 0 on the first tile (m = -inf)
@@ -106,7 +107,7 @@ __global__ void __launch_bounds__(kAttnThreads)
       l[rr] = l[rr] * alpha + warp_sum(p);
 #pragma unroll
       for (int i = 0; i < P; i++) o[rr][i] *= alpha;
-      const int n = min(kAttnKTile, row - k0 + 1);  // keys of this tile the row sees
+      const int n = attn::keys_seen(row, k0);
       for (int j = 0; j < n; j++) {
         const float pj = __shfl_sync(kFullMask, p, j);
 #pragma unroll
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 #pragma unroll
   for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
-    const int row = q0 + warp * kAttnRowsPerWarp + rr;
+    const int row = attn::query_row(q0, warp, rr);
     if (row >= T) continue;
     const float inv = 1.0f / l[rr];
     bf16* orow = out + x.out_row0 + static_cast<std::size_t>(row) * C;
@@ -176,14 +177,14 @@ __global__ void __launch_bounds__(kAttnThreads)
   float dq[kAttnRowsPerWarp][P];
 #pragma unroll
   for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
-    const int row = q0 + warp * kAttnRowsPerWarp + rr;
+    const int row = attn::query_row(q0, warp, rr);
     const std::size_t at = static_cast<std::size_t>(bh) * T + row;
     row_lse[rr] = row < T ? lse[at] : 0.0f;
     row_d[rr] = row < T ? dsum[at] : 0.0f;
 #pragma unroll
     for (int i = 0; i < P; i++) dq[rr][i] = 0.0f;
   }
-  const int last = min(q0 + kAttnQTile, T) - 1;
+  const int last = attn::last_row(q0, T);
   for (int k0 = 0; k0 <= last; k0 += kAttnKTile) {
     __syncthreads();
     load_rows(ks, hs + 1, x.k, k0, kAttnKTile, T, hs);
@@ -193,15 +194,15 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
       const int rl = warp * kAttnRowsPerWarp + rr;
-      const int row = q0 + rl;
-      if (row >= T || row < k0) continue;
+      const int row = attn::query_row(q0, warp, rr);
+      if (!attn::row_active(row, k0, T)) continue;
       float ds = 0.0f;
       if (key <= row) {
         const float p = expf(dot(qs + rl * hs, ks + lane * (hs + 1), hs) * scale - row_lse[rr]);
         const float dp = dot(dos + rl * hs, vs + lane * (hs + 1), hs);
         ds = p * (dp - row_d[rr]) * scale;
       }
-      const int n = min(kAttnKTile, row - k0 + 1);
+      const int n = attn::keys_seen(row, k0);
       for (int j = 0; j < n; j++) {
         const float dsj = __shfl_sync(kFullMask, ds, j);
 #pragma unroll
@@ -214,7 +215,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 #pragma unroll
   for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
-    const int row = q0 + warp * kAttnRowsPerWarp + rr;
+    const int row = attn::query_row(q0, warp, rr);
     if (row >= T) continue;
     bf16* dq_row = dqkv + x.qkv_row0 + static_cast<std::size_t>(row) * x.q.pitch;
 #pragma unroll
@@ -270,11 +271,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
     __syncthreads();
     const int row = q0 + lane;
-    const int rows_here = min(kAttnKTile, T - q0);
+    const int rows_here = attn::dkv_rows_here(q0, T);
 #pragma unroll
     for (int kk = 0; kk < kAttnKeysPerWarp; kk++) {
       const int kl = warp * kAttnKeysPerWarp + kk;
-      const int key = key0 + kl;
+      const int key = attn::dkv_key(key0, warp, kk);
       if (key >= T) continue;  // the same for the whole warp
       float p = 0.0f;
       float ds = 0.0f;
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         ds = p * (dp - d_s[lane]) * scale;
       }
       // Rows j of the tile that see the key: q0 + j >= key.
-      for (int j = max(0, key - q0); j < rows_here; j++) {
+      for (int j = attn::dkv_first_row(key, q0); j < rows_here; j++) {
         const float pj = __shfl_sync(kFullMask, p, j);
         const float dsj = __shfl_sync(kFullMask, ds, j);
 #pragma unroll
@@ -300,7 +301,7 @@ __global__ void __launch_bounds__(kAttnThreads)
   }
 #pragma unroll
   for (int kk = 0; kk < kAttnKeysPerWarp; kk++) {
-    const int key = key0 + warp * kAttnKeysPerWarp + kk;
+    const int key = attn::dkv_key(key0, warp, kk);
     if (key >= T) continue;
     bf16* dk_row = dqkv + x.qkv_row0 + static_cast<std::size_t>(key) * x.q.pitch + C;
     bf16* dv_row = dk_row + C;

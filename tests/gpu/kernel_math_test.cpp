@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu/adam.h"
+#include "gpu/attention_tiles.h"
 #include "gpu/blas.h"
 #include "gpu/launch_geometry.h"
 #include "gpu/numerics.h"
@@ -190,6 +191,76 @@ TEST(GpuGeometry, AttentionTilesAndSharedMemory) {
   EXPECT_EQ(attention_geometry(1, 8, 100, 3).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(attention_geometry(70000, 8, 64, 1).status().code(), ErrorCode::kUnsupported);
   EXPECT_EQ(attention_backward_scratch_floats(2, 5, 3), 30u);
+}
+
+// Walks the flash attention kernels' loops (attention_tiles.h) as their blocks, warps and lanes
+// do: the forward and dQ visit every causal pair (key <= row < T) exactly once, dK/dV too; the
+// lanes a loop reads are exactly those whose pair is visible; every output row (forward, dQ)
+// and key (dK, dV) is written by exactly one warp.
+TEST(GpuGeometry, AttentionLoopsVisitEveryCausalPairOnce) {
+  for (int T : {1, 2, 15, 16, 17, 31, 32, 33, 37, 64, 100, 257}) {
+    SCOPED_TRACE(T);
+    Result<AttentionGeometry> g = attention_geometry(1, T, 64, 1);
+    ASSERT_TRUE(g.is_ok());
+    const size_t TT = static_cast<size_t>(T) * T;
+    std::vector<int> by_row(TT, 0), by_key(TT, 0), rows_written(T, 0), keys_written(T, 0);
+    for (unsigned bx = 0; bx < g->q_tiles; bx++) {
+      const int q0 = static_cast<int>(bx) * kAttnQTile;
+      for (int warp = 0; warp < kAttnWarps; warp++) {
+        for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
+          const int row = attn::query_row(q0, warp, rr);
+          if (row < T) rows_written[row]++;
+        }
+      }
+      for (int k0 = 0; k0 <= attn::last_row(q0, T); k0 += kAttnKTile) {
+        for (int warp = 0; warp < kAttnWarps; warp++) {
+          for (int rr = 0; rr < kAttnRowsPerWarp; rr++) {
+            const int row = attn::query_row(q0, warp, rr);
+            if (!attn::row_active(row, k0, T)) continue;
+            const int n = attn::keys_seen(row, k0);
+            for (int lane = 0; lane < 32; lane++) ASSERT_EQ(k0 + lane <= row, lane < n) << row << " " << k0;
+            for (int j = 0; j < n; j++) {
+              ASSERT_LT(k0 + j, T);
+              by_row[static_cast<size_t>(row) * T + k0 + j]++;
+            }
+          }
+        }
+      }
+    }
+    for (unsigned bx = 0; bx < g->k_tiles; bx++) {
+      const int key0 = static_cast<int>(bx) * kAttnKTile;
+      for (int warp = 0; warp < kAttnWarps; warp++) {
+        for (int kk = 0; kk < kAttnKeysPerWarp; kk++) {
+          const int key = attn::dkv_key(key0, warp, kk);
+          if (key < T) keys_written[key]++;
+        }
+      }
+      for (int q0 = key0; q0 < T; q0 += kAttnKTile) {
+        const int rows_here = attn::dkv_rows_here(q0, T);
+        for (int warp = 0; warp < kAttnWarps; warp++) {
+          for (int kk = 0; kk < kAttnKeysPerWarp; kk++) {
+            const int key = attn::dkv_key(key0, warp, kk);
+            if (key >= T) continue;
+            const int first = attn::dkv_first_row(key, q0);
+            for (int lane = 0; lane < 32; lane++) {
+              const bool visible = q0 + lane < T && key <= q0 + lane;  // p != 0 in the kernel
+              ASSERT_EQ(visible, lane >= first && lane < rows_here) << key << " " << q0;
+            }
+            for (int j = first; j < rows_here; j++) by_key[static_cast<size_t>(q0 + j) * T + key]++;
+          }
+        }
+      }
+    }
+    for (int row = 0; row < T; row++) {
+      ASSERT_EQ(rows_written[row], 1) << row;
+      ASSERT_EQ(keys_written[row], 1) << row;
+      for (int key = 0; key < T; key++) {
+        const int want = key <= row ? 1 : 0;
+        ASSERT_EQ(by_row[static_cast<size_t>(row) * T + key], want) << row << " " << key;
+        ASSERT_EQ(by_key[static_cast<size_t>(row) * T + key], want) << row << " " << key;
+      }
+    }
+  }
 }
 
 TEST(GpuGeometry, AlignmentOfAddresses) {
