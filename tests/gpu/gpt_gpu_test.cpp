@@ -1,0 +1,281 @@
+// The whole GPT forward and backward on the GPU against the CPU GptModel (fp32) on a tiny
+// configuration with the same bf16-rounded parameters and the same tokens.
+// Tolerances: the loss within 2e-2 relative (issue #13's figure for bf16); every parameter's
+// gradient within 5e-2 relative L2 error (bf16 activations and activation gradients round at
+// about 2^-9 per step; a wrong transpose, mask, scale or missing term gives errors of order 1).
+// Beyond the tolerances: the same module calls in the same order as the CPU model, with and
+// without activation checkpointing; checkpointing changes no bit; two runs give the same bits;
+// gradients accumulate. Skipped without a GPU (the workspace and create() checks run anywhere).
+#include "gpu/gpt_gpu.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "kernel_test_util.h"
+#include "model_test_util.h"
+#include "zinf/model/gpt.h"
+#include "zinf/model/local_params.h"
+
+namespace zinf::gpu {
+namespace {
+
+using model::GptConfig;
+using model::Phase;
+using testing::rel_l2;
+using testing::TestBuffer;
+
+GptConfig tiny_config(bool checkpointing) {
+  GptConfig c;
+  c.vocab_size = 100;  // not a multiple of 8: the logits rows are padded
+  c.max_seq = 40;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 64;  // head size 16
+  c.activation_checkpointing = checkpointing;
+  return c;
+}
+
+// Parameters away from GPT-2 init so every gradient path carries signal, already bf16 values.
+void set_params(model::LocalParams& lp, std::span<const model::ParamSpec> specs) {
+  uint64_t k = 0;
+  for (const model::ParamSpec& s : specs) {
+    for (float& x : lp.param(s.index)) {
+      const double z = model::detail::normal_from_key(model::detail::hash3(77, k++, 5));
+      const double v = s.init == model::ParamInit::kOnes ? 1.0 + 0.2 * z : 0.1 * z;  // weights and biases
+      x = testing::round_bf16(static_cast<float>(v));
+    }
+  }
+}
+
+// Every parameter on the device as bf16, every gradient fp32 (zeroed at the start); records
+// the protocol calls in RecordingAccess's words.
+class DeviceParams final : public GpuParamAccess {
+ public:
+  DeviceParams(std::span<const model::ParamSpec> specs, std::span<const model::ModuleSpec> modules,
+               const model::LocalParams& values)
+      : modules_(modules.begin(), modules.end()) {
+    size_t total = 0;
+    for (const model::ParamSpec& s : specs) {
+      offsets_.push_back(total);
+      total += (s.numel + 127) / 128 * 128;  // 256-byte aligned bf16 views, 512-byte fp32
+    }
+    std::vector<float> host(total, 0.0f);
+    for (const model::ParamSpec& s : specs) {
+      std::span<const float> p = values.param(s.index);
+      std::copy(p.begin(), p.end(), host.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(s.index)]));
+    }
+    values_ = std::make_unique<TestBuffer<uint16_t>>(testing::to_bits(host));
+    grads_ = std::make_unique<TestBuffer<float>>(std::vector<float>(total, 0.0f));
+    numel_.reserve(specs.size());
+    for (const model::ParamSpec& s : specs) numel_.push_back(s.numel);
+  }
+
+  Status acquire(int m, Phase ph, std::span<const bf16*> v) override {
+    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
+    const auto& ids = modules_[static_cast<size_t>(m)].params;
+    for (size_t k = 0; k < ids.size(); k++) v[k] = testing::bf(*values_) + offsets_[static_cast<size_t>(ids[k])];
+    return Status::ok();
+  }
+  Status release(int m, Phase ph) override {
+    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
+    return Status::ok();
+  }
+  Status grad_buffers(int m, std::span<float*> g) override {
+    log.push_back(fmt::format("grads {}", m));
+    const auto& ids = modules_[static_cast<size_t>(m)].params;
+    for (size_t k = 0; k < ids.size(); k++) g[k] = grads_->get() + offsets_[static_cast<size_t>(ids[k])];
+    return Status::ok();
+  }
+  Status grads_ready(int m) override {
+    log.push_back(fmt::format("ready {}", m));
+    return Status::ok();
+  }
+
+  std::vector<float> grad(int i) const {
+    const std::vector<float> all = grads_->download();
+    const auto b = all.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(i)]);
+    return std::vector<float>(b, b + static_cast<std::ptrdiff_t>(numel_[static_cast<size_t>(i)]));
+  }
+  std::vector<float> all_grads() const { return grads_->download(); }
+  void zero_grads() { grads_->upload(std::vector<float>(grads_->size(), 0.0f)); }
+
+  std::vector<std::string> log;
+
+ private:
+  std::vector<model::ModuleSpec> modules_;
+  std::vector<size_t> offsets_;
+  std::vector<size_t> numel_;
+  std::unique_ptr<TestBuffer<uint16_t>> values_;
+  std::unique_ptr<TestBuffer<float>> grads_;
+};
+
+struct CpuRun {
+  float loss = 0.0f;
+  float eval_loss = 0.0f;
+  std::vector<std::vector<float>> grads;
+  std::vector<std::string> log;
+};
+
+CpuRun run_cpu(const GptConfig& c, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T,
+               float loss_scale) {
+  model::GptModel cpu = model::testing::make_gpt(c);
+  model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
+  set_params(lp, cpu.params());
+  model::testing::RecordingAccess rec(&lp);
+  CpuRun r;
+  r.loss = model::testing::must(cpu.forward_backward(in, tg, B, T, rec, loss_scale));
+  r.log = rec.log;
+  for (const model::ParamSpec& s : cpu.params()) {
+    std::span<const float> g = lp.grad(s.index);
+    r.grads.emplace_back(g.begin(), g.end());
+  }
+  r.eval_loss = model::testing::must(cpu.forward_loss(in, tg, B, T, lp));
+  return r;
+}
+
+class GpuGptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZINF_REQUIRE_GPU();
+    Result<Blas> b = Blas::create();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    blas_ = std::make_unique<Blas>(std::move(b).value());
+  }
+
+  struct GpuSetup {
+    std::unique_ptr<GptGpu> gpt;
+    std::unique_ptr<TestBuffer<char>> workspace;
+    std::unique_ptr<DeviceParams> params;
+  };
+  GpuSetup make(const GptConfig& c, GptGpuOptions options, int max_bt) {
+    GpuSetup s;
+    Result<std::unique_ptr<GptGpu>> g = GptGpu::create(c, blas_.get(), nullptr, options);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    if (!g.is_ok()) return s;
+    s.gpt = std::move(g).value();
+    const uint64_t bytes = GptGpu::workspace_bytes(c, max_bt);
+    s.workspace = std::make_unique<TestBuffer<char>>(bytes);
+    EXPECT_TRUE(s.gpt->bind_workspace(s.workspace->get(), bytes, max_bt).is_ok());
+    model::GptModel cpu = model::testing::make_gpt(c);
+    model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
+    set_params(lp, cpu.params());
+    s.params = std::make_unique<DeviceParams>(cpu.params(), cpu.modules(), lp);
+    return s;
+  }
+
+  std::unique_ptr<Blas> blas_;
+};
+
+constexpr int kB = 2;
+constexpr int kT = 37;  // not a multiple of the attention tiles
+
+TEST_F(GpuGptTest, MatchesCpuModel) {
+  for (bool fuse : {true, false}) {
+    for (float loss_scale : {1.0f, 8.0f}) {
+      SCOPED_TRACE(::testing::Message() << (fuse ? "cuBLASLt epilogues" : "own GELU and residual kernels")
+                                        << ", loss_scale " << loss_scale);
+      const GptConfig c = tiny_config(false);
+      const std::vector<int32_t> in = model::testing::random_tokens(1, kB * kT, c.vocab_size);
+      const std::vector<int32_t> tg = model::testing::random_tokens(2, kB * kT, c.vocab_size);
+      const CpuRun cpu = run_cpu(c, in, tg, kB, kT, loss_scale);
+      GpuSetup g = make(c, GptGpuOptions{fuse}, kB * kT);
+      ASSERT_TRUE(g.gpt);
+      Result<float> loss = g.gpt->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
+      EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
+      for (const model::ParamSpec& s : g.gpt->params()) {
+        const std::vector<float> got = g.params->grad(s.index);
+        EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
+      }
+      Result<float> eval = g.gpt->forward_loss(in, tg, kB, kT, *g.params);
+      ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
+      EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
+    }
+  }
+}
+
+TEST_F(GpuGptTest, CheckpointingChangesNoBitAndCallsAsTheCpu) {
+  const std::vector<int32_t> in = model::testing::random_tokens(3, kB * kT, 100);
+  const std::vector<int32_t> tg = model::testing::random_tokens(4, kB * kT, 100);
+  GpuSetup plain = make(tiny_config(false), GptGpuOptions{}, kB * kT);
+  GpuSetup ckpt = make(tiny_config(true), GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(plain.gpt && ckpt.gpt);
+  EXPECT_LT(GptGpu::workspace_bytes(tiny_config(true), kB * kT), GptGpu::workspace_bytes(tiny_config(false), kB * kT));
+  Result<float> a = plain.gpt->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
+  Result<float> b = ckpt.gpt->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
+  const CpuRun cpu = run_cpu(tiny_config(true), in, tg, kB, kT, 1.0f);
+  EXPECT_EQ(ckpt.params->log, cpu.log) << "recompute calls differ from the CPU model's";
+}
+
+TEST_F(GpuGptTest, DeterministicAndAccumulating) {
+  const GptConfig c = tiny_config(false);
+  const std::vector<int32_t> in = model::testing::random_tokens(5, kB * kT, c.vocab_size);
+  const std::vector<int32_t> tg = model::testing::random_tokens(6, kB * kT, c.vocab_size);
+  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(g.gpt);
+  Result<float> first = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  const std::vector<float> once = g.params->all_grads();
+  Result<float> second = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_EQ(*first, *second);
+  std::vector<float> twice_want = once;
+  for (float& x : twice_want) x = x + x;  // exact in fp32
+  EXPECT_EQ(g.params->all_grads(), twice_want);
+  g.params->zero_grads();
+  // A smaller batch in the same workspace, and back.
+  Result<float> small = g.gpt->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  g.params->zero_grads();
+  ASSERT_TRUE(g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
+  EXPECT_EQ(g.params->all_grads(), once);
+}
+
+TEST_F(GpuGptTest, BadBatchesAreErrorsBeforeAnyWork) {
+  const GptConfig c = tiny_config(false);
+  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(g.gpt);
+  std::vector<int32_t> in(kB * kT, 1), tg(kB * kT, 1);
+  tg[5] = c.vocab_size;
+  Status st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  EXPECT_NE(st.message().find("position 5"), std::string::npos) << st.message();
+  tg[5] = 0;
+  in[9] = -1;
+  st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  EXPECT_NE(st.message().find("position 9"), std::string::npos) << st.message();
+  EXPECT_EQ(g.gpt->forward_backward(in, tg, kB + 1, kT, *g.params, 1.0f).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(g.params->log.empty());
+}
+
+// ---- without a device -------------------------------------------------------------------------
+
+TEST(GpuGptHost, WorkspaceGrowsWithTheBatchAndShrinksWithCheckpointing) {
+  const GptConfig c = tiny_config(false);
+  const uint64_t one = GptGpu::workspace_bytes(c, 64);
+  EXPECT_GT(one, 0u);
+  EXPECT_EQ(one % 256, 0u);
+  EXPECT_GT(GptGpu::workspace_bytes(c, 128), one);
+  EXPECT_LT(GptGpu::workspace_bytes(tiny_config(true), 64), one);
+  EXPECT_EQ(GptGpu::workspace_bytes(c, 0), 0u);
+  // At least the bf16 logits and the fp32 residual gradient.
+  EXPECT_GT(one, uint64_t{64} * 104 * 2 + uint64_t{64} * 64 * 4);
+}
+
+TEST(GpuGptHost, CreateChecksTheConfiguration) {
+  GptConfig bad = tiny_config(false);
+  bad.n_embd = 66;  // not divisible by 4 heads
+  Blas* no_blas = nullptr;
+  EXPECT_EQ(GptGpu::create(bad, no_blas, nullptr).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(GptGpu::create(tiny_config(false), no_blas, nullptr).status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zinf::gpu
