@@ -25,6 +25,7 @@
 #include "common/file_io.h"
 #include "commands.h"
 #include "default_config.h"
+#include "device_choice.h"
 #include "model_options.h"
 #include "run_state.h"
 #include "zinf/config/ds_config.h"
@@ -62,6 +63,7 @@ struct TrainOptions {
   bool activation_checkpointing = false;
   std::string comm = "auto";  // auto | local | mpi | nccl
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
+  std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
 };
 
 // Where ranks other than 0 send their progress output.
@@ -349,6 +351,9 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 // `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
 Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_by) {
+  // The device first: a --device cuda that cannot be honoured fails before any work.
+  ZINF_ASSIGN_OR_RETURN(DeviceChoice device,
+                        resolve_device(o.device, o.device == "cpu" ? DeviceProbe{} : probe_devices()));
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(check_save_folder(o.save_dir));
   if (!o.json_log.empty() && comm.rank() == 0) ZINF_RETURN_IF_ERROR(check_json_log(o.json_log));
   // A resumed run continues the checkpoint's data order: its seed and data unless told otherwise.
@@ -363,10 +368,12 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   ZINF_ASSIGN_OR_RETURN(RunModel run_model, resolve_run_model(o, data, saved));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> probe, run_model.make(false));
   ZINF_RETURN_IF_ERROR(data.check_ids_below(static_cast<std::uint32_t>(probe->vocab_size())));
+  ZINF_ASSIGN_OR_RETURN(device, fit_device_to_model(std::move(device), probe->type()));
 
   // Rank 0 speaks for the job; the other ranks log only warnings and errors.
   if (comm.rank() != 0) set_log_level(LogLevel::kWarning);
   std::ostream& out = comm.rank() == 0 ? std::cout : null_stream();
+  out << device.line() << "\n";
   ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx,
                         o.autos.context(probe->hidden_size() > 0 ? std::optional<std::int64_t>(probe->hidden_size())
                                                                  : std::nullopt));
@@ -391,6 +398,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // The ds_config block, like the flag, turns on block recompute in backward.
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
                         run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
+  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
   const int T = the_model->max_seq();
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
   if (run_model.hf) {
@@ -528,6 +536,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "a Hugging Face model folder (config.json + safetensors, model_type gpt2): its architecture and "
                   "weights");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
+  cmd->add_option("--device", o->device,
+                  "where the model computes: auto (cuda when this build has the GPU layer and a CUDA device is "
+                  "present, else cpu), cpu, or cuda (the GPT only; the optimizer stays on the CPU)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("--comm", o->comm, "communicator: auto (mpi under mpirun with > 1 rank, else local), local, mpi, nccl")
       ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}));
   cmd->add_option("--comm-timeout", o->comm_timeout_s,

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# zinf train --device on this machine. Without a usable GPU (or without the GPU layer): the
+# default (auto) trains on the CPU, says so and why, and gives the same losses bit for bit as
+# --device cpu; --device cuda fails with exit 2 before any work (the --save folder is never
+# made), naming why. On a machine with a GPU the cuda checks are skipped (exit 77).
+set -euo pipefail
+zinf="$1"
+tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/train_device.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+"$zinf" train --model tiny --steps 2 --json-log "$tmp/auto.jsonl" > "$tmp/auto.out" 2> "$tmp/auto.err" ||
+  { cat "$tmp/auto.err"; fail "zinf train (auto) failed"; }
+line=$(grep '^device: ' "$tmp/auto.out" || true)
+[ -n "$line" ] || fail "no 'device:' line at start-up: $(head -3 "$tmp/auto.out")"
+case "$line" in
+  "device: cuda ("*) echo "a GPU is present ($line): the no-GPU checks do not apply"; exit 77 ;;
+  "device: cpu ("*) ;;
+  *) fail "unexpected start-up line: $line" ;;
+esac
+[ "$line" != "device: cpu ()" ] || fail "auto chose the cpu without saying why"
+
+"$zinf" train --device cpu --model tiny --steps 2 --json-log "$tmp/cpu.jsonl" > "$tmp/cpu.out" 2>&1 ||
+  fail "zinf train --device cpu failed"
+grep -qx 'device: cpu (--device cpu)' "$tmp/cpu.out" || fail "--device cpu: $(grep '^device' "$tmp/cpu.out")"
+python3 - "$tmp/auto.jsonl" "$tmp/cpu.jsonl" <<'PY' || fail "auto (on the CPU) and --device cpu differ"
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert len(a) == 2 and a == b, (a, b)
+PY
+
+set +e
+"$zinf" train --device cuda --model tiny --steps 2 --save "$tmp/ckpt" > "$tmp/cuda.out" 2> "$tmp/cuda.err"
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "--device cuda without a GPU: exit $rc, want 2"
+grep -q '^zinf train: --device cuda: ' "$tmp/cuda.err" || fail "--device cuda: unclear error: $(cat "$tmp/cuda.err")"
+[ ! -e "$tmp/ckpt" ] || fail "--device cuda failed after work had begun (the --save folder was made)"
+! grep -q '^step ' "$tmp/cuda.out" || fail "--device cuda trained a step"
+echo "ok: $line; --device cuda: $(cat "$tmp/cuda.err")"

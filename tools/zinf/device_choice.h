@@ -1,0 +1,48 @@
+// `--device cpu|cuda|auto`: which processor a run computes on, from what was asked, what the
+// build has and what the machine has. resolve_device and fit_device_to_model are pure (tested on
+// any machine); probe_devices and place_model come from device_gpu.cpp or device_nogpu.cpp,
+// whichever the build has.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "zinf/model/model.h"
+#include "zinf/status.h"
+
+namespace zinf::cli {
+
+enum class ComputeDevice { kCpu, kCuda };
+
+// What the build and the machine offer.
+struct DeviceProbe {
+  bool build_has_gpu = false;  // zinf was built with the GPU layer (src/gpu)
+  int device_count = 0;        // usable CUDA devices
+  std::string why_none;        // device_count == 0: CUDA's reason ("no CUDA device: ...")
+  std::string first_device;    // device 0 in a few words: "NVIDIA H100 80GB HBM3, 79.6 GiB"
+};
+
+struct DeviceChoice {
+  ComputeDevice device = ComputeDevice::kCpu;
+  bool explicit_request = false;  // --device cpu or cuda, not auto
+  std::string detail;             // why, or which GPU
+  // The start-up line: "device: cuda (NVIDIA H100 80GB HBM3, 79.6 GiB)", "device: cpu (no CUDA device: ...)".
+  std::string line() const;
+};
+
+// requested: "cpu", "cuda" or "auto". auto is cuda when the build has the GPU layer and a device
+// is usable, else cpu (saying why). cuda without either: unsupported, naming why. "cpu" never
+// looks at the probe.
+Result<DeviceChoice> resolve_device(std::string_view requested, const DeviceProbe& probe);
+// Only the GPT runs on the GPU for now: another model on cuda is unsupported when cuda was asked
+// for, and falls back to cpu (saying why) under auto.
+Result<DeviceChoice> fit_device_to_model(DeviceChoice choice, std::string_view model_type);
+
+// What this build and machine have (calls into CUDA only in a GPU build).
+DeviceProbe probe_devices();
+// The model that computes on `choice`'s device: `cpu_model` itself for cpu; for cuda the GPT on
+// GPU 0 with the same parameters and modules (checkpoints are interchangeable).
+Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice);
+
+}  // namespace zinf::cli

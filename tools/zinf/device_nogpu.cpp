@@ -1,0 +1,15 @@
+// --device in a build without the GPU layer: no GPU to probe, and every model computes on the CPU.
+#include <fmt/format.h>
+
+#include "device_choice.h"
+
+namespace zinf::cli {
+
+DeviceProbe probe_devices() { return DeviceProbe{}; }
+
+Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice) {
+  if (choice.device == ComputeDevice::kCpu) return cpu_model;
+  return Status::unsupported("--device cuda: this zinf was built without the GPU layer");
+}
+
+}  // namespace zinf::cli
