@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "device_choice.h"
 #include "zinf/model/data.h"
 #include "zinf/model/local_params.h"
 #include "zinf/model/registry.h"
@@ -30,13 +31,14 @@ struct EvalOptions {
   int seq = 0;      // 0: the model's max_seq
   int batches = 0;  // 0: every whole batch the data holds
   bool json = false;
+  std::string device = "auto";  // cpu | cuda | auto, as zinf train
 };
 
 struct EvalResult {
   double loss = 0;
   std::uint64_t tokens = 0;
   int batches = 0, batch = 0, seq = 0;
-  std::string model, checkpoint, data;
+  std::string model, checkpoint, data, device;
 };
 
 // The checkpoint's model with its saved weights, in memory.
@@ -82,9 +84,13 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   if (o.resume.empty() == o.model_dir.empty()) {
     return Status::invalid_argument("give one of --resume CKPT and --model-dir DIR");
   }
+  ZINF_ASSIGN_OR_RETURN(DeviceChoice device,
+                        resolve_device(o.device, o.device == "cpu" ? DeviceProbe{} : probe_devices()));
   auto made = o.resume.empty() ? load_hf_model(o.model_dir) : load_checkpoint_model(o.resume);
   if (!made.is_ok()) return made.status().with_context(o.resume.empty() ? "--model-dir" : "--resume");
   LoadedModel loaded = std::move(made).value();
+  ZINF_ASSIGN_OR_RETURN(device, fit_device_to_model(std::move(device), loaded.model->type()));
+  ZINF_ASSIGN_OR_RETURN(loaded.model, place_model(std::move(loaded.model), device));
   model::Model& m = *loaded.model;
   ZINF_ASSIGN_OR_RETURN(const model::DataFormat format, model::parse_data_format(o.data_format));
   model::TokenDataset data = model::TokenDataset::load_default();
@@ -127,6 +133,7 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   r.model = m.describe();
   r.checkpoint = o.resume.empty() ? o.model_dir : o.resume;
   r.data = data.source();
+  r.device = device.describe();
   return r;
 }
 
@@ -148,6 +155,8 @@ void add_eval_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--batches", o->batches, "forward passes (N; default: every whole batch in the data)")
       ->check(CLI::Range(1, INT32_MAX));
   cmd->add_flag("--json", o->json, "print one JSON object instead of a line");
+  cmd->add_option("--device", o->device, "where the model computes: auto (cuda when present), cpu, or cuda (the GPT only)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->callback([o, exit_code] {
     auto r = run_eval(*o);
     if (!r.is_ok()) {
@@ -159,13 +168,14 @@ void add_eval_command(CLI::App& app, int* exit_code) {
     if (o->json) {
       const nlohmann::json j = {{"loss", r->loss},       {"tokens", r->tokens},         {"batches", r->batches},
                                 {"batch", r->batch},     {"seq", r->seq},               {"model", r->model},
-                                {o->resume.empty() ? "model_dir" : "checkpoint", r->checkpoint}, {"data", r->data}};
+                                {o->resume.empty() ? "model_dir" : "checkpoint", r->checkpoint}, {"data", r->data},
+                                {"device", r->device}};
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format("eval: loss {:.6f} (perplexity {:.3f}) over {} tokens: {} batches of {} x {} from {}\n"
-                               "model: {} ({})\n",
+                               "model: {} ({})\ndevice: {}\n",
                                r->loss, std::exp(r->loss), r->tokens, r->batches, r->batch, r->seq, r->data, r->model,
-                               r->checkpoint);
+                               r->checkpoint, r->device);
     }
     *exit_code = 0;
   });

@@ -5,8 +5,8 @@
 
 namespace zinf::cli {
 
-std::string DeviceChoice::line() const {
-  return fmt::format("device: {} ({})", device == ComputeDevice::kCuda ? "cuda" : "cpu", detail);
+std::string DeviceChoice::describe() const {
+  return fmt::format("{} ({})", device == ComputeDevice::kCuda ? "cuda" : "cpu", detail);
 }
 
 Result<DeviceChoice> resolve_device(std::string_view requested, const DeviceProbe& probe) {

@@ -28,7 +28,9 @@ struct DeviceChoice {
   bool explicit_request = false;  // --device cpu or cuda, not auto
   std::string detail;             // why, or which GPU
   // The start-up line: "device: cuda (NVIDIA H100 80GB HBM3, 79.6 GiB)", "device: cpu (no CUDA device: ...)".
-  std::string line() const;
+  std::string line() const { return "device: " + describe(); }
+  // The same without "device: ": "cpu (--device cpu)".
+  std::string describe() const;
 };
 
 // requested: "cpu", "cuda" or "auto". auto is cuda when the build has the GPU layer and a device
