@@ -7,7 +7,9 @@
 // completion is checked; short transfers, EINTR and EAGAIN are retried; the
 // first failure of a request is returned by wait() with path, offset, length
 // and errno text. A request still unfinished request_timeout_s after its submission is
-// failed by wait() (see AioConfig::request_timeout_s), so a stuck device is an error, not a hang.
+// failed (see AioConfig::request_timeout_s), so a stuck device is an error, not a hang. No
+// request is reported finished while an op of it can still use its buffer: a failed request's
+// ops in flight are cancelled and drained first.
 #pragma once
 
 #include <cstddef>
