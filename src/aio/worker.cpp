@@ -400,10 +400,9 @@ void Worker::apply_fixed_buffers() {
 
 void Worker::fail_all_in_flight(const Status& status, Clock::time_point deadline) {
   // The queue is broken, or an op in it does not come back. Its ops are cancelled and drained
-  // before any of their chunks is failed: a failed request's buffer goes back to the caller,
-  // who may reuse or free it, so the kernel must be done with it first.
-  // Their requests fail now (so this is the error they report, and no more of their chunks
-  // are issued); they finish only once their chunks are released below.
+  // before any of their chunks is finished: a failed request's buffer goes back to the caller,
+  // who may reuse or free it, so the kernel must be done with it first. Their requests fail
+  // now (so this is the error they report, and no more of their chunks are issued).
   std::size_t held = 0;
   for (const Slot& s : slots_) {
     if (!s.queued) continue;
@@ -415,18 +414,18 @@ void Worker::fail_all_in_flight(const Status& status, Clock::time_point deadline
     const DrainReport& d = drained.value();
     const std::size_t seen = d.cancelled + d.finished + d.late;
     log(LogLevel::kWarning,
-        fmt::format("aio worker {}: {}; cancelled and drained the queue's {} ops in flight before failing them ({} "
+        fmt::format("aio: {}; cancelled and drained worker {}'s queue, {} ops in flight, before failing them ({} "
                     "came back cancelled, {} finished anyway, {} were waited for past the deadline{}); continuing "
                     "on a new queue",
-                    index_, status.to_string(), held, d.cancelled, d.finished, d.late,
+                    status.to_string(), index_, held, d.cancelled, d.finished, d.late,
                     held > seen ? fmt::format(", {} had completed unreported", held - seen) : ""));
     queue_.reset();
   } else {
     // Never expected (the completion ring itself fails): the memory of those ops may still be
     // written, and there is nothing safe to do but keep the queue and say so.
-    log(LogLevel::kError, fmt::format("aio worker {}: {}; draining its queue failed: {}; the buffers of its {} ops "
+    log(LogLevel::kError, fmt::format("aio: {}; draining worker {}'s queue failed: {}; the buffers of its {} ops "
                                       "in flight may still be used by the kernel",
-                                      index_, status.to_string(), drained.status().to_string(), held));
+                                      status.to_string(), index_, drained.status().to_string(), held));
     retired_.push_back(std::move(queue_));
   }
   bump(counters_.queue_resets);
