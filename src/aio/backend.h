@@ -3,6 +3,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,10 +38,23 @@ struct IoCompletion {
   std::int64_t result = 0;
 };
 
+using Clock = std::chrono::steady_clock;
+
+// What BackendQueue::cancel_and_drain found. Every op not yet reaped when it was called is in
+// exactly one of the three counts (an op the kernel refused at submission counts as cancelled).
+struct DrainReport {
+  std::size_t cancelled = 0;  // stopped before they moved data (-ECANCELED), or never started
+  std::size_t finished = 0;   // completed anyway, in the kernel's own time (their results are dropped)
+  std::size_t late = 0;       // still out at the deadline: the queue's teardown waited for them
+};
+
 // A queue owned by one worker thread and used only from it (not thread-safe).
 // Contract: every op passed to prepare() produces exactly one completion from reap(), also
-// when the kernel refuses it at submission (then its result is -errno). At most capacity()
-// ops may be prepared or in flight at once; the caller enforces this.
+// when the kernel refuses it at submission (then its result is -errno) or cancel() stops it,
+// unless cancel_and_drain() consumes it. At most capacity() ops may be prepared or in flight at
+// once; the caller enforces this. While an op is in flight the kernel (or the thread pool) may
+// read or write its buffer: the caller must not reuse or free that memory before the op's
+// completion has been reaped or cancel_and_drain() has returned.
 class BackendQueue {
  public:
   virtual ~BackendQueue() = default;
@@ -50,10 +64,30 @@ class BackendQueue {
   // Starts every staged op (one system call where the backend allows it). Retries EINTR and
   // EAGAIN with a bounded backoff; ops the kernel still refuses complete with -errno.
   virtual void submit() = 0;
-  // Waits until at least `min_complete` completions are available (0: do not block), then
-  // stores up to `max` of them in `out`. Returns how many were stored. Fails only when the
-  // queue itself is broken (the worker then fails every op it has in flight).
-  virtual Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete) = 0;
+  // Waits until at least `min_complete` completions are available (0: do not block) or `until`
+  // has passed (Clock::time_point::max(): no limit), then stores up to `max` of them in `out`.
+  // Returns how many were stored, which is fewer than `min_complete` only when `until` passed.
+  // Fails only when the queue itself is broken; the caller must then cancel_and_drain() it
+  // before it reports any of its ops failed, and use a new queue.
+  virtual Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete,
+                                   Clock::time_point until) = 0;
+  // Asks the kernel to stop op `tag` (submitted, not yet reaped) early; does not block. Best
+  // effort: the op still completes through reap(), with -ECANCELED when it was stopped before
+  // it moved data, else with whatever result it reached (ops on regular files that a device
+  // already works on usually cannot be stopped). io_uring: IORING_OP_ASYNC_CANCEL on the op;
+  // libaio: io_cancel; threads: an op not yet started is dropped (-ECANCELED).
+  virtual void cancel(std::uint32_t tag) = 0;
+  // Tears the queue down safely: cancels every op staged or in flight where the backend can,
+  // waits until `deadline` for all of them to come back, and past it waits on without a bound,
+  // in the way that returns only once the kernel has released every op (libaio: io_destroy,
+  // which blocks until all requests are done; io_uring: waiting for every op's completion).
+  // When it returns Ok, no op ever prepared on this queue reads or writes memory any more: the
+  // caller may reuse or free every buffer, and report the ops failed. Completions of those ops
+  // are consumed here (reap() does not return them). The queue takes no op afterwards; destroy
+  // it. Works on a broken queue (the reason to call it). Fails only when the kernel could not be
+  // shown to have let go (the queue's completion ring itself is unusable); the caller must then
+  // keep the queue (never destroy it) and treat the ops' memory as in use.
+  virtual Result<DrainReport> cancel_and_drain(Clock::time_point deadline) = 0;
   // Replaces the registered (fixed) buffers with `ranges` (empty: none). Only called while
   // nothing is in flight. Returns false when the backend has no fixed buffers or the kernel
   // refused them (then ops must use fixed_index -1); `why` says what happened.

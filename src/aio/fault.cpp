@@ -1,4 +1,4 @@
-// FaultInjector: decides, per chunk completion, whether a test rule fails, shortens or delays it.
+// FaultInjector: decides, per chunk issue and completion, whether a test rule applies to it.
 #include "zinf/aio/fault.h"
 
 namespace zinf::aio {
@@ -14,10 +14,17 @@ void FaultInjector::clear() {
 }
 
 FaultDecision FaultInjector::on_completion(bool is_write, const std::string& path) {
+  return decide(is_write, path, false);
+}
+
+FaultDecision FaultInjector::on_issue(bool is_write, const std::string& path) { return decide(is_write, path, true); }
+
+FaultDecision FaultInjector::decide(bool is_write, const std::string& path, bool at_issue) {
   std::lock_guard lock(mutex_);
   FaultDecision decision;
   for (Active& active : rules_) {
     const FaultRule& rule = active.rule;
+    if ((rule.action == FaultAction::kStall) != at_issue) continue;
     if (rule.op == FaultOp::kRead && is_write) continue;
     if (rule.op == FaultOp::kWrite && !is_write) continue;
     if (!rule.path_contains.empty() && path.find(rule.path_contains) == std::string::npos) continue;
@@ -36,6 +43,14 @@ FaultDecision FaultInjector::on_completion(bool is_write, const std::string& pat
         break;
       case FaultAction::kDelay:
         decision.delay += rule.delay;
+        break;
+      case FaultAction::kBreakQueue:
+        decision.break_queue = true;
+        decision.errno_value = rule.errno_value;
+        break;
+      case FaultAction::kStall:
+        decision.stall = true;
+        decision.stall_cancellable = rule.cancellable;
         break;
     }
     injected_.fetch_add(1);

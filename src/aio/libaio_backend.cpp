@@ -1,6 +1,8 @@
-// Linux native AIO backend queue (libaio): one io_context per worker, io_submit/io_getevents.
+// Linux native AIO backend queue (libaio): one io_context per worker, io_submit/io_getevents,
+// io_cancel, and a drain that ends in io_destroy (which waits for every request).
 #include <libaio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -16,9 +18,20 @@ namespace {
 
 constexpr int kMaxSubmitRetries = 64;
 
+// The timeout io_getevents takes for `until` (what is left of it, possibly 0), or nullptr for
+// no limit.
+timespec* timeout_until(Clock::time_point until, timespec* ts) {
+  if (until == Clock::time_point::max()) return nullptr;
+  const auto left = std::max(until - Clock::now(), Clock::duration::zero());
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  ts->tv_sec = ns / 1000000000;
+  ts->tv_nsec = ns % 1000000000;
+  return ts;
+}
+
 class LibaioQueue final : public BackendQueue {
  public:
-  explicit LibaioQueue(std::size_t depth) : depth_(depth) {}
+  explicit LibaioQueue(std::size_t depth) : depth_(depth), in_kernel_(depth, false) {}
   ~LibaioQueue() override {
     if (initialised_) io_destroy(ctx_);
   }
@@ -63,13 +76,15 @@ class LibaioQueue final : public BackendQueue {
     while (done < staged_.size()) {
       const int rc = io_submit(ctx_, static_cast<long>(staged_.size() - done), staged_.data() + done);
       if (rc > 0) {
+        for (int i = 0; i < rc; ++i) in_kernel_[tag_of(staged_[done + static_cast<std::size_t>(i)])] = true;
+        in_flight_ += static_cast<std::size_t>(rc);
         done += static_cast<std::size_t>(rc);
         attempts = 0;
       } else if ((rc == -EAGAIN || rc == -EINTR || rc == 0) && ++attempts < kMaxSubmitRetries) {
         std::this_thread::sleep_for(std::chrono::microseconds(10 << std::min(attempts, 10)));
       } else {
         // io_submit reports the first iocb it could not queue; that op fails, the rest go on.
-        refuse(staged_[done], rc < 0 ? rc : -EIO);
+        refused_.push_back(IoCompletion{tag_of(staged_[done]), static_cast<std::int64_t>(rc < 0 ? rc : -EIO)});
         ++done;
         attempts = 0;
       }
@@ -77,7 +92,8 @@ class LibaioQueue final : public BackendQueue {
     staged_.clear();
   }
 
-  Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete) override {
+  Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete,
+                           Clock::time_point until) override {
     std::size_t n = 0;
     while (!refused_.empty() && n < max) {
       out[n++] = refused_.back();
@@ -88,22 +104,69 @@ class LibaioQueue final : public BackendQueue {
     const long room = static_cast<long>(std::min(max - n, events_.size()));
     int rc = 0;
     do {
-      rc = io_getevents(ctx_, want, room, events_.data(), nullptr);
+      timespec ts{};
+      rc = io_getevents(ctx_, want, room, events_.data(), timeout_until(until, &ts));
     } while (rc == -EINTR);
     if (rc < 0) return Status::sys_error("io_getevents", -rc);
-    for (int i = 0; i < rc; ++i) {
-      const io_event& ev = events_[static_cast<std::size_t>(i)];
-      // res is an unsigned long carrying either a byte count or -errno.
-      out[n++] = IoCompletion{static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev.data)),
-                              static_cast<std::int64_t>(static_cast<long>(ev.res))};
-    }
+    for (int i = 0; i < rc; ++i) out[n++] = completion(events_[static_cast<std::size_t>(i)]);
     return n;
   }
 
+  void cancel(std::uint32_t tag) override {
+    if (!in_kernel_[tag]) return;
+    io_event ev{};
+    // Only some files can cancel (regular files cannot: EINVAL); then the op just completes.
+    // Since Linux 4.19 a cancelled op's event comes through the ring (EINPROGRESS); before,
+    // io_cancel returned it here.
+    if (io_cancel(ctx_, &iocbs_[tag], &ev) == 0) refused_.push_back(completion(ev));
+  }
+
+  Result<DrainReport> cancel_and_drain(Clock::time_point deadline) override {
+    DrainReport report;
+    report.cancelled += refused_.size() + staged_.size();
+    refused_.clear();
+    staged_.clear();
+    for (std::uint32_t tag = 0; tag < depth_; ++tag) cancel(tag);
+    for (const IoCompletion& c : refused_) ++(c.result == -ECANCELED ? report.cancelled : report.finished);
+    refused_.clear();
+    while (in_flight_ > 0 && Clock::now() < deadline) {
+      timespec ts{};
+      const int rc = io_getevents(ctx_, 1, static_cast<long>(events_.size()), events_.data(),
+                                  timeout_until(deadline, &ts));
+      if (rc == -EINTR) continue;
+      if (rc < 0) break;  // the context itself fails: io_destroy below still waits
+      for (int i = 0; i < rc; ++i) {
+        const IoCompletion c = completion(events_[static_cast<std::size_t>(i)]);
+        ++(c.result == -ECANCELED ? report.cancelled : report.finished);
+      }
+    }
+    // io_destroy blocks until every request of the context is done ("otherwise the kernel keeps
+    // using user-space buffers", fs/aio.c, since 2015), so once it returns no op touches our
+    // memory; with nothing in flight it is quick.
+    report.late = in_flight_;
+    const int rc = io_destroy(ctx_);
+    if (rc < 0) {
+      return Status::sys_error(
+          fmt::format("io_destroy while draining the context ({} ops may still use their buffers)", in_flight_), -rc);
+    }
+    initialised_ = false;
+    in_flight_ = 0;
+    return report;
+  }
+
  private:
-  void refuse(iocb* cb, int rc) {
-    refused_.push_back(IoCompletion{static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(cb->data)),
-                                    static_cast<std::int64_t>(rc)});
+  static std::uint32_t tag_of(const iocb* cb) {
+    return static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(cb->data));
+  }
+  // An event of the ring as a completion; its op is no longer in the kernel.
+  IoCompletion completion(const io_event& ev) {
+    const auto tag = static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(ev.data));
+    if (in_kernel_[tag]) {
+      in_kernel_[tag] = false;
+      --in_flight_;
+    }
+    // res is an unsigned long carrying either a byte count or -errno.
+    return IoCompletion{tag, static_cast<std::int64_t>(static_cast<long>(ev.res))};
   }
 
   std::size_t depth_;
@@ -112,7 +175,9 @@ class LibaioQueue final : public BackendQueue {
   std::vector<iocb> iocbs_;
   std::vector<iocb*> staged_;
   std::vector<io_event> events_;
-  std::vector<IoCompletion> refused_;
+  std::vector<IoCompletion> refused_;  // completions not from the ring (refused, or cancelled synchronously)
+  std::vector<bool> in_kernel_;        // by tag: submitted and not yet completed
+  std::size_t in_flight_ = 0;
 };
 
 }  // namespace

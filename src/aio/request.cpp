@@ -126,16 +126,22 @@ void RequestTracker::expire(Request& request) {
   const double limit = std::chrono::duration<double>(timeout_).count();
   Status stuck(ErrorCode::kIoError,
                fmt::format("{} {} offset {} length {}: not finished {} s after submission (aio.request_timeout_s); "
-                           "the request was failed, and the chunks it had in flight were waited for",
+                           "the request was failed, and the chunks it had in flight were cancelled or waited for",
                            request.op_name(), request.path, request.offset, request.nbytes, limit),
                ETIMEDOUT);
   log(LogLevel::kWarning,
       fmt::format("aio: {} {} offset {} length {} not finished {} s after submission (aio.request_timeout_s): "
-                  "failing it; waiting for its chunks in flight before its buffer is given back",
+                  "failing it; cancelling its chunks in flight and waiting for them before its buffer is given back",
                   request.op_name(), request.path, request.offset, request.nbytes, limit));
-  // Workers stop issuing its chunks; those in the kernel must still finish (or fail) before
-  // the caller may reuse the buffer, so the wait goes on for them.
+  // Workers stop issuing its chunks and cancel those in the kernel, which must still come back
+  // (or their queue be torn down, Worker::check_in_flight) before the caller may reuse the
+  // buffer, so the wait goes on for them.
   request.fail(std::move(stuck));
+}
+
+void RequestTracker::expire_late(Request& request) {
+  std::lock_guard lock(mutex_);
+  if (!request.done) expire(request);
 }
 
 std::size_t RequestTracker::pending() const {

@@ -80,6 +80,9 @@ class RequestTracker {
   std::uint64_t finished() const;
   // Blocks until every request, waited for or not, has completed.
   void drain();
+  // Fails `request`, unfinished and past its deadline, for that deadline (once) and logs it. For
+  // the worker that holds its chunks in flight (any thread; takes the tracker's lock).
+  void expire_late(Request& request);
 
  private:
   mutable std::mutex mutex_;

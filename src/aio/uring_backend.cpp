@@ -1,9 +1,12 @@
-// io_uring backend queue (liburing): one ring per worker, batched submits, fixed buffers.
+// io_uring backend queue (liburing): one ring per worker, batched submits, fixed buffers,
+// cancellation (IORING_OP_ASYNC_CANCEL) and a drain that waits for every op in flight.
 #include <liburing.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -15,10 +18,23 @@ namespace zinf::aio::detail {
 namespace {
 
 constexpr int kMaxSubmitRetries = 64;
+// user_data of the queue's own cancel requests; ops carry their tag (< capacity) instead.
+constexpr std::uint64_t kCancelData = ~std::uint64_t{0};
+
+// The timeout io_uring_wait_cqes takes for `until` (what is left of it, possibly 0), or nullptr
+// for no limit.
+__kernel_timespec* timeout_until(Clock::time_point until, __kernel_timespec* ts) {
+  if (until == Clock::time_point::max()) return nullptr;
+  const auto left = std::max(until - Clock::now(), Clock::duration::zero());
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  ts->tv_sec = ns / 1000000000;
+  ts->tv_nsec = ns % 1000000000;
+  return ts;
+}
 
 class UringQueue final : public BackendQueue {
  public:
-  explicit UringQueue(std::size_t depth) : depth_(depth) {}
+  explicit UringQueue(std::size_t depth) : depth_(depth), state_(depth, OpState::kIdle) {}
   ~UringQueue() override {
     if (initialised_) io_uring_queue_exit(&ring_);
   }
@@ -60,15 +76,16 @@ class UringQueue final : public BackendQueue {
       io_uring_prep_read(sqe, op.fd, op.buf, len, op.offset);
     }
     io_uring_sqe_set_data64(sqe, op.tag);
-    ++staged_;
+    pending_.push_back(op.tag);
+    state_[op.tag] = OpState::kQueued;
   }
 
   void submit() override {
     int attempts = 0;
-    while (staged_ > 0) {
+    while (!pending_.empty()) {
       const int rc = io_uring_submit(&ring_);
       if (rc > 0) {
-        staged_ -= std::min<std::size_t>(staged_, static_cast<std::size_t>(rc));
+        taken(static_cast<std::size_t>(rc));
         attempts = 0;
         continue;
       }
@@ -77,34 +94,85 @@ class UringQueue final : public BackendQueue {
         continue;
       }
       // The kernel keeps refusing: the staged SQEs are still in the ring and must not run
-      // later on buffers the caller has been told are free, so the ring is retired.
+      // later on buffers the caller has been told are free, so the ring is retired (its
+      // cancel_and_drain never enters the kernel in a way that would submit them).
       broken_ = rc < 0 ? -rc : EIO;
       return;
     }
   }
 
-  Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete) override {
+  Result<std::size_t> reap(IoCompletion* out, std::size_t max, std::size_t min_complete,
+                           Clock::time_point until) override {
     std::size_t n = take_refused(out, max);
     if (broken_ != 0) {
       return Status::sys_error("io_uring_submit", broken_);
     }
-    if (n >= max) return n;
-    const std::size_t want = min_complete > n ? min_complete - n : 0;
-    if (want > 0) {
+    for (;;) {
+      n += take_cqes(out + n, max - n, nullptr);
+      if (n >= min_complete || n >= max) return n;
+      __kernel_timespec ts{};
       io_uring_cqe* cqe = nullptr;
-      int rc = 0;
-      do {
-        rc = io_uring_wait_cqe_nr(&ring_, &cqe, static_cast<unsigned>(want));
-      } while (rc == -EINTR || rc == -EAGAIN);
+      // Cancel requests' completions count here too, so this may wake early: then loop.
+      const int rc = io_uring_wait_cqes(&ring_, &cqe, static_cast<unsigned>(min_complete - n),
+                                        timeout_until(until, &ts), nullptr);
+      if (rc == -ETIME) return n + take_cqes(out + n, max - n, nullptr);
+      if (rc == -EINTR || rc == -EAGAIN) continue;
       if (rc < 0) return Status::sys_error("io_uring_wait_cqe", -rc);
     }
-    const unsigned got = io_uring_peek_batch_cqe(&ring_, cqes_.data(), static_cast<unsigned>(max - n));
-    for (unsigned i = 0; i < got; ++i) {
-      out[n++] = IoCompletion{static_cast<std::uint32_t>(io_uring_cqe_get_data64(cqes_[i])),
-                              cqes_[i]->res};
+  }
+
+  void cancel(std::uint32_t tag) override {
+    if (broken_ != 0 || state_[tag] != OpState::kInFlight) return;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe == nullptr) return;
+    io_uring_prep_cancel64(sqe, tag, 0);
+    io_uring_sqe_set_data64(sqe, kCancelData);
+    pending_.push_back(kCancelData);
+    state_[tag] = OpState::kCancelSent;
+    submit();
+  }
+
+  Result<DrainReport> cancel_and_drain(Clock::time_point deadline) override {
+    DrainReport report;
+    report.cancelled += refused_.size();
+    refused_.clear();
+    // Op SQEs the kernel never took (a refused submit) never start as long as nothing submits
+    // again: then no cancel is sent either, and, on kernels without IORING_FEAT_EXT_ARG (5.11),
+    // only untimed waits are used (liburing's timed wait would submit them with its timeout).
+    bool stale_ops = false;
+    for (const std::uint64_t data : pending_) {
+      if (data == kCancelData) continue;
+      stale_ops = true;
+      state_[data] = OpState::kIdle;
+      ++report.cancelled;
     }
-    io_uring_cq_advance(&ring_, got);
-    return n;
+    if (!stale_ops && broken_ == 0) {
+      for (std::uint32_t tag = 0; tag < depth_; ++tag) cancel(tag);
+    }
+    const bool timed = !stale_ops || (ring_.features & IORING_FEAT_EXT_ARG) != 0;
+    bool past = false;
+    while (in_flight_ > 0) {
+      take_cqes(nullptr, depth_, past ? nullptr : &report);
+      if (in_flight_ == 0) break;
+      if (!past && (!timed || Clock::now() >= deadline)) {
+        // Past the deadline: there is no teardown that returns before the kernel lets go of
+        // an op's memory (io_uring_queue_exit does not wait for them), so wait without a bound.
+        past = true;
+        report.late = in_flight_;
+        continue;
+      }
+      __kernel_timespec ts{};
+      io_uring_cqe* cqe = nullptr;
+      const int rc = past ? io_uring_wait_cqe(&ring_, &cqe)
+                          : io_uring_wait_cqes(&ring_, &cqe, 1, timeout_until(deadline, &ts), nullptr);
+      if (rc == 0 || rc == -ETIME || rc == -EINTR || rc == -EAGAIN) continue;
+      return Status::sys_error(fmt::format("io_uring_wait_cqe while draining the ring ({} ops still in the kernel, "
+                                           "which may still use their buffers)",
+                                           in_flight_),
+                               -rc);
+    }
+    broken_ = broken_ != 0 ? broken_ : ESHUTDOWN;  // takes no op any more
+    return report;
   }
 
   bool supports_fixed_buffers() const override { return true; }
@@ -126,6 +194,13 @@ class UringQueue final : public BackendQueue {
   }
 
  private:
+  enum class OpState : std::uint8_t {
+    kIdle,
+    kQueued,      // its SQE is written, the kernel has not taken it yet
+    kInFlight,    // the kernel has it
+    kCancelSent,  // the kernel has it, and a cancel request for it was submitted
+  };
+
   std::size_t take_refused(IoCompletion* out, std::size_t max) {
     std::size_t n = 0;
     while (!refused_.empty() && n < max) {
@@ -135,12 +210,44 @@ class UringQueue final : public BackendQueue {
     return n;
   }
 
+  // The kernel took the first `count` pending SQEs.
+  void taken(std::size_t count) {
+    for (std::size_t i = 0; i < count && !pending_.empty(); ++i) {
+      const std::uint64_t data = pending_.front();
+      pending_.pop_front();
+      if (data == kCancelData) continue;
+      state_[data] = OpState::kInFlight;
+      ++in_flight_;
+    }
+  }
+
+  // Takes the CQEs that are ready (up to `room` op completions' worth): op completions go to
+  // `out` (when given) or are tallied in `report` (when given); cancel requests' are dropped.
+  std::size_t take_cqes(IoCompletion* out, std::size_t room, DrainReport* report) {
+    const unsigned got = io_uring_peek_batch_cqe(&ring_, cqes_.data(),
+                                                 static_cast<unsigned>(std::min(room, cqes_.size())));
+    std::size_t n = 0;
+    for (unsigned i = 0; i < got; ++i) {
+      const std::uint64_t data = io_uring_cqe_get_data64(cqes_[i]);
+      if (data == kCancelData) continue;
+      state_[data] = OpState::kIdle;
+      --in_flight_;
+      if (out != nullptr) out[n] = IoCompletion{static_cast<std::uint32_t>(data), cqes_[i]->res};
+      ++n;
+      if (report != nullptr) ++(cqes_[i]->res == -ECANCELED ? report->cancelled : report->finished);
+    }
+    io_uring_cq_advance(&ring_, got);
+    return out != nullptr ? n : 0;
+  }
+
   std::size_t depth_;
   io_uring ring_{};
   bool initialised_ = false;
   bool fixed_ = false;
   int broken_ = 0;
-  std::size_t staged_ = 0;
+  std::deque<std::uint64_t> pending_;  // user_data of SQEs written and not yet taken, in ring order
+  std::vector<OpState> state_;         // by tag
+  std::size_t in_flight_ = 0;          // ops the kernel has and has not completed to us
   std::vector<io_uring_cqe*> cqes_;
   std::vector<IoCompletion> refused_;
 };

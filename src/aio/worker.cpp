@@ -37,6 +37,8 @@ Worker::Worker(std::size_t index, const AioConfig& config, Backend backend, Requ
       tracker_(tracker),
       queue_(std::move(queue)),
       supports_fixed_(queue_->supports_fixed_buffers()),
+      grace_(std::chrono::duration_cast<Clock::duration>(
+          std::chrono::duration<double>(std::min(config.request_timeout_s, 1e9)))),
       slots_(config.queue_depth),
       completions_(config.queue_depth) {
   free_slots_.reserve(slots_.size());
@@ -101,8 +103,8 @@ void Worker::run() {
     if (fixed_change || !active_.empty() || !retries_.empty()) continue;
     if (!wait_for_work()) break;
   }
-  // Tear the queues down here so the workers of a handle do it in parallel (io_destroy
-  // waits for an RCU grace period).
+  // Tear the queue down here so the workers of a handle do it in parallel (io_destroy waits
+  // for an RCU grace period). Nothing is in flight: the handle drained every request first.
   queue_.reset();
   retired_.clear();
 }
@@ -211,11 +213,15 @@ void Worker::add_stats(HandleStats& stats) const {
   stats.fixed_ops += counters_.fixed_ops.load(std::memory_order_relaxed);
   stats.bounced_bytes += counters_.bounced_bytes.load(std::memory_order_relaxed);
   stats.edge_ops += counters_.edge_ops.load(std::memory_order_relaxed);
+  stats.cancels += counters_.cancels.load(std::memory_order_relaxed);
+  stats.queue_resets += counters_.queue_resets.load(std::memory_order_relaxed);
 }
 
 void Worker::issue(std::uint32_t tag) {
-  const Slot& s = slots_[tag];
+  Slot& s = slots_[tag];
   const Request& r = *s.task->request;
+  s.queued = true;
+  next_check_ = std::min(next_check_, r.deadline);
   bump(counters_.ops);
   if (s.fixed_index >= 0) bump(counters_.fixed_ops);
   if (s.kind == ChunkKind::kEdge) bump(counters_.edge_ops);
@@ -230,18 +236,63 @@ void Worker::issue(std::uint32_t tag) {
 }
 
 void Worker::reap() {
+  // The wait ends at the next deadline of an op in flight, so a stuck op is noticed.
   const std::size_t min_complete = config_.overlap_events ? 1 : submitted_;
-  Result<std::size_t> got = queue_->reap(completions_.data(), completions_.size(), min_complete);
+  Result<std::size_t> got = queue_->reap(completions_.data(), completions_.size(), min_complete, next_check_);
   if (!got.is_ok()) {
-    fail_all_in_flight(got.status());
+    fail_all_in_flight(got.status().with_context(fmt::format("aio worker {}", index_)), Clock::now() + grace_);
     return;
   }
   submitted_ -= got.value();
   for (std::size_t i = 0; i < got.value(); ++i) on_complete(completions_[i].tag, completions_[i].result);
+  if (submitted_ == 0) {
+    next_check_ = Clock::time_point::max();
+  } else if (Clock::now() >= next_check_) {
+    check_in_flight();
+  }
+}
+
+void Worker::check_in_flight() {
+  const Clock::time_point now = Clock::now();
+  Clock::time_point next = Clock::time_point::max();
+  const Slot* stuck = nullptr;
+  for (std::uint32_t tag = 0; tag < slots_.size(); ++tag) {
+    Slot& s = slots_[tag];
+    if (!s.queued) continue;
+    Request& r = *s.task->request;
+    if (!r.failed.load(std::memory_order_acquire) && now >= r.deadline) tracker_.expire_late(r);
+    if (!r.failed.load(std::memory_order_acquire)) {
+      next = std::min(next, r.deadline);
+      continue;
+    }
+    // Its request has failed: nobody needs the op's data, only its buffer back.
+    if (!s.cancel_sent) {
+      queue_->cancel(tag);
+      bump(counters_.cancels);
+      s.cancel_sent = true;
+      s.drain_by = now + grace_;
+    } else if (now >= s.drain_by && stuck == nullptr) {
+      stuck = &s;
+    }
+    next = std::min(next, s.drain_by);
+  }
+  next_check_ = next;
+  if (stuck != nullptr) {
+    const Request& r = *stuck->task->request;
+    const double limit = std::chrono::duration<double>(grace_).count();
+    fail_all_in_flight(Status(ErrorCode::kIoError,
+                              fmt::format("{} {} offset {} length {}: not back {} s after it was cancelled "
+                                          "(aio.request_timeout_s); aio worker {} tore its queue down",
+                                          r.op_name(), r.path, stuck->file_offset + stuck->issued,
+                                          stuck->len - stuck->issued, limit, index_),
+                              ETIMEDOUT),
+                       now);
+  }
 }
 
 void Worker::on_complete(std::uint32_t tag, std::int64_t result) {
   Slot& s = slots_[tag];
+  s.queued = false;
   const Request& r = *s.task->request;
   if (result < 0) {
     const int err = static_cast<int>(-result);
@@ -347,17 +398,46 @@ void Worker::apply_fixed_buffers() {
   fixed_cv_.notify_all();
 }
 
-void Worker::fail_all_in_flight(const Status& status) {
-  // The queue can no longer deliver completions. Fail every chunk it holds and continue on a
-  // fresh queue; the broken one is kept (not torn down) until the handle goes away.
+void Worker::fail_all_in_flight(const Status& status, Clock::time_point deadline) {
+  // The queue is broken, or an op in it does not come back. Its ops are cancelled and drained
+  // before any of their chunks is finished: a failed request's buffer goes back to the caller,
+  // who may reuse or free it, so the kernel must be done with it first. Their requests fail
+  // now (so this is the error they report, and no more of their chunks are issued).
+  std::size_t held = 0;
+  for (const Slot& s : slots_) {
+    if (!s.queued) continue;
+    s.task->request->fail(status);
+    ++held;
+  }
+  Result<DrainReport> drained = queue_->cancel_and_drain(deadline);
+  if (drained.is_ok()) {
+    const DrainReport& d = drained.value();
+    const std::size_t seen = d.cancelled + d.finished + d.late;
+    log(LogLevel::kWarning,
+        fmt::format("aio: {}; cancelled and drained worker {}'s queue, {} ops in flight, before failing them ({} "
+                    "came back cancelled, {} finished anyway, {} were waited for past the deadline{}); continuing "
+                    "on a new queue",
+                    status.to_string(), index_, held, d.cancelled, d.finished, d.late,
+                    held > seen ? fmt::format(", {} had completed unreported", held - seen) : ""));
+    queue_.reset();
+  } else {
+    // Never expected (the completion ring itself fails): the memory of those ops may still be
+    // written, and there is nothing safe to do but keep the queue and say so.
+    log(LogLevel::kError, fmt::format("aio: {}; draining worker {}'s queue failed: {}; the buffers of its {} ops "
+                                      "in flight may still be used by the kernel",
+                                      status.to_string(), index_, drained.status().to_string(), held));
+    retired_.push_back(std::move(queue_));
+  }
+  bump(counters_.queue_resets);
   for (std::uint32_t tag = 0; tag < slots_.size(); ++tag) {
-    if (slots_[tag].task != nullptr && std::find(retries_.begin(), retries_.end(), tag) == retries_.end()) {
-      fail_slot(tag, status.with_context(fmt::format("aio worker {}", index_)));
+    if (slots_[tag].queued) {
+      slots_[tag].queued = false;
+      fail_slot(tag, status);
     }
   }
   submitted_ = 0;
   staged_ = 0;
-  retired_.push_back(std::move(queue_));
+  next_check_ = Clock::time_point::max();
   Result<std::unique_ptr<BackendQueue>> fresh = make_backend_queue(backend_, slots_.size(), config_.faults);
   if (!fresh.is_ok()) {
     log(LogLevel::kWarning, fmt::format("aio worker {}: {}; continuing with the threads backend", index_,

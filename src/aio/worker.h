@@ -65,6 +65,9 @@ class Worker {
     int fixed_index = -1;
     int bounce = -1;
     std::uint32_t stalls = 0;  // retries without progress (EINTR, EAGAIN, no bytes)
+    bool queued = false;       // its op is in the backend queue (issued, not yet completed)
+    bool cancel_sent = false;  // the backend was asked to cancel that op (its request failed)
+    Clock::time_point drain_by{};  // after cancel_sent: when the queue is torn down if it is not back
   };
 
   void run();
@@ -83,7 +86,12 @@ class Worker {
   void fail_slot(std::uint32_t tag, Status status);
   void maybe_finish_task(Task& task);
   void apply_fixed_buffers();
-  void fail_all_in_flight(const Status& status);
+  // Expires requests past their deadline, cancels the ops of failed requests, and tears the
+  // queue down when a cancelled op is not back within the grace period. Sets next_check_.
+  void check_in_flight();
+  // Cancels and drains the queue (waiting for its ops until `deadline`, then for as long as the
+  // kernel takes), then fails every chunk it held and goes on with a new queue.
+  void fail_all_in_flight(const Status& status, Clock::time_point deadline);
   int find_fixed(const std::byte* p, std::size_t len) const;
   Status ensure_bounce();
 
@@ -93,7 +101,12 @@ class Worker {
   RequestTracker& tracker_;
   std::unique_ptr<BackendQueue> queue_;
   const bool supports_fixed_;
-  std::vector<std::unique_ptr<BackendQueue>> retired_;  // broken queues, kept until shutdown
+  // How long a cancelled op may take to come back (aio.request_timeout_s), and how long a
+  // broken queue's ops are waited for before its teardown.
+  const Clock::duration grace_;
+  // Queues whose drain could not show that the kernel let go of their ops: kept (not torn down)
+  // until the worker exits.
+  std::vector<std::unique_ptr<BackendQueue>> retired_;
   std::thread thread_;
 
   // Written only by the worker thread, read by stats().
@@ -103,6 +116,8 @@ class Worker {
     std::atomic<std::uint64_t> fixed_ops{0};
     std::atomic<std::uint64_t> bounced_bytes{0};
     std::atomic<std::uint64_t> edge_ops{0};
+    std::atomic<std::uint64_t> cancels{0};
+    std::atomic<std::uint64_t> queue_resets{0};
   };
   static void bump(std::atomic<std::uint64_t>& counter, std::uint64_t by = 1) {
     counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
@@ -130,6 +145,9 @@ class Worker {
   std::vector<IoCompletion> completions_;
   std::size_t submitted_ = 0;  // ops handed to the queue and not yet reaped
   std::size_t staged_ = 0;     // ops prepared and not yet submitted
+  // When check_in_flight() must next run: the earliest deadline of a queued op's request, or of
+  // a cancelled op's drain_by (max: none queued).
+  Clock::time_point next_check_ = Clock::time_point::max();
   std::uint64_t fixed_seen_ = 0;  // generation of fixed buffers this thread has applied
   std::vector<iovec> fixed_;      // registered ranges in kernel index order (when fixed_in_use_)
   bool fixed_in_use_ = false;

@@ -91,9 +91,10 @@ namespace {
 std::atomic<bool> hook_installed{false};
 FaultHook fault_hook;
 
-InjectedFault consult_hook(std::string_view op, const std::string& path, std::size_t remaining) {
+InjectedFault consult_hook(std::string_view op, const std::string& path, std::size_t remaining,
+                           const std::string* new_path = nullptr) {
   if (!hook_installed.load(std::memory_order_acquire)) return {};
-  return fault_hook(FaultSite{op, path, remaining});
+  return fault_hook(FaultSite{op, path, remaining, new_path});
 }
 
 // One system call of a transfer, through the hook: `call(len)` moves up to `len` bytes.
@@ -114,20 +115,33 @@ ssize_t hooked_call(std::string_view op, const std::string& path, std::size_t re
   return call(remaining);
 }
 
-// fsync through the hook (an injected errno fails the call; other kinds run the real call),
-// retried on EINTR like every other call here.
-int hooked_fsync(int fd, const std::string& path) {
+// A call that moves no bytes (fsync, rename, mkdir) through the hook: an injected errno fails
+// it, other kinds run the real call; retried on EINTR like every other call here.
+template <typename Call>
+int hooked_plain_call(std::string_view op, const std::string& path, const std::string* new_path, const Call& call) {
   for (;;) {
-    const InjectedFault f = consult_hook("fsync", path, 0);
+    const InjectedFault f = consult_hook(op, path, 0, new_path);
     int rc = 0;
     if (f.kind == FaultKind::kErrno) {
       errno = f.err;
       rc = -1;
     } else {
-      rc = ::fsync(fd);
+      rc = call();
     }
     if (rc == 0 || errno != EINTR) return rc;
   }
+}
+
+int hooked_fsync(int fd, const std::string& path) {
+  return hooked_plain_call("fsync", path, nullptr, [&] { return ::fsync(fd); });
+}
+
+int hooked_rename(const std::string& from, const std::string& to) {
+  return hooked_plain_call("rename", from, &to, [&] { return ::rename(from.c_str(), to.c_str()); });
+}
+
+int hooked_mkdir(const std::string& path, mode_t mode) {
+  return hooked_plain_call("mkdir", path, nullptr, [&] { return ::mkdir(path.c_str(), mode); });
 }
 
 using LengthStep = std::function<ssize_t(std::size_t done, std::size_t len)>;
@@ -260,6 +274,16 @@ Status sync_dir(const std::string& dir) {
   return Status::ok();
 }
 
+Status rename_path(const std::string& from, const std::string& to) {
+  if (hooked_rename(from, to) != 0) return Status::sys_error(fmt::format("rename {} to {}", from, to), errno);
+  return Status::ok();
+}
+
+Status make_dir(const std::string& path, mode_t mode) {
+  if (hooked_mkdir(path, mode) != 0 && errno != EEXIST) return Status::sys_error(fmt::format("mkdir {}", path), errno);
+  return Status::ok();
+}
+
 std::string file_system_name(const std::string& folder) {
   struct statfs st {};
   if (::statfs(folder.c_str(), &st) != 0) return "unknown file system";
@@ -328,9 +352,7 @@ Status AtomicFile::commit() {
   if (hooked_fsync(fd_.get(), tmp_path_) != 0) st = Status::sys_error(fmt::format("fsync {}", tmp_path_), errno);
   const int close_err = fd_.close_checked();
   if (st.is_ok() && close_err != 0) st = Status::sys_error(fmt::format("close {}", tmp_path_), close_err);
-  if (st.is_ok() && ::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    st = Status::sys_error(fmt::format("rename {} to {}", tmp_path_, path_), errno);
-  }
+  if (st.is_ok()) st = rename_path(tmp_path_, path_);
   if (!st.is_ok()) {
     ::unlink(tmp_path_.c_str());
     return st;
@@ -372,7 +394,7 @@ Status make_private_dirs(const std::string& base, const std::vector<std::string>
   std::string path = base;
   for (const std::string& part : parts) {
     path += "/" + part;
-    if (::mkdir(path.c_str(), mode) != 0 && errno != EEXIST) {
+    if (hooked_mkdir(path, mode) != 0 && errno != EEXIST) {
       return Status::sys_error(fmt::format("create folder {}", path), errno);
     }
     struct stat st {};

@@ -99,7 +99,8 @@ Status transfer_exact(std::string_view op, const std::string& path, std::uint64_
 
 // Test-only fault injection (RocksDB's FaultInjectionTestFS in spirit): while a hook is installed,
 // every transfer of this toolkit (the four calls above, read_small_file, AtomicFile) asks it before
-// each system call, and fsync in AtomicFile::commit and sync_dir asks it too. Production code never
+// each system call; so do fsync in AtomicFile::commit and sync_dir, and every rename and mkdir of
+// the toolkit (rename_path, make_dir, AtomicFile::commit, make_private_dirs). Production code never
 // installs one; with none installed the cost is one relaxed atomic load per system call.
 enum class FaultKind {
   kNone,   // the real system call runs
@@ -111,11 +112,14 @@ struct InjectedFault {
   FaultKind kind = FaultKind::kNone;
   int err = 0;
 };
-// Where a system call is about to happen: `op` is "pread", "pwrite", "read", "write" or "fsync".
+// Where a system call is about to happen: `op` is "pread", "pwrite", "read", "write", "fsync",
+// "rename" or "mkdir". For fsync, rename and mkdir only kErrno applies (the other kinds run the
+// real call).
 struct FaultSite {
   std::string_view op;
-  const std::string& path;
-  std::size_t remaining;  // bytes still to move (0 for fsync)
+  const std::string& path;  // rename: the old name
+  std::size_t remaining;    // bytes still to move (0 for fsync, rename and mkdir)
+  const std::string* new_path = nullptr;  // rename: the new name
 };
 using FaultHook = std::function<InjectedFault(const FaultSite& site)>;
 // Installs `hook` for the whole process (an empty function removes it). The hook may be called
@@ -134,6 +138,11 @@ Result<std::string> read_small_file(const std::string& path, std::uint64_t max_b
 
 // fsync of a folder, so a rename or a new file inside it is durable.
 Status sync_dir(const std::string& dir);
+// rename(2), retried on EINTR; the error names both paths ("rename <from> to <to>: ...").
+Status rename_path(const std::string& from, const std::string& to);
+// mkdir(2) with `mode`, retried on EINTR; a folder (or anything) already at `path` is not an error
+// (callers that care check what is there). The error names the path ("mkdir <path>: ...").
+Status make_dir(const std::string& path, mode_t mode = kPrivateDirMode);
 // The folder part of a path ("." when there is none).
 std::string parent_dir(const std::string& path);
 // File system name for a folder ("tmpfs", "ext4", ... or the magic number in hex).

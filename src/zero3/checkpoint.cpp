@@ -146,13 +146,8 @@ Result<ModelLayout> saved_model_layout(const nlohmann::json& j, const std::strin
 
 std::string rank_file(const std::string& folder, int rank) { return fmt::format("{}/rank{}.state", folder, rank); }
 
-Status make_dir(const std::string& path) {
-  // Checkpoint folders are private (0700), as their files are (0600).
-  if (::mkdir(path.c_str(), fileio::kPrivateDirMode) != 0 && errno != EEXIST) {
-    return Status::sys_error(fmt::format("mkdir {}", path), errno);
-  }
-  return Status::ok();
-}
+// Checkpoint folders are private (0700), as their files are (0600).
+Status make_dir(const std::string& path) { return fileio::make_dir(path, fileio::kPrivateDirMode); }
 
 Status check_format(const nlohmann::json& j, const std::string& folder) {
   if (!j.is_object() || !j.contains("model")) {
@@ -430,9 +425,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
       // A re-save of this tag that was cut off between its renames left only <tag>.old: put it
       // back first, so that removing <tag>.old below never loses the only copy `latest` names.
       const std::string old_dir = final_dir + ".old";
-      if (!is_folder(final_dir) && is_folder(old_dir) && ::rename(old_dir.c_str(), final_dir.c_str()) != 0) {
-        return Status::sys_error(fmt::format("rename {} to {}", old_dir, final_dir), errno);
-      }
+      if (!is_folder(final_dir) && is_folder(old_dir)) ZINF_RETURN_IF_ERROR(fileio::rename_path(old_dir, final_dir));
       return make_dir(tmp_dir);
     }();
   }
@@ -505,14 +498,12 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     std::error_code ec;
     std::filesystem::remove_all(old_dir, ec);
     const bool had_old = std::filesystem::exists(final_dir);
-    if (had_old && ::rename(final_dir.c_str(), old_dir.c_str()) != 0) {
-      return Status::sys_error(fmt::format("rename {} to {}", final_dir, old_dir), errno);
-    }
+    if (had_old) ZINF_RETURN_IF_ERROR(fileio::rename_path(final_dir, old_dir));
     if (had_old) save_phase("old folder moved aside");
-    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-      const int err = errno;
-      if (had_old) (void)::rename(old_dir.c_str(), final_dir.c_str());
-      return Status::sys_error(fmt::format("rename {} to {}", tmp_dir, final_dir), err);
+    if (Status moved = fileio::rename_path(tmp_dir, final_dir); !moved.is_ok()) {
+      // Put the old folder back; should that fail too, the next save or load finds <tag>.old.
+      if (had_old) (void)fileio::rename_path(old_dir, final_dir);
+      return moved;
     }
     ZINF_RETURN_IF_ERROR(sync_dir(dir));
     save_phase("new folder in place");

@@ -15,8 +15,10 @@
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "temp_dir.h"
@@ -301,6 +303,45 @@ TEST(MakePrivateDirs, CreatesOwnerOnlyFoldersAndRefusesLinks) {
   EXPECT_TRUE(contains(st2.message(), dir.path() + "/c")) << st2.message();
   EXPECT_TRUE(contains(st2.message(), "symbolic link")) << st2.message();
   EXPECT_FALSE(std::filesystem::exists(elsewhere + "/d"));
+}
+
+// rename and mkdir go through the fault hook: the site names both paths of a rename; an injected
+// errno fails the call with an error naming the path(s) and leaves the file system as it was;
+// EINTR is retried; the other kinds run the real call.
+TEST(FaultHook, RenameAndMkdirAskTheHook) {
+  TempDir dir;
+  const std::string from = dir.write("from", "x");
+  const std::string to = dir.path() + "/to";
+  const std::string sub = dir.path() + "/sub";
+  std::vector<std::string> sites;
+  InjectedFault next;
+  set_fault_hook([&](const FaultSite& site) {
+    sites.push_back(fmt::format("{} {}{}", site.op, site.path, site.new_path ? " -> " + *site.new_path : ""));
+    return std::exchange(next, InjectedFault{});
+  });
+  next = {FaultKind::kErrno, ENOSPC};
+  const Status renamed = rename_path(from, to);
+  next = {FaultKind::kErrno, EIO};
+  const Status made = make_dir(sub);
+  EXPECT_EQ(renamed.sys_errno(), ENOSPC);
+  EXPECT_TRUE(contains(renamed.message(), "rename " + from + " to " + to)) << renamed.message();
+  EXPECT_EQ(made.sys_errno(), EIO);
+  EXPECT_TRUE(contains(made.message(), "mkdir " + sub)) << made.message();
+  EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"from"});
+  next = {FaultKind::kErrno, EINTR};
+  EXPECT_TRUE(rename_path(from, to).is_ok());
+  next = {FaultKind::kShort, 0};
+  EXPECT_TRUE(make_dir(sub).is_ok());
+  EXPECT_TRUE(make_dir(sub).is_ok());  // already there: fine
+  next = {FaultKind::kErrno, ENOSPC};
+  EXPECT_FALSE(make_private_dirs(dir.path(), {"private"}).is_ok());
+  set_fault_hook({});
+  EXPECT_TRUE(std::filesystem::is_directory(sub));
+  EXPECT_EQ(slurp(to), "x");
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/private"));
+  EXPECT_EQ(sites, (std::vector<std::string>{"rename " + from + " -> " + to, "mkdir " + sub,
+                                             "rename " + from + " -> " + to, "rename " + from + " -> " + to,
+                                             "mkdir " + sub, "mkdir " + sub, "mkdir " + dir.path() + "/private"}));
 }
 
 TEST(ParentDir, Cases) {

@@ -140,9 +140,10 @@ class ToolkitFaults {
   fileio::InjectedFault decide(const fileio::FaultSite& site) {
     std::lock_guard lock(mutex_);
     if (site.path.find(scope_) == std::string::npos) return {};
-    // fsync returns neither EAGAIN, a short count nor 0: those faults count only transfers.
-    const bool fsync = site.op == "fsync";
-    if (fsync && (fault_ == Fault::kEagain || fault_ == Fault::kShort || fault_ == Fault::kZero)) return {};
+    // fsync, rename and mkdir return neither EAGAIN, a short count nor 0: those faults count
+    // only transfers.
+    const bool plain = site.op == "fsync" || site.op == "rename" || site.op == "mkdir";
+    if (plain && (fault_ == Fault::kEagain || fault_ == Fault::kShort || fault_ == Fault::kZero)) return {};
     const long index = calls_++;
     const bool repeat = absorbed(fault_, false);
     const long since = index - target_;
@@ -403,6 +404,90 @@ INSTANTIATE_TEST_SUITE_P(Faults, FaultMatrix,
                          ::testing::Values(Fault::kEnospc, Fault::kEio, Fault::kShort, Fault::kEintr, Fault::kEagain,
                                            Fault::kZero),
                          param_name);
+
+// Fails the `target`-th call of `op` ("rename" or "mkdir") under `scope` with `err`, for the
+// life of the object; counts those calls.
+class CallFault {
+ public:
+  CallFault(std::string scope, std::string op, int err, long target)
+      : scope_(std::move(scope)), op_(std::move(op)), err_(err), target_(target) {
+    fileio::set_fault_hook([this](const fileio::FaultSite& site) {
+      std::lock_guard lock(mutex_);
+      if (site.op != op_ || site.path.find(scope_) == std::string::npos) return fileio::InjectedFault{};
+      if (calls_++ != target_) return fileio::InjectedFault{};
+      return fileio::InjectedFault{fileio::FaultKind::kErrno, err_};
+    });
+  }
+  ~CallFault() { fileio::set_fault_hook({}); }
+  CallFault(const CallFault&) = delete;
+  CallFault& operator=(const CallFault&) = delete;
+  long calls() const { return calls_; }
+
+ private:
+  std::mutex mutex_;
+  std::string scope_, op_;
+  int err_;
+  long target_;
+  long calls_ = 0;
+};
+
+// ENOSPC and EIO on every rename and every mkdir of a checkpoint save, for a new tag and for a
+// re-save of the tag `latest` names (which also moves the old folder aside, and back when the
+// new one cannot be moved in): the save fails with an error naming the call and the path; the
+// folder's `latest` still loads a complete checkpoint, the previous one (for a re-save whose new
+// folder was already in place when `latest` failed, the new one, under the same tag), and
+// resumes bit-identically; no temporary file is left.
+TEST(FaultMatrixRenameMkdir, CheckpointSave) {
+  const std::vector<float> ref = reference_losses();
+  for (const std::string op : {"rename", "mkdir"}) {
+    for (const int err : {ENOSPC, EIO}) {
+      for (const bool resave : {false, true}) {
+        const char* tag = resave ? "global_step3" : "global_step5";
+        Tally t;
+        for (long target = 0;; ++target) {
+          const std::string what = fmt::format("{} on {} {} of a {}save", err == EIO ? "EIO" : "ENOSPC", op, target,
+                                               resave ? "re-" : "");
+          TempDir ckpt;
+          Training run;
+          std::vector<float> losses;
+          ASSERT_TRUE(run.steps(0, kFirstSave, &losses).is_ok());
+          ASSERT_TRUE(run.engine().save_checkpoint(ckpt.path(), "global_step3", "{}").is_ok());
+          ASSERT_TRUE(run.steps(kFirstSave, kSecondSave, &losses).is_ok());
+          Status saved;
+          long calls = 0;
+          {
+            CallFault fault(ckpt.path(), op, err, target);
+            saved = run.engine().save_checkpoint(ckpt.path(), tag, "{}");
+            calls = fault.calls();
+          }
+          if (target >= calls) {  // every call of this save has had its fault
+            EXPECT_TRUE(saved.is_ok()) << what << ": " << saved.to_string();
+            EXPECT_GE(target, op == "rename" ? (resave ? 5 : 4) : 2) << what << ": fewer calls than the save makes";
+            break;
+          }
+          ++t.injected;
+          EXPECT_FALSE(saved.is_ok()) << what << ": the save reported success";
+          if (saved.is_ok()) {
+            ++t.lost;
+            continue;
+          }
+          ++t.reported;
+          EXPECT_EQ(saved.sys_errno(), err) << what << ": " << saved.to_string();
+          EXPECT_NE(saved.message().find(op + " " + ckpt.path()), std::string::npos) << what << ": " << saved.message();
+          EXPECT_EQ(leftover_temporaries(ckpt.path()), std::vector<std::string>()) << what;
+          const int at = resumes_identically(ckpt.path(), ref, what);
+          const bool complete = at == kFirstSave || (resave && at == kSecondSave);
+          EXPECT_TRUE(complete) << what << ": resumed at " << at;
+          if (!complete) ++t.lost;
+        }
+        std::cout << fmt::format("| {} on {} | checkpoint {} | {} | {} | {} | {} |\n", err == EIO ? "EIO" : "ENOSPC", op,
+                                 resave ? "re-save of the `latest` tag" : "save", t.injected, t.reported, t.absorbed,
+                                 t.lost);
+        EXPECT_EQ(t.lost, 0);
+      }
+    }
+  }
+}
 
 // `latest` is checked by one function: a tag that leaves the folder, or names nothing, is refused.
 TEST(LatestTag, OnlyAPlainExistingFolderIsAccepted) {

@@ -7,7 +7,9 @@
 // completion is checked; short transfers, EINTR and EAGAIN are retried; the
 // first failure of a request is returned by wait() with path, offset, length
 // and errno text. A request still unfinished request_timeout_s after its submission is
-// failed by wait() (see AioConfig::request_timeout_s), so a stuck device is an error, not a hang.
+// failed (see AioConfig::request_timeout_s), so a stuck device is an error, not a hang. No
+// request is reported finished while an op of it can still use its buffer: a failed request's
+// ops in flight are cancelled and drained first.
 #pragma once
 
 #include <cstddef>
@@ -45,10 +47,12 @@ struct AioConfig {
   Backend backend = Backend::kAuto;
   bool use_direct_io = true;  // O_DIRECT on files the handle opens; buffered fallback with a notice
   bool pin_threads = true;    // pin workers to cores when built with hwloc
-  // zinf only (not a reference knob): seconds a request may take from submission before
-  // wait() fails it. The request's chunks not yet issued are then dropped and those in flight
-  // drained (waited for, so no buffer is handed back while the kernel may still use it), and
-  // wait() returns an IoError naming the path, offset, length and this limit.
+  // zinf only (not a reference knob): seconds a request may take from submission before it is
+  // failed. The request's chunks not yet issued are then dropped and those in flight cancelled
+  // where the backend can, then drained: waited for, so no buffer is handed back while the
+  // kernel may still use it. A cancelled chunk not back within this many seconds more makes its
+  // worker tear its queue down (which blocks until the kernel has let go) and go on with a new
+  // one. wait() returns an IoError naming the path, offset, length and this limit.
   double request_timeout_s = 120.0;
   // When set, every chunk completion passes through this injector (tests only).
   std::shared_ptr<FaultInjector> faults;
@@ -73,6 +77,8 @@ struct HandleStats {
   std::uint64_t fixed_ops = 0;      // ops that used io_uring registered (fixed) buffers
   std::uint64_t bounced_bytes = 0;  // bytes copied through bounce buffers (unaligned memory)
   std::uint64_t edge_ops = 0;       // buffered ops for unaligned heads/tails of O_DIRECT files
+  std::uint64_t cancels = 0;        // ops in the kernel the workers asked to cancel (request failed or late)
+  std::uint64_t queue_resets = 0;   // backend queues cancelled, drained and replaced (broken, or stuck)
 };
 
 // Not copyable or movable; create() returns it owned. One handle may be used from
