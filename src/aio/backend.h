@@ -3,6 +3,8 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -39,6 +41,18 @@ struct IoCompletion {
 };
 
 using Clock = std::chrono::steady_clock;
+
+// The timeout a kernel wait takes for `until`: what is left of it (possibly 0) in `ts`, a
+// timespec or io_uring's __kernel_timespec, or nullptr for no limit (Clock::time_point::max()).
+template <typename Timespec>
+Timespec* timeout_until(Clock::time_point until, Timespec* ts) {
+  if (until == Clock::time_point::max()) return nullptr;
+  const auto left = std::max(until - Clock::now(), Clock::duration::zero());
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+  ts->tv_sec = ns / 1000000000;
+  ts->tv_nsec = ns % 1000000000;
+  return ts;
+}
 
 // What BackendQueue::cancel_and_drain found. Every op not yet reaped when it was called is in
 // exactly one of the three counts (an op the kernel refused at submission counts as cancelled).

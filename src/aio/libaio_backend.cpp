@@ -18,17 +18,6 @@ namespace {
 
 constexpr int kMaxSubmitRetries = 64;
 
-// The timeout io_getevents takes for `until` (what is left of it, possibly 0), or nullptr for
-// no limit.
-timespec* timeout_until(Clock::time_point until, timespec* ts) {
-  if (until == Clock::time_point::max()) return nullptr;
-  const auto left = std::max(until - Clock::now(), Clock::duration::zero());
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-  ts->tv_sec = ns / 1000000000;
-  ts->tv_nsec = ns % 1000000000;
-  return ts;
-}
-
 class LibaioQueue final : public BackendQueue {
  public:
   explicit LibaioQueue(std::size_t depth) : depth_(depth), in_kernel_(depth, false) {}

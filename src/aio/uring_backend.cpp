@@ -21,17 +21,6 @@ constexpr int kMaxSubmitRetries = 64;
 // user_data of the queue's own cancel requests; ops carry their tag (< capacity) instead.
 constexpr std::uint64_t kCancelData = ~std::uint64_t{0};
 
-// The timeout io_uring_wait_cqes takes for `until` (what is left of it, possibly 0), or nullptr
-// for no limit.
-__kernel_timespec* timeout_until(Clock::time_point until, __kernel_timespec* ts) {
-  if (until == Clock::time_point::max()) return nullptr;
-  const auto left = std::max(until - Clock::now(), Clock::duration::zero());
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-  ts->tv_sec = ns / 1000000000;
-  ts->tv_nsec = ns % 1000000000;
-  return ts;
-}
-
 class UringQueue final : public BackendQueue {
  public:
   explicit UringQueue(std::size_t depth) : depth_(depth), state_(depth, OpState::kIdle) {}

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "optim/adam_args.h"
 #include "optim/exec.h"
 #include "optim/kernels.h"
 
@@ -90,25 +91,28 @@ std::size_t copy_bytes(const HalfCopy& copy, std::size_t n) { return copy.data =
 
 }  // namespace
 
-Status adam_step(const AdamParams& hp, std::int64_t step, std::span<float> params, std::span<float> exp_avg,
-                 std::span<float> exp_avg_sq, GradView grad, HalfCopy copy, const ExecOptions& exec) {
-  constexpr std::string_view kOp = "adam_step";
-  const std::size_t n = params.size();
-  if (step < 1) return Status::invalid_argument(fmt::format("{}: step {} (steps count from 1)", kOp, step));
-  ZINF_RETURN_IF_ERROR(check_hyper(kOp, hp.lr, hp.weight_decay, {hp.beta1, hp.beta2}));
-  if (!std::isfinite(hp.eps) || hp.eps < 0.0) return Status::invalid_argument(fmt::format("{}: invalid eps {}", kOp, hp.eps));
-  ZINF_RETURN_IF_ERROR(check_views(kOp, n, {exp_avg, exp_avg_sq}, grad, copy));
-  ZINF_RETURN_IF_ERROR(check_disjoint(kOp, {{params.data(), 4 * n, "params"},
-                                            {exp_avg.data(), 4 * n, "exp_avg"},
-                                            {exp_avg_sq.data(), 4 * n, "exp_avg_sq"},
-                                            {grad.data, dtype_size(grad.dtype) * n, "grad"},
-                                            {copy.data, copy_bytes(copy, n), "copy"}}));
-  ZINF_ASSIGN_OR_RETURN(const detail::KernelTable* kernels, detail::resolve_kernels(exec));
+namespace detail {
 
+Status check_adam_args(std::string_view op, const AdamParams& hp, std::int64_t step, std::span<float> params,
+                       std::span<float> exp_avg, std::span<float> exp_avg_sq, const GradView& grad,
+                       const HalfCopy& copy) {
+  const std::size_t n = params.size();
+  if (step < 1) return Status::invalid_argument(fmt::format("{}: step {} (steps count from 1)", op, step));
+  ZINF_RETURN_IF_ERROR(check_hyper(op, hp.lr, hp.weight_decay, {hp.beta1, hp.beta2}));
+  if (!std::isfinite(hp.eps) || hp.eps < 0.0) return Status::invalid_argument(fmt::format("{}: invalid eps {}", op, hp.eps));
+  ZINF_RETURN_IF_ERROR(check_views(op, n, {exp_avg, exp_avg_sq}, grad, copy));
+  return check_disjoint(op, {{params.data(), 4 * n, "params"},
+                             {exp_avg.data(), 4 * n, "exp_avg"},
+                             {exp_avg_sq.data(), 4 * n, "exp_avg_sq"},
+                             {grad.data, dtype_size(grad.dtype) * n, "grad"},
+                             {copy.data, copy_bytes(copy, n), "copy"}});
+}
+
+AdamScalars adam_scalars(const AdamParams& hp, std::int64_t step, double grad_scale) {
   const double t = static_cast<double>(step);
   const double bc1 = hp.bias_correction ? 1.0 - std::pow(hp.beta1, t) : 1.0;
   const double bc2 = hp.bias_correction ? 1.0 - std::pow(hp.beta2, t) : 1.0;
-  detail::AdamScalars s{};
+  AdamScalars s{};
   s.beta1 = static_cast<float>(hp.beta1);
   s.one_minus_beta1 = static_cast<float>(1.0 - hp.beta1);
   s.beta2 = static_cast<float>(hp.beta2);
@@ -118,12 +122,21 @@ Status adam_step(const AdamParams& hp, std::int64_t step, std::span<float> param
   s.neg_step_size = static_cast<float>(-hp.lr / bc1);
   s.l2_decay = static_cast<float>(hp.weight_decay);
   s.decoupled_decay = static_cast<float>(-hp.lr * hp.weight_decay);
-  s.grad_scale = static_cast<float>(grad.scale);
-  s.decay = hp.weight_decay > 0.0 ? (hp.adam_w_mode ? detail::Decay::kDecoupled : detail::Decay::kL2)
-                                  : detail::Decay::kNone;
+  s.grad_scale = static_cast<float>(grad_scale);
+  s.decay = hp.weight_decay > 0.0 ? (hp.adam_w_mode ? Decay::kDecoupled : Decay::kL2) : Decay::kNone;
+  return s;
+}
 
+}  // namespace detail
+
+Status adam_step(const AdamParams& hp, std::int64_t step, std::span<float> params, std::span<float> exp_avg,
+                 std::span<float> exp_avg_sq, GradView grad, HalfCopy copy, const ExecOptions& exec) {
+  ZINF_RETURN_IF_ERROR(detail::check_adam_args("adam_step", hp, step, params, exp_avg, exp_avg_sq, grad, copy));
+  ZINF_ASSIGN_OR_RETURN(const detail::KernelTable* kernels, detail::resolve_kernels(exec));
+  const detail::AdamScalars s = detail::adam_scalars(hp, step, grad.scale);
   const StepArrays arrays = make_arrays(params, exp_avg.data(), exp_avg_sq.data(), grad, copy);
-  detail::parallel_ranges(exec, n, 16, [&](std::size_t b, std::size_t e) { kernels->adam(s, arrays, b, e); });
+  detail::parallel_ranges(exec, params.size(), 16,
+                          [&](std::size_t b, std::size_t e) { kernels->adam(s, arrays, b, e); });
   return Status::ok();
 }
 
