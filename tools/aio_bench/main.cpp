@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "fio_runner.h"
+#include "gpu_mode.h"
 #include "report.h"
 #include "sweep.h"
 #include "zinf/topology.h"
@@ -40,6 +41,8 @@ struct Options {
   double runtime_s = 1.0;
   std::string json_path;
   std::string out_dir = "aio_bench_results";
+  bool gpu = false;  // --gpu: file <-> GPU memory through pinned host memory (gpu_mode.h)
+  bool gds = false;  // --gds: file <-> GPU memory through GPUDirect Storage
 };
 
 Result<std::size_t> parse_bytes(const std::string& text, const std::string& option) {
@@ -206,7 +209,40 @@ void apply_quick(Options& o) {
   o.runtime_s = 0.25;
 }
 
+// --gpu / --gds: one point (the first value of each knob list) instead of the sweep.
+int run_gpu(const Options& o) {
+  auto bytes = parse_bytes(o.size, "--size");
+  if (!bytes.is_ok()) {
+    std::cerr << "aio_bench: " << bytes.status().message() << "\n";
+    return 1;
+  }
+  auto grid = make_grid(o);
+  if (!grid.is_ok() || grid->empty()) {
+    std::cerr << "aio_bench: " << (grid.is_ok() ? "no aio point to measure" : grid.status().message()) << "\n";
+    return 1;
+  }
+  GpuModeOptions g;
+  g.bounce = o.gpu;
+  g.gds = o.gds;
+  g.dir = o.dir;
+  g.file_bytes = bytes.value() / (1 << 20) * (1 << 20);
+  g.point = grid->front();
+  g.timing = Timing{o.ramp_s, o.runtime_s};
+  g.repeats = o.repeats;
+  g.json_path = o.json_path;
+  if (g.file_bytes == 0) {
+    std::cerr << "aio_bench: --size must be at least 1M\n";
+    return 1;
+  }
+  return run_gpu_modes(g);
+}
+
 int run(Options o, bool made_tmp) {
+  if (o.gpu || o.gds) {
+    const int rc = run_gpu(o);
+    if (made_tmp) std::filesystem::remove_all(o.dir);
+    return rc;
+  }
   auto cleanup = [&] {
     if (made_tmp) std::filesystem::remove_all(o.dir);
   };
@@ -268,6 +304,12 @@ int main(int argc, char** argv) {
   app.add_option("--ramp", o.ramp_s, "seconds of unmeasured transfers before each timed run");
   app.add_option("--runtime", o.runtime_s, "seconds measured per run");
   app.add_option("--json", o.json_path, "write the summary JSON here too");
+  app.add_flag("--gpu", o.gpu,
+               "measure file <-> GPU memory through pinned host memory (aio then H2D; D2H then aio), as ds_io "
+               "does, at the first value of each knob list; no sweep");
+  app.add_flag("--gds", o.gds,
+               "measure file <-> GPU memory through GPUDirect Storage (cuFile); with --gpu also the bounce path "
+               "and the GDS/bounce ratio. Without libcufile: says why, measures the bounce path, exits 3");
   app.add_option("--out-dir", o.out_dir, "folder for points.csv, points.json, heatmap.svg, summary.json");
   CLI11_PARSE(app, argc, argv);
   // --quick sets the grid; explicit options given with it still win.
