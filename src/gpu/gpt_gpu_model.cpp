@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <utility>
 #include <vector>
@@ -41,6 +42,11 @@ class GptGpuModelImpl final : public GpuParamAccess {
   aio::PinnedBuffer staging;  // bf16 values on the way up, fp32 gradients on the way down
   DeviceBlock workspace;
   int max_bt = 0;
+  GptGpuTimes times;
+  // Timing events on the compute stream, pairs (start, end) of its busy segments in the current
+  // pass; grown on demand and reused across passes.
+  std::vector<Event> marks;
+  std::size_t marks_used = 0;
 
   // The current pass.
   model::ParamAccess* host = nullptr;
@@ -63,6 +69,10 @@ class GptGpuModelImpl final : public GpuParamAccess {
   Status grads_ready(int m) override;
 
  private:
+  // Records the next timing event on the compute stream: segment starts and ends alternate.
+  Status mark();
+  // Adds the current pass's busy segments to times.gpu_compute_s (the stream must be idle).
+  Status add_segments();
   Status upload(int m, std::span<const bf16*> out);
   Status download_and_add(int m, std::span<const int> done);
 };
@@ -77,6 +87,28 @@ Status GptGpuModelImpl::reserve_bt(int bt) {
                                                    fmt::format("GPT workspace for B*T = {} positions", bt)));
   ZINF_RETURN_IF_ERROR(gpt->bind_workspace(workspace.data(), bytes, bt));
   max_bt = bt;
+  return Status::ok();
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+Status GptGpuModelImpl::mark() {
+  if (marks_used == marks.size()) {
+    ZINF_ASSIGN_OR_RETURN(Event e, Event::create(device, "GPT compute timing", /*timing=*/true));
+    marks.push_back(std::move(e));
+  }
+  return marks[marks_used++].record(compute);
+}
+
+Status GptGpuModelImpl::add_segments() {
+  double ms = 0;
+  for (std::size_t i = 0; i + 1 < marks_used; i += 2) {
+    ZINF_ASSIGN_OR_RETURN(const float seg, marks[i + 1].elapsed_ms_since(marks[i]));
+    ms += seg;
+  }
+  times.gpu_compute_s += ms / 1e3;
+  marks_used = 0;
   return Status::ok();
 }
 
@@ -95,10 +127,18 @@ Result<float> GptGpuModelImpl::pass(std::span<const int32_t> inputs, std::span<c
   ledger->begin_pass();
   drop_pass_memory();
   host = &access;
+  const auto t0 = Clock::now();
+  marks_used = 0;
+  ZINF_RETURN_IF_ERROR(mark());
   Result<float> loss = loss_scale != nullptr ? gpt->forward_backward(inputs, targets, B, T, *this, *loss_scale)
                                              : gpt->forward_loss(inputs, targets, B, T, *this);
   drop_pass_memory();
   if (!loss.is_ok()) return loss.status();
+  ZINF_RETURN_IF_ERROR(mark());
+  ZINF_RETURN_IF_ERROR(compute.synchronize());
+  ZINF_RETURN_IF_ERROR(add_segments());
+  times.pass_s += seconds_since(t0);
+  ++times.passes;
   ZINF_RETURN_IF_ERROR(ledger->check_pass_end());
   return loss;
 }
@@ -112,12 +152,16 @@ Status GptGpuModelImpl::acquire(int m, model::Phase phase, std::span<const bf16*
                                         mod.params.size()));
   }
   host_values.assign(mod.params.size(), nullptr);
+  auto t0 = Clock::now();
   Status s = host->acquire(m, phase, host_values);
+  times.host_acquire_s += seconds_since(t0);
   if (!s.is_ok()) {
     (void)ledger->release(m);
     return s;
   }
+  t0 = Clock::now();
   s = upload(m, out);
+  times.upload_s += seconds_since(t0);
   if (!s.is_ok()) {
     // Not acquired as far as the model knows: undo the host side (a second error is dropped).
     values[static_cast<std::size_t>(m)].reset();
@@ -146,11 +190,15 @@ Status GptGpuModelImpl::upload(int m, std::span<const bf16*> out) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = optim::f32_to_bf16_bits(src[i]);
   }
   // A block reused from the cache may still be read by queued kernels: the copy waits for them.
+  // The compute stream's busy segment ends here and resumes once the upload has landed.
+  ZINF_RETURN_IF_ERROR(mark());
   ZINF_RETURN_IF_ERROR(compute_mark.record(compute));
   block.record_use(copies->h2d_stream().key());
   ZINF_ASSIGN_OR_RETURN(Event copied, copies->copy_h2d(block.data(), staging.data(), l.bytes, &compute_mark, what));
   ZINF_RETURN_IF_ERROR(compute.wait(copied));
+  ZINF_RETURN_IF_ERROR(mark());
   ZINF_RETURN_IF_ERROR(copied.synchronize().with_context(what));  // staging is free again
+  times.upload_bytes += l.bytes;
   for (std::size_t k = 0; k < mod.params.size(); ++k) {
     out[k] = reinterpret_cast<const bf16*>(static_cast<const std::byte*>(block.data()) + l.offsets[k]);
   }
@@ -190,8 +238,17 @@ Status GptGpuModelImpl::grad_buffers(int m, std::span<float*> out) {
 
 Status GptGpuModelImpl::grads_ready(int m) {
   ZINF_ASSIGN_OR_RETURN(const std::vector<int> done, ledger->close_grads(m));
-  if (!done.empty()) ZINF_RETURN_IF_ERROR(download_and_add(m, done));
-  return host->grads_ready(m);
+  if (!done.empty()) {
+    const auto t0 = Clock::now();
+    ZINF_RETURN_IF_ERROR(mark());  // the compute stream idles from here until the next kernel
+    ZINF_RETURN_IF_ERROR(download_and_add(m, done));
+    ZINF_RETURN_IF_ERROR(mark());
+    times.download_s += seconds_since(t0);
+  }
+  const auto t1 = Clock::now();
+  Status s = host->grads_ready(m);
+  times.host_grads_ready_s += seconds_since(t1);
+  return s;
 }
 
 // Copies the gradients complete at grads_ready(m) into pinned staging once the kernels that
@@ -219,6 +276,7 @@ Status GptGpuModelImpl::download_and_add(int m, std::span<const int> done) {
     if (dst == nullptr) return Status::internal(fmt::format("the host gave no gradient buffer for '{}'", s.name));
     const auto* src = reinterpret_cast<const float*>(staging.bytes() + l.offsets[j]);
     for (std::size_t i = 0; i < s.numel; ++i) dst[i] += src[i];
+    times.download_bytes += s.numel * sizeof(float);
     grads[static_cast<std::size_t>(done[j])].reset();
   }
   return Status::ok();
@@ -265,6 +323,7 @@ std::string GptGpuModel::describe() const {
 std::string GptGpuModel::config_json() const { return impl_->cpu->config_json(); }
 std::span<const model::ParamSpec> GptGpuModel::params() const { return impl_->cpu->params(); }
 std::span<const model::ModuleSpec> GptGpuModel::modules() const { return impl_->cpu->modules(); }
+GptGpuTimes GptGpuModel::times() const { return impl_->times; }
 int GptGpuModel::vocab_size() const { return impl_->cpu->vocab_size(); }
 int GptGpuModel::max_seq() const { return impl_->cpu->max_seq(); }
 int GptGpuModel::hidden_size() const { return impl_->cpu->hidden_size(); }

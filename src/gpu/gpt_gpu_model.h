@@ -19,6 +19,22 @@ struct GptGpuModelOptions {
   std::size_t memory_cap = 0;   // bytes the caching allocator may hold; 0: the device's memory
 };
 
+// Where the passes' time went, summed since create(): cheap host clocks around the bridge's
+// work, and cudaEvents on the compute stream. The compute stream's busy time is measured between
+// the points where the host makes it wait (each upload at acquire, each gradient download at
+// grads_ready), so it counts kernels and the launch gaps between them, and the GPU's waiting is
+// the rest of the step's wall time.
+struct GptGpuTimes {
+  std::uint64_t passes = 0;
+  double pass_s = 0;              // host wall time inside forward_backward / forward_loss
+  double gpu_compute_s = 0;       // the compute stream's busy time (cudaEventElapsedTime)
+  double host_acquire_s = 0;      // the engine's acquire: gathering values (memory, CPU or NVMe)
+  double upload_s = 0;            // bf16 cast into pinned staging, the H2D copy and its wait
+  double download_s = 0;          // the D2H copies of gradients, their wait, the adds into host buffers
+  double host_grads_ready_s = 0;  // the engine's grads_ready (partition copy, reduction)
+  std::uint64_t upload_bytes = 0, download_bytes = 0;
+};
+
 class GptGpuModelImpl;  // internal: the device, streams, allocator, GptGpu and the bridge
 
 // The same model as model::GptModel (type "gpt", params(), modules() and config_json() are
@@ -63,6 +79,8 @@ class GptGpuModel final : public model::Model {
   // Device memory: the GPU workspace (activations and scratch) for B*T positions.
   Status reserve(int B, int T) override;
   uint64_t activation_bytes(int B, int T) const override;
+  GptGpuTimes times() const;
+
   // The GPU computes in bf16 with fp32 accumulation whatever the run's precision.
   Status set_compute_precision(model::ComputePrecision) override { return Status::ok(); }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -347,6 +348,54 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
 }
 
 
+// The share of a step's wall time the GPU's compute stream was not busy.
+double gpu_wait_share(double compute_s, double step_s) {
+  return step_s > 0 ? std::clamp(1.0 - compute_s / step_s, 0.0, 1.0) : 0.0;
+}
+
+// The GPU's step breakdown over a run's steps after its first (the warm-up: allocator misses,
+// cuBLASLt heuristics, first touches), printed at the end of a --device cuda run.
+struct GpuSteady {
+  int steps = 0;
+  double step_s = 0;
+  std::uint64_t tokens = 0;
+  DeviceTimes sum;
+
+  void add(const DeviceTimes& d, const zero3::StepReport& r) {
+    ++steps;
+    step_s += r.seconds;
+    tokens += r.tokens;
+    sum.passes += d.passes;
+    sum.pass_s += d.pass_s;
+    sum.gpu_compute_s += d.gpu_compute_s;
+    sum.host_acquire_s += d.host_acquire_s;
+    sum.upload_s += d.upload_s;
+    sum.download_s += d.download_s;
+    sum.host_grads_ready_s += d.host_grads_ready_s;
+    sum.upload_bytes += d.upload_bytes;
+    sum.download_bytes += d.download_bytes;
+    sum.flops_per_token = d.flops_per_token;
+    sum.flops_formula = d.flops_formula;
+  }
+
+  std::string summary() const {
+    const double n = steps;
+    const double per = step_s / n;
+    const double tflops = sum.flops_per_token * static_cast<double>(tokens) / std::max(step_s, 1e-9) / 1e12;
+    auto pct = [&](double x) { return 100.0 * x / std::max(step_s, 1e-9); };
+    return fmt::format(
+        "gpu: {} steps after the first: {:.3f} s/step, {:.0f} tok/s, model {:.2f} TFLOPS ({} flops per token: {})\n"
+        "gpu: per step: compute {:.3f} s ({:.1f}%), the GPU waits {:.1f}% of the step; host: uploads {:.3f} s "
+        "({:.1f}%, {:.2f} GB), gradient downloads {:.3f} s ({:.1f}%, {:.2f} GB), engine gathers {:.3f} s ({:.1f}%), "
+        "engine grads_ready {:.3f} s ({:.1f}%), outside the passes (optimizer, clipping) {:.3f} s ({:.1f}%)\n",
+        steps, per, static_cast<double>(tokens) / std::max(step_s, 1e-9), tflops, sum.flops_per_token,
+        sum.flops_formula, sum.gpu_compute_s / n, pct(sum.gpu_compute_s), 100.0 * gpu_wait_share(sum.gpu_compute_s, step_s),
+        sum.upload_s / n, pct(sum.upload_s), sum.upload_bytes / n / 1e9, sum.download_s / n, pct(sum.download_s),
+        sum.download_bytes / n / 1e9, sum.host_acquire_s / n, pct(sum.host_acquire_s), sum.host_grads_ready_s / n,
+        pct(sum.host_grads_ready_s), (step_s - sum.pass_s) / n, pct(step_s - sum.pass_s));
+  }
+};
+
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 // `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
@@ -450,6 +499,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   Progress progress(o.steps, start_step, ds->steps_per_print);
   double first_loss = NAN, last_loss = NAN;
   std::int64_t saved_step = -1;
+  // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
+  std::optional<DeviceTimes> gpu_prev = device_times(engine->model());
+  GpuSteady gpu_steady;
   while (engine->counters().steps < o.steps) {
     ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
     if (sig != 0) {
@@ -479,6 +531,13 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
     if (comm.rank() == 0) progress.update(r, ds->wall_clock_breakdown);
+    std::optional<DeviceTimes> gpu_step;
+    if (gpu_prev) {
+      const DeviceTimes now = device_times(engine->model()).value_or(*gpu_prev);
+      gpu_step = now - *gpu_prev;
+      gpu_prev = now;
+      if (static_cast<int>(r.step) > start_step + 1) gpu_steady.add(*gpu_step, r);
+    }
     if (json_log.is_open()) {
       nlohmann::json line = {{"step", r.step},
                              {"loss", r.loss},
@@ -494,6 +553,16 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"optimizer_s", r.optimizer_s},
                              {"io_wait_s", r.io_wait_s},
                              {"nvme_bytes", engine->bytes_moved()}};
+      if (gpu_step) {
+        line["gpu_pass_s"] = gpu_step->pass_s;
+        line["gpu_compute_s"] = gpu_step->gpu_compute_s;
+        line["gpu_upload_s"] = gpu_step->upload_s;
+        line["gpu_download_s"] = gpu_step->download_s;
+        line["gpu_host_acquire_s"] = gpu_step->host_acquire_s;
+        line["gpu_host_grads_ready_s"] = gpu_step->host_grads_ready_s;
+        line["gpu_wait_share"] = gpu_wait_share(gpu_step->gpu_compute_s, r.seconds);
+        line["model_tflops"] = gpu_step->flops_per_token * static_cast<double>(r.tokens) / std::max(r.seconds, 1e-9) / 1e12;
+      }
       json_log << line.dump() << "\n" << std::flush;
     }
     if (!o.save_dir.empty() && o.save_interval > 0 && r.step % o.save_interval == 0 && r.step < o.steps) {
@@ -502,6 +571,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     }
   }
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
+  if (gpu_steady.steps > 0) out << gpu_steady.summary();
   out << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
                            engine->counters().steps, first_loss, last_loss, peak_rss_bytes() / 1048576.0,
                            engine->bytes_moved() / 1048576.0);

@@ -38,4 +38,18 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
   return std::unique_ptr<model::Model>(std::move(made).value());
 }
 
+std::optional<DeviceTimes> device_times(const model::Model& model) {
+  const auto* gpu = dynamic_cast<const gpu::GptGpuModel*>(&model);
+  if (gpu == nullptr) return std::nullopt;
+  const gpu::GptGpuTimes t = gpu->times();
+  DeviceTimes d{t.passes, t.pass_s, t.gpu_compute_s, t.host_acquire_s, t.upload_s, t.download_s,
+                t.host_grads_ready_s, t.upload_bytes, t.download_bytes, 0.0, ""};
+  std::uint64_t n = 0;
+  for (const model::ParamSpec& p : model.params()) n += p.numel;
+  const model::GptConfig& c = gpu->config();
+  d.flops_per_token = 6.0 * static_cast<double>(n) + 12.0 * c.n_layer * c.n_embd * static_cast<double>(c.max_seq);
+  d.flops_formula = fmt::format("6*N + 12*L*C*T, N = {}, L = {}, C = {}, T = {}", n, c.n_layer, c.n_embd, c.max_seq);
+  return d;
+}
+
 }  // namespace zinf::cli
