@@ -517,7 +517,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
         did = fmt::format("saved {}/global_step{}", o.save_dir, step);
       }
       out << (::isatty(STDOUT_FILENO) ? "\n" : "")
-          << fmt::format("stopped by {} after step {} of {}: {}\n", name, step, o.steps, did) << std::flush;
+          << fmt::format("stopped by {} after step {} of {}: {}\n", name, step, o.steps, did);
+      if (gpu_steady.steps > 0) out << gpu_steady.summary();
+      out << std::flush;
       *stopped_by = sig;
       return Status::ok();
     }
