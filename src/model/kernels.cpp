@@ -15,10 +15,6 @@ namespace zinf::model::kernels {
 using detail::parallel_for;
 using detail::row_grain;
 
-namespace {
-constexpr size_t kColumnGrain = 64;  // columns per task of the column sums
-}  // namespace
-
 void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
                      int T, int C) {
   parallel_for(static_cast<size_t>(B) * T, row_grain(C), C, [&](size_t begin, size_t end) {
@@ -100,7 +96,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     }
   });
   // Columns split over threads, each column summed in row order: the serial loop's bits.
-  parallel_for(C, kColumnGrain, 4 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
+  parallel_for(C, detail::column_slice_grain(C), 4 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
     for (int n = 0; n < N; n++) {
       const float* dout_n = dout + static_cast<size_t>(n) * C;
       const float* inp_n = inp + static_cast<size_t>(n) * C;

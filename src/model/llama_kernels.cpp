@@ -59,7 +59,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
     }
   });
   // dweight: columns split over threads, each summed in row order (the serial loop's bits).
-  parallel_for(C, 64, 3 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
+  parallel_for(C, detail::column_slice_grain(C), 3 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
     for (int n = 0; n < N; n++) {
       const float* x = inp + static_cast<size_t>(n) * C;
       const float* dy = dout + static_cast<size_t>(n) * C;
