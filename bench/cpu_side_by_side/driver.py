@@ -46,9 +46,10 @@ def ds_config(bf16, nvme_path=None, pipelined=True):
     return cfg
 
 
-# name, framework, precision (of the config), where the state lives, config key. zinf computes
-# in fp32 whatever the config says (bf16 is its storage and transfer format, docs/model.md), so
-# its MFU is taken against the fp32 roof; the peers' bf16 cases compute in bf16.
+# name, framework, precision (of the config), where the state lives, config key. Since its oneDNN
+# products (docs/model.md, "Matrix products"), zinf's bf16 runs take bf16 inputs in their linear
+# layers where the CPU has bf16 units (it logs "matmul: ..."; printed below the table), so every
+# case's MFU is taken against the roof of its config's precision, and against the best roof.
 CASES = [
     ("zinf fp32", "zinf", "fp32", "memory", "mem_fp32"),
     ("zinf bf16", "zinf", "bf16", "memory", "mem_bf16"),
@@ -58,6 +59,9 @@ CASES = [
     ("DeepSpeed ZeRO-3 bf16", "deepspeed", "bf16", "memory", "mem_bf16"),
     ("DeepSpeed ZeRO-3 bf16 NVMe", "deepspeed", "bf16", "nvme", "nvme_ds"),
 ]
+
+
+MATMUL_LINES = {}  # zinf case -> its "matmul: ..." start-up line
 
 
 def run_case(case, a, work, configs, rnd):
@@ -82,6 +86,10 @@ def run_case(case, a, work, configs, rnd):
         lines = [l.strip() for l in open(err_path) if l.strip()]
         return None, f"exit {p.returncode}: {lines[-1] if lines else '?'} (see {err_path})"
     if fw == "zinf":
+        for line in open(err_path):
+            if "matmul:" in line:
+                MATMUL_LINES.setdefault(name, line.strip())
+                break
         rows = [json.loads(l) for l in open(log)]
         return [r["step_s"] for r in rows[a.warmup:]], None
     return json.loads(p.stdout.strip().splitlines()[-1])["step_s"], None
@@ -90,7 +98,27 @@ def run_case(case, a, work, configs, rnd):
 def run_roof(a):
     cmd = [sys.executable, os.path.join(HERE, "roof.py"), "--threads", str(a.threads)]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    return json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    roof = json.loads(p.stdout.strip().splitlines()[-1]) if p.returncode == 0 else {}
+    roof.update(zinf_matmul_roof(a))
+    return roof
+
+
+def zinf_matmul_roof(a):
+    """zinf's own products at large shapes (bench/matmul_bench: N 2048, C 1024, the four GPT layer
+    products forward and backward): the best fp32 (OpenBLAS) and bf16 (oneDNN) GFLOP/s. torch's
+    bf16 mm is no roof where its CPU bf16 path is slower than oneDNN's (no AMX: 44 GFLOP/s
+    against oneDNN's ~155 here). Empty when the build has no matmul_bench (no oneDNN)."""
+    if not a.matmul_bench or not os.access(a.matmul_bench, os.X_OK):
+        return {}
+    p = subprocess.run([a.matmul_bench, "--rows=2048", "--embd=1024", "--rounds=1"], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    best = {}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) == 7 and f[1] in ("forward", "backward"):
+            best["zinf_sgemm"] = max(best.get("zinf_sgemm", 0.0), float(f[4]))
+            best["zinf_bf16"] = max(best.get("zinf_bf16", 0.0), float(f[5]))
+    return best
 
 
 def machine_line(a):
@@ -117,6 +145,8 @@ def flops_per_token(n_params):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--zinf", required=True, help="the zinf binary")
+    ap.add_argument("--matmul-bench", default="", help="zinf's bench/matmul_bench, for zinf's own matmul roofs "
+                    "(default: next to the zinf binary's build folder)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps at the start of every run")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per run (x rounds in all)")
@@ -124,6 +154,8 @@ def main():
     ap.add_argument("--only", default="", help="comma-separated frameworks: zinf,torch-fp32,torch-bf16,deepspeed")
     ap.add_argument("--workdir", default="", help="keep configs, logs and swap here (default: a temporary folder, removed)")
     a = ap.parse_args()
+    if not a.matmul_bench:
+        a.matmul_bench = os.path.join(os.path.dirname(os.path.abspath(a.zinf)), "..", "..", "bench", "matmul_bench")
     print(machine_line(a), flush=True)
 
     work = a.workdir or tempfile.mkdtemp(prefix="zinf_side_by_side.")
@@ -177,8 +209,9 @@ def median_roof(roofs, key):
 def report(a, cases, samples, roofs, unavailable, elapsed):
     n_params = 10844160  # zinf and the PyTorch model agree on it (both print it)
     fpt = flops_per_token(n_params)
-    roof = {"fp32": max(filter(None, [median_roof(roofs, "torch_fp32"), median_roof(roofs, "openblas_sgemm")]), default=None),
-            "bf16": median_roof(roofs, "torch_bf16")}
+    roof = {"fp32": max(filter(None, [median_roof(roofs, "torch_fp32"), median_roof(roofs, "openblas_sgemm"),
+                                      median_roof(roofs, "zinf_sgemm")]), default=None),
+            "bf16": max(filter(None, [median_roof(roofs, "torch_bf16"), median_roof(roofs, "zinf_bf16")]), default=None)}
     tps = {}
     print()
     print(f"{'case':28} {'precision':9} {'state':7} {'tok/s':>8} {'s/step':>7} {'min-max s/step':>15} {'n':>3} {'MFU':>6}")
@@ -190,16 +223,20 @@ def report(a, cases, samples, roofs, unavailable, elapsed):
             continue
         med = statistics.median(s)
         tps[name] = B * T / med
-        compute = "fp32" if fw == "zinf" else prec
+        compute = prec
         mfu = tps[name] * fpt / (roof[compute] * 1e9) if roof[compute] else float("nan")
         print(f"{name:28} {prec:9} {where:7} {tps[name]:8.0f} {med:7.3f} {min(s):7.3f}-{max(s):<7.3f} {len(s):3} {mfu:6.3f}")
     print()
     rf = lambda k: f"{roof[k]:.0f}" if roof[k] else "n/a"  # noqa: E731
-    print(f"roof (median of {len(roofs)}, 2048^3 products): fp32 {rf('fp32')} GFLOP/s "
-          f"(max of torch mm {median_roof(roofs, 'torch_fp32') or 0:.0f}, system OpenBLAS sgemm "
-          f"{median_roof(roofs, 'openblas_sgemm') or 0:.0f}), bf16 {rf('bf16')} GFLOP/s (torch mm)")
+    print(f"roof (median of {len(roofs)}; 2048^3 products, and zinf's matmul_bench at N 2048, C 1024): "
+          f"fp32 {rf('fp32')} GFLOP/s (max of torch mm {median_roof(roofs, 'torch_fp32') or 0:.0f}, system "
+          f"OpenBLAS sgemm {median_roof(roofs, 'openblas_sgemm') or 0:.0f}, zinf sgemm "
+          f"{median_roof(roofs, 'zinf_sgemm') or 0:.0f}), bf16 {rf('bf16')} GFLOP/s (max of torch mm "
+          f"{median_roof(roofs, 'torch_bf16') or 0:.0f}, zinf oneDNN {median_roof(roofs, 'zinf_bf16') or 0:.0f})")
     print(f"model flops per token: 6 * {n_params} + 12 * {N_LAYER} * {C} * {T} = {fpt / 1e6:.1f} MFLOP; "
-          f"MFU = tok/s * that / the roof of the precision the case computes in (fp32 for zinf)")
+          f"MFU = tok/s * that / the roof of the case's precision")
+    for name, line in MATMUL_LINES.items():
+        print(f"{name}: {line}")
 
     def ratio(label, num, den, goal):
         if num in tps and den in tps:
@@ -213,8 +250,8 @@ def report(a, cases, samples, roofs, unavailable, elapsed):
     ratio("zinf bf16 / DeepSpeed ZeRO-3 bf16 (memory)", "zinf bf16", "DeepSpeed ZeRO-3 bf16", 1.0)
     ratio("zinf NVMe / DeepSpeed NVMe (bf16)", "zinf bf16 NVMe", "DeepSpeed ZeRO-3 bf16 NVMe", 1.2)
     best = max(filter(None, roof.values()), default=None)
-    for name in ("zinf fp32", "zinf bf16"):
-        for label, r in (("fp32 roof (its compute)", roof["fp32"]), ("best roof", best)):
+    for name, prec in (("zinf fp32", "fp32"), ("zinf bf16", "bf16")):
+        for label, r in ((f"{prec} roof", roof[prec]), ("best roof", best)):
             if name in tps and r:
                 m = tps[name] * fpt / (r * 1e9)
                 print(f"{'MFU ' + name + ' vs the ' + label:44} {m:5.2f}    goal >= 0.6: {'met' if m >= 0.6 else 'NOT met'}")

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "model/carver.h"
+#include "model/fused_kernels.h"
 #include "model/kernels.h"
 #include "model/layout.h"
 #include "zinf/model/module_calls.h"
@@ -25,11 +26,11 @@ struct LayerActs {
   float* qkv;       // (B,T,3C)
   float* atty;      // (B,T,C) attention output before c_proj
   float* att_lse;   // (B,NH,T)
-  float* res2;      // (B,T,C) residual stream after attention
+  float* res2;      // (B,T,C) residual stream after attention (c_proj output until ln_2 adds x)
   float* ln2;       // (B,T,C)
   float* ln2_mean;  // (B,T)
   float* ln2_rstd;  // (B,T)
-  float* fch;       // (B,T,4C)
+  float* fch;       // (B,T,4C) c_fc output with its bias, before GELU
   float* fch_gelu;  // (B,T,4C)
 };
 
@@ -37,11 +38,13 @@ struct GptActivations {
   size_t cap_bt = 0;  // B*T the buffers hold
   FloatBuffer storage;
   std::vector<LayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
-  std::vector<float*> resid;      // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
+  // n_layer+1 of (B,T,C): block l reads resid[l] and writes its MLP output to resid[l+1]; the
+  // next norm (ln_1 of block l+1, or ln_f) adds block l's res2 there in its pass (fused).
+  std::vector<float*> resid;
   float* lnf;                     // (B,T,C)
   float* lnf_mean;                // (B,T)
   float* lnf_rstd;                // (B,T)
-  float* logits;                  // (B,T,V): logits, then probabilities, then their gradient
+  float* logits;                  // (B,T,V): logits, then (training) their gradient
   float* losses;                  // (B,T)
   float* dres;                    // (B,T,C) gradient of the residual stream
   float* dsmall;                  // (B,T,C) scratch gradient
@@ -150,9 +153,12 @@ Result<float> GptModel::forward_backward(std::span<const int32_t> inputs,
                                          ParamAccess& access, float loss_scale) {
   ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
+  // d(loss * loss_scale)/dlogits: the mean over N positions puts 1/N on every row. Forward writes
+  // the logits' gradient in the pass that computes the loss.
+  const float dloss = loss_scale / static_cast<float>(B * T);
   ZINF_ASSIGN_OR_RETURN(float loss,
-                        forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kForward));
-  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), targets.data(), B, T, access, loss_scale));
+                        forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kForward, dloss));
+  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), B, T, access));
   return loss;
 }
 
@@ -161,11 +167,11 @@ Result<float> GptModel::forward_loss(std::span<const int32_t> inputs,
                                      ParamAccess& access) {
   ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
-  return forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kEval);
+  return forward_pass(inputs.data(), targets.data(), B, T, access, Phase::kEval, 0.0f);
 }
 
 Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
-                                     ParamAccess& access, Phase phase) {
+                                     ParamAccess& access, Phase phase, float dloss) {
   GptActivations& a = *acts_;
   const int N = B * T;
   const int C = config_.n_embd;
@@ -176,62 +182,67 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
   }));
   // Every layer gets its own slot only when backward will read it without recomputing.
   const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
+  auto slot = [&](int l) { return own_slots ? l : 0; };
   for (int l = 0; l < L; l++) {
-    ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
+    // resid[l] still lacks block l-1's attention residual; block l's ln_1 adds it.
+    const float* pending = l > 0 ? a.layers[slot(l - 1)].res2 : nullptr;
+    ZINF_RETURN_IF_ERROR(block_forward(l, slot(l), B, T, access, phase, pending));
   }
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_f(L), phase, [&](auto v) {
-    k::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], v[0], v[1], N, C);
+    k::residual_layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], a.layers[slot(L - 1)].res2, v[0],
+                                  v[1], N, C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
     matmul_.forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
   }));
-  k::softmax_xent_forward(a.logits, a.losses, targets, N, V);
+  if (phase == Phase::kForward) {
+    k::softmax_xent_fused(a.logits, a.losses, targets, dloss, N, V);  // logits become dlogits
+  } else {
+    k::softmax_xent_loss(a.logits, a.losses, targets, N, V);
+  }
   double sum = 0.0;  // fixed order
   for (int n = 0; n < N; n++) sum += a.losses[n];
   return static_cast<float>(sum / N);
 }
 
+// pending: block layer-1's res2 for ln_1 to add into resid[layer] (the first forward), or nullptr
+// when resid[layer] is complete (recompute). Recompute (kRecompute) rebuilds the block's
+// internals, not its output.
 Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
-                               bool need_output) {
+                               const float* pending) {
   GptActivations& a = *acts_;
   LayerActs& la = a.layers[slot];
   const int N = B * T;
   const int C = config_.n_embd;
-  const size_t NC = static_cast<size_t>(N) * C;
-  const float* x = a.resid[layer];  // (B,T,C)
-  float* y = a.resid[layer + 1];    // (B,T,C)
+  float* x = a.resid[layer];      // (B,T,C)
+  float* y = a.resid[layer + 1];  // (B,T,C)
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
-    k::layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, v[0], v[1], N, C);
+    k::residual_layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, pending, v[0], v[1], N, C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
     matmul_.forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
     k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
-    matmul_.forward(la.res2, la.atty, v[2], v[3], N, C, C);
-    k::residual_add(la.res2, x, NC);
+    matmul_.forward(la.res2, la.atty, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
-    k::layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, v[0], v[1], N, C);
+    k::residual_layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, x, v[0], v[1], N, C);
   }));
   return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
-    matmul_.forward(la.fch, la.ln2, v[0], v[1], N, C, 4 * C);
-    k::gelu_forward(la.fch_gelu, la.fch, 4 * NC);
-    // Recompute for backward needs the block's internals, not its output.
-    if (need_output) {
+    matmul_.forward(la.fch, la.ln2, v[0], nullptr, N, C, 4 * C);
+    k::bias_gelu_forward(la.fch, la.fch_gelu, v[1], N, 4 * C);
+    if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
       matmul_.forward(y, la.fch_gelu, v[2], v[3], N, 4 * C, C);
-      k::residual_add(y, la.res2, NC);
     }
   });
 }
 
-Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
-                               ParamAccess& access, float loss_scale) {
+// On entry logits holds d(loss * loss_scale)/dlogits (forward_pass with Phase::kForward).
+Status GptModel::backward_pass(const int32_t* inputs, int B, int T, ParamAccess& access) {
   GptActivations& a = *acts_;
   const int N = B * T;
   const int C = config_.n_embd;
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
-  // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
-  k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, V);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
     matmul_.backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
   }));
@@ -244,7 +255,7 @@ Status GptModel::backward_pass(const int32_t* inputs, const int32_t* targets, in
   for (int l = L - 1; l >= 0; l--) {
     // With checkpointing the single slot still holds the last block from forward.
     if (ckpt && l != L - 1) {
-      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, false));
+      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, nullptr));
     }
     ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
   }
@@ -259,12 +270,11 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const LayerActs& la = a.layers[slot];
   const int N = B * T;
   const int C = config_.n_embd;
-  const size_t NC = static_cast<size_t>(N) * C;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
     matmul_.backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
-    k::gelu_backward(dfch, la.fch, dfch, 4 * NC);
-    matmul_.backward(a.dsmall, g[0], g[1], dfch, la.ln2, v[0], N, C, 4 * C);
+    k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C);  // c_fc's bias gradient in the same pass
+    matmul_.backward(a.dsmall, g[0], nullptr, dfch, la.ln2, v[0], N, C, 4 * C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/fused_kernels.h"
 #include "model/parallel.h"
 
 namespace zinf::model::kernels {
@@ -68,7 +69,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C) {
-  // dinp row by row in parallel; dweight and dbias summed over rows in row order on this thread.
+  // dinp row by row in parallel; dweight and dbias below.
   parallel_for(N, row_grain(8 * C), 8 * C, [&](size_t begin, size_t end) {
     for (size_t n = begin; n < end; n++) {
       const float* dout_n = dout + n * C;
@@ -94,16 +95,19 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       }
     }
   });
-  for (int n = 0; n < N; n++) {
-    const float* dout_n = dout + static_cast<size_t>(n) * C;
-    const float* inp_n = inp + static_cast<size_t>(n) * C;
-    const float m = mean[n];
-    const float s = rstd[n];
-    for (int i = 0; i < C; i++) {
-      dbias[i] += dout_n[i];
-      dweight[i] += ((inp_n[i] - m) * s) * dout_n[i];
+  // Columns split over threads, each column summed in row order: the serial loop's bits.
+  parallel_for(C, detail::column_slice_grain(C), 4 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
+    for (int n = 0; n < N; n++) {
+      const float* dout_n = dout + static_cast<size_t>(n) * C;
+      const float* inp_n = inp + static_cast<size_t>(n) * C;
+      const float m = mean[n];
+      const float s = rstd[n];
+      for (size_t i = c0; i < c1; i++) {
+        dbias[i] += dout_n[i];
+        dweight[i] += ((inp_n[i] - m) * s) * dout_n[i];
+      }
     }
-  }
+  });
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
@@ -127,12 +131,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
               dweight, C);
-  if (dbias != nullptr) {
-    for (int n = 0; n < N; n++) {
-      const float* row = dout + static_cast<size_t>(n) * OC;
-      for (int o = 0; o < OC; o++) dbias[o] += row[o];
-    }
-  }
+  if (dbias != nullptr) bias_grad(dbias, dout, N, OC);  // the row-order column sums
 }
 
 void matmul_forward_reference(float* out, const float* inp, const float* weight, const float* bias,

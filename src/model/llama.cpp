@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/carver.h"
+#include "model/fused_kernels.h"
 #include "model/kernels.h"
 #include "model/layout.h"
 #include "model/llama_kernels.h"
@@ -28,7 +29,7 @@ struct LlamaLayerActs {
   float* v;      // (B,T,KV)
   float* atty;   // (B,T,C) attention output before o_proj
   float* lse;    // (B,NH,T)
-  float* res2;   // (B,T,C) residual stream after attention
+  float* res2;   // (B,T,C) residual stream after attention (o_proj output until norm 2 adds x)
   float* xn2;    // (B,T,C) post_attention_layernorm output
   float* rstd2;  // (B,T)
   float* gate;   // (B,T,I)
@@ -41,10 +42,12 @@ struct LlamaActivations {
   size_t cap_t = 0;   // T the RoPE tables hold
   FloatBuffer storage;
   std::vector<LlamaLayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
-  std::vector<float*> resid;           // n_layer+1 of (B,T,C): block l reads resid[l], writes resid[l+1]
+  // n_layer+1 of (B,T,C): block l reads resid[l] and writes its MLP output to resid[l+1]; the
+  // next norm (input_layernorm of block l+1, or model.norm) adds block l's res2 there (fused).
+  std::vector<float*> resid;
   float* xnf;                          // (B,T,C) model.norm output
   float* rstdf;                        // (B,T)
-  float* logits;                       // (B,T,V): logits, then probabilities, then their gradient
+  float* logits;                       // (B,T,V): logits, then (training) their gradient
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
   float* dx;                           // (B,T,C) scratch gradient
@@ -97,9 +100,7 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActiva
   return cv.used();
 }
 
-// Turns logits (N,V) into probabilities in place and returns the mean cross-entropy.
-float mean_xent(float* logits, float* losses, const int32_t* targets, int N, int V) {
-  k::softmax_xent_forward(logits, losses, targets, N, V);
+float mean_loss(const float* losses, int N) {
   double sum = 0.0;  // fixed order
   for (int n = 0; n < N; n++) sum += losses[n];
   return static_cast<float>(sum / N);
@@ -167,8 +168,12 @@ Result<float> LlamaModel::forward_backward(std::span<const int32_t> inputs, std:
   ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
   ZINF_RETURN_IF_ERROR(forward_to_logits(inputs.data(), B, T, access, Phase::kForward));
-  const float loss = mean_xent(acts_->logits, acts_->losses, targets.data(), B * T, config_.vocab_size);
-  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), targets.data(), B, T, access, loss_scale));
+  // The loss and d(loss * loss_scale)/dlogits in one pass (the mean puts 1/N on every row).
+  const int N = B * T;
+  k::softmax_xent_fused(acts_->logits, acts_->losses, targets.data(), loss_scale / static_cast<float>(N), N,
+                        config_.vocab_size);
+  const float loss = mean_loss(acts_->losses, N);
+  ZINF_RETURN_IF_ERROR(backward_pass(inputs.data(), B, T, access));
   return loss;
 }
 
@@ -177,7 +182,8 @@ Result<float> LlamaModel::forward_loss(std::span<const int32_t> inputs, std::spa
   ZINF_RETURN_IF_ERROR(check_batch(*this, inputs, targets, B, T));
   ZINF_RETURN_IF_ERROR(reserve(B, T));
   ZINF_RETURN_IF_ERROR(forward_to_logits(inputs.data(), B, T, access, Phase::kEval));
-  return mean_xent(acts_->logits, acts_->losses, targets.data(), B * T, config_.vocab_size);
+  k::softmax_xent_loss(acts_->logits, acts_->losses, targets.data(), B * T, config_.vocab_size);
+  return mean_loss(acts_->losses, B * T);
 }
 
 Status LlamaModel::forward_logits(std::span<const int32_t> inputs, int B, int T, ParamAccess& access,
@@ -203,30 +209,35 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
   }));
   // Every layer gets its own slot only when backward will read it without recomputing.
   const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
+  auto slot = [&](int l) { return own_slots ? l : 0; };
   for (int l = 0; l < d.L; l++) {
-    ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
+    // resid[l] still lacks block l-1's attention residual; block l's input_layernorm adds it.
+    const float* pending = l > 0 ? a.layers[slot(l - 1)].res2 : nullptr;
+    ZINF_RETURN_IF_ERROR(block_forward(l, slot(l), B, T, access, phase, pending));
   }
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, norm_module(), phase, [&](auto v) {
-    k::rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], a.layers[slot(d.L - 1)].res2, v[0], eps, N, d.C);
   }));
   return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
     matmul_.forward(a.logits, a.xnf, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
   });
 }
 
+// pending: block layer-1's res2 for input_layernorm to add into resid[layer] (the first forward),
+// or nullptr when resid[layer] is complete (recompute). Recompute (kRecompute) rebuilds the
+// block's internals, not its output.
 Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
-                                 bool need_output) {
+                                 const float* pending) {
   LlamaActivations& a = *acts_;
   LlamaLayerActs& la = a.layers[slot];
   const Dims d(config_);
   const int N = B * T;
-  const size_t NC = static_cast<size_t>(N) * d.C;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const float* x = a.resid[layer];  // (B,T,C)
-  float* y = a.resid[layer + 1];    // (B,T,C)
+  float* x = a.resid[layer];      // (B,T,C)
+  float* y = a.resid[layer + 1];  // (B,T,C)
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 0), phase, [&](auto v) {
-    k::rmsnorm_forward(la.xn1, la.rstd1, x, v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
     matmul_.forward(la.q, la.xn1, v[0], nullptr, N, d.C, d.C);
@@ -235,31 +246,26 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    matmul_.forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);
-    k::residual_add(la.res2, x, NC);
+    matmul_.forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);  // the residual x: norm 2 adds it
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
-    k::rmsnorm_forward(la.xn2, la.rstd2, la.res2, v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C);
   }));
   return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
     matmul_.forward(la.gate, la.xn2, v[0], nullptr, N, d.C, d.I);
     matmul_.forward(la.up, la.xn2, v[1], nullptr, N, d.C, d.I);
     k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
-    // Recompute for backward needs the block's internals, not its output.
-    if (need_output) {
+    if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
       matmul_.forward(y, la.act, v[2], nullptr, N, d.I, d.C);
-      k::residual_add(y, la.res2, NC);
     }
   });
 }
 
-Status LlamaModel::backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T, ParamAccess& access,
-                                 float loss_scale) {
+// On entry logits holds d(loss * loss_scale)/dlogits (softmax_xent_fused in forward_backward).
+Status LlamaModel::backward_pass(const int32_t* inputs, int B, int T, ParamAccess& access) {
   LlamaActivations& a = *acts_;
   const Dims d(config_);
   const int N = B * T;
-  // d(loss * loss_scale)/dlogits; the mean over N positions puts 1/N on every row.
-  k::softmax_xent_backward(a.logits, targets, loss_scale / static_cast<float>(N), N, d.V);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
     matmul_.backward(a.dx, g[0], nullptr, a.logits, a.xnf, v[0], N, d.C, d.V);
   }));
@@ -271,7 +277,7 @@ Status LlamaModel::backward_pass(const int32_t* inputs, const int32_t* targets, 
   for (int l = d.L - 1; l >= 0; l--) {
     // With checkpointing the single slot still holds the last block from forward.
     if (ckpt && l != d.L - 1) {
-      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, false));
+      ZINF_RETURN_IF_ERROR(block_forward(l, 0, B, T, access, Phase::kRecompute, nullptr));
     }
     ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
   }

@@ -45,7 +45,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
                       const float* rstd, int N, int C) {
   // y = w * x * s with s = (mean(x^2) + eps)^(-1/2), so with norm = x * s and dnorm = w * dout:
-  // dx = s * (dnorm - norm * mean(dnorm * norm)). Rows in parallel; dweight in row order here.
+  // dx = s * (dnorm - norm * mean(dnorm * norm)). Rows in parallel.
   parallel_for(N, row_grain(6 * C), 6 * C, [&](size_t begin, size_t end) {
     for (size_t n = begin; n < end; n++) {
       const float* x = inp + n * C;
@@ -58,12 +58,15 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
       for (int i = 0; i < C; i++) dx[i] += (weight[i] * dy[i] - (x[i] * s) * dot) * s;
     }
   });
-  for (int n = 0; n < N; n++) {
-    const float* x = inp + static_cast<size_t>(n) * C;
-    const float* dy = dout + static_cast<size_t>(n) * C;
-    const float s = rstd[n];
-    for (int i = 0; i < C; i++) dweight[i] += (x[i] * s) * dy[i];
-  }
+  // dweight: columns split over threads, each summed in row order (the serial loop's bits).
+  parallel_for(C, detail::column_slice_grain(C), 3 * static_cast<size_t>(N), [&](size_t c0, size_t c1) {
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + static_cast<size_t>(n) * C;
+      const float* dy = dout + static_cast<size_t>(n) * C;
+      const float s = rstd[n];
+      for (size_t i = c0; i < c1; i++) dweight[i] += (x[i] * s) * dy[i];
+    }
+  });
 }
 
 void rope_tables(float* cos, float* sin, int max_seq, int head_dim, double theta) {

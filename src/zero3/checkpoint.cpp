@@ -303,15 +303,22 @@ bool is_folder(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// What a save killed part way leaves in `dir`: "<tag>.tmp" folders and "latest.tmp.*" files
-// (a tag never ends in ".tmp"). Called by the writer while it holds the save lock.
+// What a save killed part way leaves in `dir`: "<tag>.tmp" folders, "latest.tmp.*" files and
+// "<tag>.old" beside a complete "<tag>" (a tag never ends in ".tmp" or ".old"). Called by the
+// writer while it holds the save lock.
 void remove_stale_temporaries(const std::string& dir) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     const bool tmp_folder = name.ends_with(".tmp") && entry.is_directory(ec) && !entry.is_symlink(ec);
     const bool tmp_latest = name.starts_with("latest.tmp.") && entry.is_regular_file(ec);
-    if (tmp_folder || tmp_latest) {
+    // <tag>.old next to a <tag> folder: a re-save of <tag> that was stopped after the new folder
+    // was in place and before it removed the old one (a kill after "latest written"). The new
+    // <tag> is complete once it is in place, so the old copy is garbage; without <tag>, the
+    // .old is the only copy and the save of that tag puts it back instead.
+    const bool old_copy = name.ends_with(".old") && entry.is_directory(ec) && !entry.is_symlink(ec) &&
+                          is_folder(dir + "/" + name.substr(0, name.size() - 4));
+    if (tmp_folder || tmp_latest || old_copy) {
       std::error_code rm;
       std::filesystem::remove_all(entry.path(), rm);
     }

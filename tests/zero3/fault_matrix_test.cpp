@@ -545,5 +545,26 @@ TEST(LatestTag, ResaveCutBetweenItsRenamesStillLoads) {
   EXPECT_EQ(resumes_identically(ckpt.path(), ref, "after a clean re-save"), kSecondSave);
 }
 
+// A re-save stopped after its new folder was in place and before it removed the old copy (a kill
+// after "latest written", seen in kill_test.sh) leaves <tag>.old beside a complete <tag>: the next
+// save, of any tag, removes it, and <tag> still loads.
+TEST(LatestTag, OldCopyBesideACompleteTagGoesAtTheNextSave) {
+  const std::vector<float> ref = reference_losses();
+  TempDir ckpt;
+  Training run;
+  std::vector<float> losses;
+  ASSERT_TRUE(run.steps(0, kFirstSave, &losses).is_ok());
+  ASSERT_TRUE(run.engine().save_checkpoint(ckpt.path(), "tag", "{}").is_ok());
+  std::filesystem::copy(ckpt.path() + "/tag", ckpt.path() + "/tag.old", std::filesystem::copy_options::recursive);
+  EXPECT_EQ(resumes_identically(ckpt.path(), ref, "<tag> beside <tag>.old"), kFirstSave);
+  ASSERT_TRUE(run.steps(kFirstSave, kSecondSave, &losses).is_ok());
+  ASSERT_TRUE(run.engine().save_checkpoint(ckpt.path(), "other", "{}").is_ok());
+  EXPECT_FALSE(std::filesystem::exists(ckpt.path() + "/tag.old"));
+  EXPECT_TRUE(std::filesystem::exists(ckpt.path() + "/tag/engine.json"));
+  Training fresh;
+  EXPECT_TRUE(fresh.engine().load_checkpoint(ckpt.path(), "tag").is_ok());
+  EXPECT_EQ(resumes_identically(ckpt.path(), ref, "after the next save"), kSecondSave);
+}
+
 }  // namespace
 }  // namespace zinf::zero3

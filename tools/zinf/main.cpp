@@ -4,8 +4,10 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
+#include "runtime_env.h"
 
 int main(int argc, char** argv) {
+  zinf::cli::tune_runtime_environment(argv);  // may run the process again, once (runtime_env.h)
   CLI::App app{"zinf: ZeRO-3 / ZeRO-Infinity training with parameters and optimizer state on CPU or NVMe"};
   app.require_subcommand(1);
   int exit_code = 0;

@@ -76,12 +76,12 @@ class GptModel final : public Model {
 
  private:
   explicit GptModel(GptConfig config);
+  // Phase::kForward also turns the logits into d(loss)/dlogits scaled by dloss (one fused pass).
   Result<float> forward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
-                             ParamAccess& access, Phase phase);
+                             ParamAccess& access, Phase phase, float dloss);
   Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase,
-                       bool need_output);
-  Status backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T,
-                       ParamAccess& access, float loss_scale);
+                       const float* pending);
+  Status backward_pass(const int32_t* inputs, int B, int T, ParamAccess& access);
   Status block_backward(int layer, int slot, int B, int T, ParamAccess& access);
 
   GptConfig config_;

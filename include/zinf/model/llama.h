@@ -108,9 +108,8 @@ class LlamaModel final : public Model {
  private:
   explicit LlamaModel(LlamaConfig config);
   Status forward_to_logits(const int32_t* inputs, int B, int T, ParamAccess& access, Phase phase);
-  Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase, bool need_output);
-  Status backward_pass(const int32_t* inputs, const int32_t* targets, int B, int T, ParamAccess& access,
-                       float loss_scale);
+  Status block_forward(int layer, int slot, int B, int T, ParamAccess& access, Phase phase, const float* pending);
+  Status backward_pass(const int32_t* inputs, int B, int T, ParamAccess& access);
   Status block_backward(int layer, int slot, int B, int T, ParamAccess& access);
   int embed_module() const { return 0; }
   int block_module(int layer, int k) const { return 1 + 4 * layer + k; }  // k: 0 ln, 1 attn, 2 ln, 3 mlp

@@ -1,0 +1,49 @@
+// Internal: fused passes over activations. Each kernel does in one pass per row what the models
+// did in two or three separate kernels of kernels.h / llama_kernels.h, which stay as the scalar
+// references the tests compare against (tests/model/fused_kernels_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace zinf::model::kernels {
+
+// N rows throughout, threads over rows (or columns for the column sums) in chunks that depend
+// only on the shape, so the bits do not depend on the thread count. exp is detail::fast_exp
+// (vec_math.h, ~1 ulp) where the references call std::exp, and row reductions run over eight
+// fixed lanes where the references sum in order: the stated tolerances of the tests come from
+// those two differences only. The column sums keep the references' row order exactly.
+
+// Epilogue of the MLP's up-projection. On entry pre (N,OC) holds inp @ weight^T without the bias;
+// on exit pre = that + bias (kept: GELU's backward reads it) and out (N,OC) = gelu(pre), GPT-2's
+// tanh form. Unfused: matmul_forward with the bias, then gelu_forward.
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC);
+
+// Backward of out = gelu(pre): on entry dpre (N,OC) holds d(out), on exit d(pre);
+// dbias (OC) += column sums of d(pre). Unfused: gelu_backward, then matmul_backward's dbias loop.
+void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC);
+
+// dbias (OC) += column sums of dout (N,OC), every column summed in row order: bit for bit the
+// serial loop `for n: for o: dbias[o] += dout[n][o]`, with columns split over threads.
+void bias_grad(float* dbias, const float* dout, int N, int OC);
+
+// The residual stream's add fused into the next norm. When residual != nullptr, x (N,C) +=
+// residual first (x then holds the stream, which backward reads); then out (N,C), mean, rstd (N)
+// as layernorm_forward. Unfused: residual_add, then layernorm_forward.
+void residual_layernorm_forward(float* out, float* mean, float* rstd, float* x, const float* residual,
+                                const float* weight, const float* bias, int N, int C);
+// The same for Llama: x += residual (when not null), then out, rstd as rmsnorm_forward.
+void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* residual, const float* weight,
+                              float eps, int N, int C);
+
+// Training's cross-entropy and its gradient in one pass per row of logits (N,V):
+// losses[n] = log-sum-exp(row) - row[target] (the sum of exps in double, as the reference), and
+// the row becomes dlogits = (softmax(row) - onehot(target)) * dloss in place. The (N,V) matrix is
+// read once and written once; no probability matrix is kept. Unfused: softmax_xent_forward, then
+// softmax_xent_backward (two passes over the matrix, with the probabilities in between).
+void softmax_xent_fused(float* logits_to_dlogits, float* losses, const int32_t* targets, float dloss, int N,
+                        int V);
+// Evaluation: the same losses, logits only read.
+void softmax_xent_loss(const float* logits, float* losses, const int32_t* targets, int N, int V);
+
+}  // namespace zinf::model::kernels
