@@ -8,8 +8,10 @@ namespace zinf::cli {
 //    threads otherwise spin after every bf16 product and take the cores from zinf's own pool;
 //  - OPENBLAS_CORETYPE=SkylakeX or Haswell when OpenBLAS took this CPU for an older, generic core
 //    (OpenBLAS 0.3.21 does not know Xeons after Sapphire Rapids and falls back to Prescott's SSE3
-//    kernels) while the CPU has AVX-512 or AVX2 with FMA.
-// Both libraries read their variable once, when they load, before main(); so when anything
+//    kernels) while the CPU has AVX-512 or AVX2 with FMA;
+//  - OPENBLAS_THREAD_TIMEOUT=4 when OpenBLAS is in the process: its threads otherwise yield-spin
+//    for ~0.1 s after every threaded product.
+// The libraries read these variables once, when they load, before main(); so when anything
 // changes, the process runs itself again (execv of /proc/self/exe: same pid, same arguments) and
 // the new process logs one notice naming what was set. Returns when nothing needed setting, in
 // the re-run process, or when execv failed (the defaults then stay).
