@@ -94,19 +94,19 @@ class FaultQueue final : public BackendQueue {
     report.late += inner.late;
     // Held ops: cancellable ones stop; the others never answer before the deadline, and then
     // the teardown makes the device finish them (they move their data now, before this returns).
-    std::vector<Held> stubborn;
+    std::vector<Held> uncancellable;
     for (Held& held : held_) {
       if (held.cancellable) {
         ++report.cancelled;
       } else {
-        stubborn.push_back(std::move(held));
+        uncancellable.push_back(std::move(held));
       }
     }
     held_.clear();
-    if (!stubborn.empty()) {
+    if (!uncancellable.empty()) {
       sleep_until(deadline);
-      report.late += stubborn.size();
-      for (Held& held : stubborn) run(held);
+      report.late += uncancellable.size();
+      for (Held& held : uncancellable) run(held);
     }
     return report;
   }
