@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bf16_matmul.h"
 #include "model/kernels.h"
 #include "model_test_util.h"
 
@@ -190,18 +191,41 @@ class ScopedMatmulEnv {
   std::optional<std::string> old_;
 };
 
+TEST(MatmulTest, AutoTakesBf16OnlyWhenMeasuredClearlyFaster) {
+  using detail::choose_by_rates;
+  // This machine's figures (AVX512-BF16, no AMX): bf16 products at half the fp32 rate.
+  EXPECT_EQ(choose_by_rates({300, 155}), MatmulKind::kFp32);
+  EXPECT_EQ(choose_by_rates({300, 300}), MatmulKind::kFp32);  // a tie keeps fp32's precision
+  EXPECT_EQ(choose_by_rates({300, 300 * detail::kBf16Margin}), MatmulKind::kBf16);
+  EXPECT_EQ(choose_by_rates({300, 300 * detail::kBf16Margin * 0.99}), MatmulKind::kFp32);
+  EXPECT_EQ(choose_by_rates({300, 2000}), MatmulKind::kBf16);  // AMX-like
+}
+
+TEST(MatmulTest, MeasuredRatesArePositiveWhereBf16Runs) {
+  std::string why;
+  if (!bf16_matmul(&why)) GTEST_SKIP() << "no bf16 matmul: " << why;
+  const detail::MatmulRates r = testing::must(detail::measure_matmul_rates());
+  EXPECT_GT(r.fp32_gflops, 0.1);
+  EXPECT_GT(r.bf16_gflops, 0.1);
+  EXPECT_TRUE(std::isfinite(r.fp32_gflops) && std::isfinite(r.bf16_gflops));
+}
+
 TEST(MatmulTest, ResolveFollowsPrecisionHardwareAndOverride) {
   const MatmulSupport s = matmul_support();
-  const MatmulKind native = s.dnnl_built && s.bf16_units ? MatmulKind::kBf16 : MatmulKind::kFp32;
+  std::optional<MatmulKind> auto_kind;
   {
     ScopedMatmulEnv env(nullptr);
     EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kFp32)), MatmulKind::kFp32);
-    EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kBf16)), native);
-    EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kFp16)), native);
+    auto_kind = testing::must(resolve_matmul(ComputePrecision::kBf16));
+    if (!s.dnnl_built || !s.bf16_units) {
+      EXPECT_EQ(*auto_kind, MatmulKind::kFp32);
+    }
+    // Measured once per process: every later run of the process gets the same kind.
+    EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kFp16)), *auto_kind);
   }
   {
     ScopedMatmulEnv env("auto");
-    EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kBf16)), native);
+    EXPECT_EQ(testing::must(resolve_matmul(ComputePrecision::kBf16)), *auto_kind);
   }
   {
     ScopedMatmulEnv env("fp32");
