@@ -28,18 +28,11 @@ namespace detail {
 Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend();
 MatmulSupport probe_matmul_support();
 
-// `auto`'s rule for a 16-bit run on a CPU with bf16 units: bf16 products only when they measured
-// at least kBf16Margin times the fp32 rate (conversions included), else fp32. A CPU with
-// AVX512-BF16 but no AMX can run its bf16 products at half its fp32 rate (docs/model.md).
-inline constexpr double kBf16Margin = 1.15;
-struct MatmulRates {
-  double fp32_gflops = 0;  // OpenBLAS sgemm, through Matmul kFp32
-  double bf16_gflops = 0;  // oneDNN, through Matmul kBf16 (its input conversions included)
-};
-MatmulKind choose_by_rates(const MatmulRates& rates);
-// Times one linear layer's forward and backward (N 512, C 1024, OC 1024: 3.2 GFLOP) in each kind,
-// best of 2 after a warm-up: ~0.1 s. unsupported when a bf16 Matmul cannot be made here.
-Result<MatmulRates> measure_matmul_rates();
+// `auto`'s rule for a 16-bit run: bf16 products only with oneDNN and AMX tiles. AVX512-BF16
+// alone (VDPBF16PS) has no more multiply-add throughput than fp32 FMA on Intel and measured half
+// OpenBLAS's fp32 rate here (docs/model.md), so it stays fp32 unless pinned. A pure function of
+// the hardware, never of timings: the same machine always computes the same bits.
+MatmulKind auto_matmul_kind(const MatmulSupport& s);
 }  // namespace detail
 
 }  // namespace zinf::model

@@ -147,25 +147,32 @@ std::uint64_t Coordinator::next_use_distance(int g) const {
   return kFar;
 }
 
-model::FloatBuffer Coordinator::take_buffer(std::size_t n) {
-  auto it = spare_.find(n);
-  if (it != spare_.end()) {
-    model::FloatBuffer b = std::move(it->second);
-    spare_.erase(it);
-    spare_elements_ -= n;
-    return b;
+model::FloatBuffer SparePool::take(std::size_t n) {
+  auto it = bufs_.find(n);
+  if (it == bufs_.end()) return model::FloatBuffer::allocate(n);
+  model::FloatBuffer b = std::move(it->second);
+  bufs_.erase(it);
+  elements_ -= n;
+  return b;
+}
+
+void SparePool::keep(model::FloatBuffer b) {
+  if (b.data() == nullptr) return;
+  elements_ += b.size();
+  const std::size_t n = b.size();
+  bufs_.emplace(n, std::move(b));
+}
+
+void SparePool::trim_to(std::uint64_t max_elements) {
+  while (!bufs_.empty() && elements_ > max_elements) {
+    elements_ -= bufs_.begin()->first;
+    bufs_.erase(bufs_.begin());
   }
-  return model::FloatBuffer::allocate(n);
 }
 
 void Coordinator::give_buffer(model::FloatBuffer b) {
-  if (b.data() == nullptr) return;
-  const std::size_t n = b.size();
   // Keep freed buffers for reuse while live + spare stays under the budget; else free them.
-  if (live_ + spare_elements_ + n <= opt_.max_live_parameters) {
-    spare_elements_ += n;
-    spare_.emplace(n, std::move(b));
-  }
+  if (live_ + spare_.elements() + b.size() <= opt_.max_live_parameters) spare_.keep(std::move(b));
 }
 
 void Coordinator::drop(int g) {
@@ -204,10 +211,7 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
     ++stats_.evictions;
   }
   // Spare buffers count against the budget too: free them first.
-  while (!spare_.empty() && live_ + spare_elements_ + need > opt_.max_live_parameters) {
-    spare_elements_ -= spare_.begin()->first;
-    spare_.erase(spare_.begin());
-  }
+  spare_.trim_to(live_ + need <= opt_.max_live_parameters ? opt_.max_live_parameters - live_ - need : 0);
   return Status::ok();
 }
 
@@ -222,7 +226,7 @@ Status Coordinator::ensure_gathered(int g) {
   const auto idx = static_cast<std::size_t>(g);
   const std::size_t per_rank = plan_.group(idx).per_rank;
   const std::size_t size = gathered_size(idx);
-  model::FloatBuffer full = take_buffer(size);
+  model::FloatBuffer full = spare_.take(size);
   if (full.data() == nullptr && size > 0) {
     return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements to gather {}", size,
                                                   model_.params()[plan_.group(idx).params.front()].name));
@@ -333,12 +337,18 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
     if (buf.data() == nullptr) {
       // Gathered size, zero: the padding past the group's end is reduced as zeros.
       const std::size_t n = gathered_size(place.group);
-      buf = model::FloatBuffer::allocate(n);
+      // Spare gradient buffers and live ones share one bucket's worth; past it, spares go first.
+      if (!grad_spare_.holds(n)) {
+        const std::uint64_t want = grad_live_ + n;
+        grad_spare_.trim_to(want < opt_.reduce_bucket_size ? opt_.reduce_bucket_size - want : 0);
+      }
+      buf = grad_spare_.take(n);
       if (buf.data() == nullptr && n > 0) {
         return Status::resource_exhausted(
             fmt::format("cannot allocate the gradient of {}", model_.params()[static_cast<std::size_t>(spec.params[k])].name));
       }
       std::memset(buf.data(), 0, n * sizeof(float));
+      grad_live_ += n;
     }
     grads[k] = buf.data() + place.offset;
   }
@@ -403,6 +413,11 @@ Status Coordinator::flush_bucket() {
     const float* in = reduced != nullptr ? reduced + off : grads_[idx].data();
     for (std::size_t i = 0; i < per_rank; ++i) acc[i] += in[i];
     off += per_rank;
+    // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
+    grad_live_ -= grads_[idx].size();
+    if (grad_live_ + grad_spare_.elements() + grads_[idx].size() <= opt_.reduce_bucket_size) {
+      grad_spare_.keep(std::move(grads_[idx]));
+    }
     grads_[idx] = model::FloatBuffer();
   }
   bucket_.clear();

@@ -46,6 +46,23 @@ struct CoordinatorStats {
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
 
+// Freed fp32 buffers kept for reuse by exact size (a model's layers repeat their shapes), so a
+// pass takes pages it already touched instead of faulting in fresh ones from the kernel.
+class SparePool {
+ public:
+  // A kept buffer of n elements, else a new one (data() == nullptr when allocation fails).
+  model::FloatBuffer take(std::size_t n);
+  bool holds(std::size_t n) const { return bufs_.count(n) > 0; }
+  void keep(model::FloatBuffer b);  // empty buffers are ignored
+  // Frees kept buffers, smallest first, until at most max_elements are kept.
+  void trim_to(std::uint64_t max_elements);
+  std::uint64_t elements() const { return elements_; }
+
+ private:
+  std::multimap<std::size_t, model::FloatBuffer> bufs_;
+  std::uint64_t elements_ = 0;
+};
+
 class Coordinator final : public model::ParamAccess {
  public:
   // grad_acc: the rank's fp32 gradient partitions, one array per sub-group (layout's padded
@@ -98,7 +115,6 @@ class Coordinator final : public model::ParamAccess {
   void prefetch_after(std::size_t event);
   void finish_trace(Trace& t);
   std::uint64_t next_use_distance(int p) const;
-  model::FloatBuffer take_buffer(std::size_t n);
   void give_buffer(model::FloatBuffer b);
   Status flush_bucket();
   Trace& trace() { return train_ ? train_trace_ : eval_trace_; }
@@ -115,8 +131,9 @@ class Coordinator final : public model::ParamAccess {
   std::vector<std::vector<int>> module_groups_;
   std::vector<Gathered> gathered_;         // per group
   std::vector<model::FloatBuffer> grads_;  // gathered-size gradients of this pass, per group
-  std::multimap<std::size_t, model::FloatBuffer> spare_;  // freed buffers for reuse, by size
-  std::uint64_t spare_elements_ = 0;
+  SparePool spare_;       // freed gathered buffers; live_ + spare_ stays within max_live_parameters
+  SparePool grad_spare_;  // freed gradient buffers; grad_live_ + grad_spare_ within reduce_bucket_size
+  std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;
   bool train_ = true;
   Trace train_trace_, eval_trace_;

@@ -277,9 +277,11 @@ Status Engine::Impl::publish_params() {
   swap::StepInputs out;
   params->set_outputs(out);
   if (dtype == swap::DType::kF32) {
-    std::vector<float> master;
+    // Kept across steps: a fresh vector per step faulted its pages in again every step.
     for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-      master.resize(layout.subgroups[sg].numel);
+      const std::size_t n = layout.subgroups[sg].numel;
+      if (publish_scratch.size() < n) publish_scratch.resize(n);
+      const std::span<float> master(publish_scratch.data(), n);
       ZINF_RETURN_IF_ERROR(optimizer->read_state(sg, 0, master));
       ZINF_RETURN_IF_ERROR(params->write_f32_subgroup(sg, master));
     }

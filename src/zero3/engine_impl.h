@@ -66,6 +66,7 @@ struct Engine::Impl {
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;
   std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
+  std::vector<float> publish_scratch;  // fp32 runs: a sub-group's master weights on their way to the params
   std::unique_ptr<Coordinator> coordinator;
   EngineCounters counters;
 

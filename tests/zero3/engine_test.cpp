@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/matmul.h"
 #include "zinf/zero3/checkpoint.h"
 #include "zinf/zero3/safetensors.h"
 
@@ -181,6 +183,33 @@ TEST(EngineTest, OffloadDevicesGiveBitIdenticalTraining) {
       expect_identical(base, train(s, kSteps), "offload_param " + p + ", offload_optimizer " + o);
     }
   }
+}
+
+// auto gives bf16 configs fp32 products on CPUs without AMX; this pins oneDNN's bf16 products
+// (where they run) so that their path through the engine is covered on every machine.
+TEST(EngineTest, Bf16ProductsGiveBitIdenticalTrainingAcrossOffloadDevices) {
+  const model::MatmulSupport support = model::matmul_support();
+  if (!support.dnnl_built || !support.bf16_units) GTEST_SKIP() << "no bf16 products here (" << support.isa << ")";
+  const char* old = std::getenv("ZINF_MATMUL");
+  const std::optional<std::string> saved = old != nullptr ? std::optional<std::string>(old) : std::nullopt;
+  setenv("ZINF_MATMUL", "bf16", 1);
+  const RunResult base = train(RunSetup{}, kSteps);
+  RunSetup nvme;
+  nvme.param_device = "nvme";
+  nvme.optim_device = "nvme";
+  const RunResult off = train(nvme, kSteps);
+  setenv("ZINF_MATMUL", "fp32", 1);
+  const RunResult fp32 = train(RunSetup{}, kSteps);
+  if (saved) {
+    setenv("ZINF_MATMUL", saved->c_str(), 1);
+  } else {
+    unsetenv("ZINF_MATMUL");
+  }
+  ASSERT_EQ(base.losses.size(), static_cast<std::size_t>(kSteps));
+  expect_identical(base, off, "bf16 products, offload_param and offload_optimizer nvme");
+  // The products really were bf16: the losses differ from the fp32 products' somewhere.
+  ASSERT_EQ(fp32.losses.size(), base.losses.size());
+  EXPECT_NE(std::memcmp(fp32.losses.data(), base.losses.data(), base.losses.size() * sizeof(float)), 0);
 }
 
 TEST(EngineTest, PipeliningAndLiveBudgetDoNotChangeResults) {

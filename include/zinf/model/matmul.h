@@ -23,19 +23,19 @@ std::string_view matmul_kind_name(MatmulKind kind);  // "fp32", "bf16"
 struct MatmulSupport {
   bool dnnl_built = false;  // zinf was built with oneDNN (meson option dnnl)
   bool bf16_units = false;  // the CPU has bf16 dot-product units: AVX512-BF16 or AMX
+  bool amx = false;         // ... and AMX tiles (oneDNN's avx512_core_amx)
   std::string isa;          // oneDNN's effective ISA ("avx512_core_bf16", "avx512_core_amx", ...)
 };
 MatmulSupport matmul_support();
 
 // The kind a run computing in `precision` uses. fp32 runs always get kFp32 (bit for bit the
-// results zinf gave before bf16 products existed). 16-bit runs (`auto`) get kFp32 without oneDNN
-// or bf16 units; with them, the first call times one layer's products in both kinds (~0.1 s) and
-// takes kBf16 only when it measured at least 1.15x the fp32 rate (AMX does; AVX512-BF16 alone may
-// not), the same kind for the rest of the process. ZINF_MATMUL=auto|fp32|bf16 in the environment
-// overrides that choice for 16-bit runs. ZINF_MATMUL=bf16 on a build without oneDNN, or an
-// unknown value, is invalid_argument. Logs the choice at notice level once per distinct choice,
-// with the measured rates, e.g. "matmul: OpenBLAS fp32 (auto on avx512_core_bf16: measured fp32
-// 312 GFLOP/s, bf16 158 GFLOP/s, ...)".
+// results zinf gave before bf16 products existed). 16-bit runs (`auto`) get kBf16 only when oneDNN
+// is built in and the CPU has AMX; AVX512-BF16 alone stays kFp32 (no faster here, see
+// docs/model.md). ZINF_MATMUL=auto|fp32|bf16 in the environment overrides that choice for 16-bit
+// runs. The choice depends on the hardware and the variable only, never on timings. ZINF_MATMUL=bf16
+// on a build without oneDNN, or an unknown value, is invalid_argument. Logs the choice and why at
+// notice level once per distinct choice, e.g. "matmul: OpenBLAS fp32 (auto: avx512_core_bf16 has
+// AVX512-BF16 but no AMX, ...)".
 Result<MatmulKind> resolve_matmul(ComputePrecision precision);
 
 class Bf16MatmulBackend;  // internal: the oneDNN primitives and bf16 scratch
