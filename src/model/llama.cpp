@@ -299,7 +299,7 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dup = a.dbig + NI;  // (B,T,I)
     matmul_.backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
-    // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its passes.
+    // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its one pass.
     matmul_.backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
     matmul_.backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
   }));
@@ -317,7 +317,7 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
-    // norm 1's backward sums them in its passes.
+    // norm 1's backward sums them in its one pass.
     matmul_.backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
     matmul_.backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
     matmul_.backward(dq, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
