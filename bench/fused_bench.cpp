@@ -12,6 +12,10 @@
 //   gelu_bwd_dbias  GELU' in place, then the serial dbias loop   |  one pass, columns over threads
 //   residual_ln     residual_add, then layernorm_forward          |  residual_layernorm_forward
 //   residual_rms    residual_add, then rmsnorm_forward            |  residual_rmsnorm_forward
+//   rms_bwd_sum/P   P-1 residual_adds of the parts of d(out),     |  summed_rmsnorm_backward: one
+//                   then rmsnorm_backward (rows, then dweight's   |  pass over the rows reading the
+//                   columns); Llama: P 2 after gate and up, P 3   |  parts, dweight in row chunks
+//                   after q, k and v
 //   xent/V          softmax_xent_forward, then _backward          |  softmax_xent_fused (V 256, 50257)
 //   xent_eval/V     softmax_xent_forward (writes probabilities)   |  softmax_xent_loss (reads only)
 //   bias_grad       the serial dbias loop                         |  bias_grad, columns over threads
@@ -138,6 +142,31 @@ std::vector<Case> make_cases() {
                      k::residual_rmsnorm_forward(rms->out.data(), rms->rstd.data(), rms->x.data(), rms->r.data(),
                                                  rms->w.data(), 1e-5f, kN, kC);
                    }});
+
+  struct RmsBwd {
+    std::vector<float> x = filled(NC, 1.0f, 19), w = filled(kC, 1.0f, 20), rstd = filled(kN, 0.5f, 21);
+    std::vector<float> part0 = filled(NC, 1.0f, 22), d0 = part0, d1 = filled(NC, 1.0f, 23), d2 = filled(NC, 1.0f, 24);
+    std::vector<float> dres = filled(NC, 1.0f, 25), dw = filled(kC, 1.0f, 26);
+  };
+  for (int parts : {2, 3}) {
+    auto rb = std::make_shared<RmsBwd>();
+    // The unfused path sums into the first part in place: both paths restore it first (the
+    // product that writes it in the model).
+    cases.push_back({"rms_bwd_sum/" + std::to_string(parts),
+                     [rb, parts] {
+                       std::memcpy(rb->d0.data(), rb->part0.data(), rb->d0.size() * sizeof(float));
+                       k::residual_add(rb->d0.data(), rb->d1.data(), rb->d0.size());
+                       if (parts == 3) k::residual_add(rb->d0.data(), rb->d2.data(), rb->d0.size());
+                       k::rmsnorm_backward(rb->dres.data(), rb->dw.data(), rb->d0.data(), rb->x.data(), rb->w.data(),
+                                           rb->rstd.data(), kN, kC);
+                     },
+                     [rb, parts] {
+                       std::memcpy(rb->d0.data(), rb->part0.data(), rb->d0.size() * sizeof(float));
+                       k::summed_rmsnorm_backward(rb->dres.data(), rb->dw.data(), rb->d0.data(), rb->d1.data(),
+                                                  parts == 3 ? rb->d2.data() : nullptr, rb->x.data(), rb->w.data(),
+                                                  rb->rstd.data(), kN, kC);
+                     }});
+  }
 
   struct Xent {
     int N, V;

@@ -1,11 +1,13 @@
 // Fused passes over activations: bias + GELU, GELU' + bias gradient, residual + LayerNorm /
-// RMSNorm, softmax + cross-entropy + its gradient. Built with -fno-trapping-math so that the
-// loops around fast_exp vectorise (see src/model/meson.build); plain IEEE operations otherwise.
+// RMSNorm, RMSNorm's backward of a summed gradient, softmax + cross-entropy + its gradient.
+// Built with -fno-trapping-math so that the loops around fast_exp vectorise (see
+// src/model/meson.build); plain IEEE operations otherwise.
 #include "model/fused_kernels.h"
 
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "model/parallel.h"
 #include "model/vec_math.h"
@@ -155,6 +157,53 @@ ZINF_ROW_CLONES void residual_rmsnorm_rows(float* out, float* rstd, float* x, co
   }
 }
 
+// Element i of a summed gradient: (d0 + d1) + d2, the order of residual_add applied part by part.
+template <bool kThree>
+[[gnu::always_inline]] inline float part_sum(const float* d0, const float* d1, const float* d2, size_t i) {
+  const float s = d0[i] + d1[i];
+  if constexpr (kThree) {
+    return s + d2[i];
+  } else {
+    return s;
+  }
+}
+
+// llama_kernels.cpp's rmsnorm_backward row loop (the same operations, dot summed in order) with
+// dout the sum of its parts, and dweight's terms of these rows summed in row order into dw_part (C).
+template <bool kThree>
+[[gnu::always_inline]] inline void summed_rmsnorm_rows_of(float* dinp, float* dw_part, const float* d0, const float* d1,
+                                                          const float* d2, const float* inp, const float* weight,
+                                                          const float* rstd, int C, size_t begin, size_t end) {
+  for (int i = 0; i < C; i++) dw_part[i] = 0.0f;
+  for (size_t n = begin; n < end; n++) {
+    const size_t row = n * C;
+    const float* x = inp + row;  // (C)
+    float* dx = dinp + row;      // (C)
+    const float s = rstd[n];
+    float dot = 0.0f;
+    for (int i = 0; i < C; i++) dot += (weight[i] * part_sum<kThree>(d0, d1, d2, row + i)) * (x[i] * s);
+    dot /= static_cast<float>(C);
+    // The outputs overlap no input (the contract); said here because the vectoriser gives up on
+    // checking at run time that seven pointers do not alias.
+#pragma GCC ivdep
+    for (int i = 0; i < C; i++) {
+      const float dy = part_sum<kThree>(d0, d1, d2, row + i);
+      dx[i] += (weight[i] * dy - (x[i] * s) * dot) * s;
+      dw_part[i] += (x[i] * s) * dy;
+    }
+  }
+}
+
+ZINF_ROW_CLONES void summed_rmsnorm_rows(float* dinp, float* dw_part, const float* d0, const float* d1,
+                                         const float* d2, const float* inp, const float* weight, const float* rstd,
+                                         int C, size_t begin, size_t end) {
+  if (d2 != nullptr) {
+    summed_rmsnorm_rows_of<true>(dinp, dw_part, d0, d1, d2, inp, weight, rstd, C, begin, end);
+  } else {
+    summed_rmsnorm_rows_of<false>(dinp, dw_part, d0, d1, d2, inp, weight, rstd, C, begin, end);
+  }
+}
+
 ZINF_ROW_CLONES void softmax_xent_rows(float* logits_to_dlogits, float* losses, const int32_t* targets, float dloss,
                                        int V, size_t begin, size_t end) {
   for (size_t n = begin; n < end; n++) {
@@ -221,6 +270,31 @@ void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* re
   const size_t work = 5 * static_cast<size_t>(C);
   parallel_for(static_cast<size_t>(N), row_grain(work), work, [&](size_t begin, size_t end) {
     residual_rmsnorm_rows(out, rstd, x, residual, weight, eps, C, begin, end);
+  });
+}
+
+void summed_rmsnorm_backward(float* dinp, float* dweight, const float* dout0, const float* dout1, const float* dout2,
+                             const float* inp, const float* weight, const float* rstd, int N, int C) {
+  // One pass over the rows: each chunk of kSummedRmsNormRows rows sums its dweight terms into its
+  // own partial (C); then dweight += the partials in chunk order, columns over threads. The
+  // partials live in a buffer of the calling thread that grows to the largest (N, C) seen.
+  const size_t rows = kSummedRmsNormRows, chunks = (static_cast<size_t>(N) + rows - 1) / rows;
+  static thread_local std::vector<float> partials;
+  if (partials.size() < chunks * C) partials.resize(chunks * C);
+  float* part = partials.data();
+  const size_t row_work = 10 * static_cast<size_t>(C);
+  parallel_for(static_cast<size_t>(N), rows, row_work, [&](size_t begin, size_t end) {
+    for (size_t b = begin; b < end; b += rows) {
+      summed_rmsnorm_rows(dinp, part + b / rows * C, dout0, dout1, dout2, inp, weight, rstd, C, b,
+                          std::min(end, b + rows));
+    }
+  });
+  const size_t cols = static_cast<size_t>(C);
+  parallel_for(cols, model::detail::column_slice_grain(cols), chunks, [&](size_t c0, size_t c1) {
+    for (size_t k = 0; k < chunks; k++) {
+      const float* p = part + k * C;
+      for (size_t i = c0; i < c1; i++) dweight[i] += p[i];
+    }
   });
 }
 

@@ -36,6 +36,21 @@ void residual_layernorm_forward(float* out, float* mean, float* rstd, float* x, 
 void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* residual, const float* weight,
                               float eps, int N, int C);
 
+// RMSNorm's backward when d(out) arrives in parts, one from each product that reads the norm's
+// output (Llama: q, k and v after input_layernorm, gate and up after post_attention_layernorm),
+// in one pass over the rows. dout = (dout0 + dout1) + dout2 (dout2 may be nullptr), formed
+// element by element and never stored; the parts are only read. dinp (N,C) += the input's
+// gradient (the residual gradient) with rmsnorm_backward's operations on residual_add's sums, so
+// the same bits. dweight (C) += the weight gradient, summed in another order than
+// rmsnorm_backward's serial row loop: each chunk of kSummedRmsNormRows rows in row order from
+// zero, then the chunks' sums added to dweight in chunk order (the bits do not depend on the
+// threads). Unfused: residual_add(dout0, dout1) (and dout2), then rmsnorm_backward, three or four
+// passes. dinp and dweight overlap no input. The chunk sums live in a buffer of the calling
+// thread, grown to the largest N x C seen and then reused (no allocation in later passes).
+inline constexpr int kSummedRmsNormRows = 32;
+void summed_rmsnorm_backward(float* dinp, float* dweight, const float* dout0, const float* dout1, const float* dout2,
+                             const float* inp, const float* weight, const float* rstd, int N, int C);
+
 // Training's cross-entropy and its gradient in one pass per row of logits (N,V):
 // losses[n] = log-sum-exp(row) - row[target] (the sum of exps in double, as the reference), and
 // the row becomes dlogits = (softmax(row) - onehot(target)) * dloss in place. The (N,V) matrix is

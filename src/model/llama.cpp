@@ -50,9 +50,9 @@ struct LlamaActivations {
   float* logits;                       // (B,T,V): logits, then (training) their gradient
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
-  float* dx;                           // (B,T,C) scratch gradient
-  float* dx2;                          // (B,T,C) scratch gradient
-  float* dbig;                         // (B,T,max(C+2KV, 2I)): dq|dk|dv, or dact|dup
+  float* dx;                           // (B,T,C) scratch gradient: a norm output's first part
+  float* dx2;                          // (B,T,C) scratch gradient: its second part
+  float* dbig;                         // (B,T,max(C+2KV, 2I)): dq|dk|dv (then v's part over dq), or dact|dup
   float* att_scratch;                  // gqa_attention_scratch_floats()
   float* rope_cos;                     // (T, head_dim/2)
   float* rope_sin;                     // (T, head_dim/2)
@@ -299,12 +299,12 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dup = a.dbig + NI;  // (B,T,I)
     matmul_.backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
+    // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its one pass.
     matmul_.backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
     matmul_.backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
-    k::residual_add(a.dx, a.dx2, NC);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
-    k::rmsnorm_backward(a.dres, g[0], a.dx, la.res2, v[0], la.rstd2, N, d.C);
+    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 1), [&](auto v, auto g) {
     float* datty = a.dx;                                  // (B,T,C)
@@ -316,14 +316,14 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+    // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
+    // norm 1's backward sums them in its one pass.
     matmul_.backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
     matmul_.backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
-    k::residual_add(a.dx, a.dx2, NC);
-    matmul_.backward(a.dx2, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
-    k::residual_add(a.dx, a.dx2, NC);
+    matmul_.backward(dq, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
-    k::rmsnorm_backward(a.dres, g[0], a.dx, a.resid[layer], v[0], la.rstd1, N, d.C);
+    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C);
   });
 }
 

@@ -52,6 +52,15 @@ int main() {
   k::residual_rmsnorm_forward(o.data(), rstd.data(), x.data(), r.data(), w.data(), 1e-6f, N, C);
   mix(o);
   mix(rstd);
+  // RMSNorm's backward of a gradient in two parts (o and r stand in for them), then three.
+  std::vector<float> dinp = filled(x.size(), 1, 10), dw = filled(C, 1, 11), part3 = filled(x.size(), 2, 12);
+  k::summed_rmsnorm_backward(dinp.data(), dw.data(), o.data(), r.data(), nullptr, x.data(), w.data(), rstd.data(), N, C);
+  mix(dinp);
+  mix(dw);
+  k::summed_rmsnorm_backward(dinp.data(), dw.data(), o.data(), r.data(), part3.data(), x.data(), w.data(), rstd.data(),
+                             N, C);
+  mix(dinp);
+  mix(dw);
   std::vector<float> logits = filled(static_cast<size_t>(NV) * V, 8, 9), losses(NV);
   const std::vector<int32_t> targets = {0, 5, 77, V - 1, 1000, 3, 9};
   k::softmax_xent_loss(logits.data(), losses.data(), targets.data(), NV, V);

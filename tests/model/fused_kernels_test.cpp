@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "model/kernels.h"
@@ -175,6 +176,55 @@ TEST(FusedKernelsTest, ResidualRmsNormMatchesResidualAddThenRmsNorm) {
   EXPECT_TRUE(same_bits(x2, x_ref));
   EXPECT_TRUE(same_bits(out2, out));
   EXPECT_TRUE(same_bits(rstd2, rstd));
+}
+
+TEST(FusedKernelsTest, SummedRmsNormBackwardMatchesResidualAddsThenRmsNormBackward) {
+  // Llama's backward before: d(norm output) summed into the first part by residual_add (q + k,
+  // then + v; gate + up), then rmsnorm_backward. The fused kernel forms the same sums in its one
+  // pass: dinp must be those bits. dweight is summed in chunks of kSummedRmsNormRows rows: the
+  // bits of that order written out here, and close to the serial order's. Shapes: split over
+  // threads with a partial last chunk, a single short chunk.
+  const float eps = 1e-6f;
+  for (auto [N, C] : {std::pair{301, 203}, std::pair{5, 7}}) {
+    const size_t NC = static_cast<size_t>(N) * C;
+    std::vector<float> x = randn(27, NC, 2.0), w = randn(28, C), out(NC), rstd(N);
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), eps, N, C);
+    const std::vector<float> d0 = randn(29, NC), d1 = randn(30, NC, 3.0), d2 = randn(31, NC, 0.5);
+    const std::vector<float> dinp0 = randn(32, NC), dw0 = randn(33, C, 0.1);  // both accumulate
+    for (bool three : {false, true}) {
+      const std::string what = std::to_string(N) + "x" + std::to_string(C) + (three ? " q+k+v" : " gate+up");
+      std::vector<float> sum = d0, dinp_ref = dinp0, dw_ref = dw0;
+      residual_add(sum.data(), d1.data(), NC);
+      if (three) residual_add(sum.data(), d2.data(), NC);
+      rmsnorm_backward(dinp_ref.data(), dw_ref.data(), sum.data(), x.data(), w.data(), rstd.data(), N, C);
+
+      std::vector<float> dinp = dinp0, dw = dw0, p0 = d0, p1 = d1, p2 = d2;
+      summed_rmsnorm_backward(dinp.data(), dw.data(), p0.data(), p1.data(), three ? p2.data() : nullptr, x.data(),
+                              w.data(), rstd.data(), N, C);
+      EXPECT_TRUE(same_bits(dinp, dinp_ref)) << what;
+      EXPECT_TRUE(same_bits(p0, d0) && same_bits(p1, d1) && same_bits(p2, d2)) << what;  // only read
+
+      // dweight: each chunk's terms in row order from zero, then dweight += each chunk in order.
+      std::vector<float> dw_chunked = dw0;
+      for (int b = 0; b < N; b += kSummedRmsNormRows) {
+        std::vector<float> part(C, 0.0f);
+        for (int n = b; n < std::min(N, b + kSummedRmsNormRows); n++) {
+          for (int i = 0; i < C; i++) part[i] += (x[n * C + i] * rstd[n]) * sum[n * C + i];
+        }
+        for (int i = 0; i < C; i++) dw_chunked[i] += part[i];
+      }
+      EXPECT_TRUE(same_bits(dw, dw_chunked)) << what;
+      // Against the serial order: sums of N terms of size ~3, relative to the largest |dweight|.
+      double worst = 0.0, largest = 0.0;
+      for (int i = 0; i < C; i++) {
+        worst = std::max(worst, std::fabs(static_cast<double>(dw[i]) - dw_ref[i]));
+        largest = std::max(largest, std::fabs(static_cast<double>(dw_ref[i])));
+      }
+      std::printf("summed RMSNorm backward %s: dweight vs unfused %.3g of the largest\n", what.c_str(),
+                  worst / largest);
+      EXPECT_LT(worst, 1e-5 * largest) << what;
+    }
+  }
 }
 
 TEST(FusedKernelsTest, SoftmaxXentFusedMatchesForwardThenBackward) {
