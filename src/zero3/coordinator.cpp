@@ -341,6 +341,7 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
       if (!grad_spare_.holds(n)) {
         const std::uint64_t want = grad_live_ + n;
         grad_spare_.trim_to(want < opt_.reduce_bucket_size ? opt_.reduce_bucket_size - want : 0);
+        ++stats_.grad_allocations;
       }
       buf = grad_spare_.take(n);
       if (buf.data() == nullptr && n > 0) {
@@ -349,6 +350,7 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
       }
       std::memset(buf.data(), 0, n * sizeof(float));
       grad_live_ += n;
+      stats_.grad_high_water = std::max(stats_.grad_high_water, grad_live_ + grad_spare_.elements());
     }
     grads[k] = buf.data() + place.offset;
   }

@@ -42,6 +42,8 @@ struct CoordinatorStats {
   std::uint64_t persistent_elements = 0;
   std::uint64_t trace_invalidations = 0;
   std::uint64_t buckets = 0;            // gradient reduce-scatters
+  std::uint64_t grad_allocations = 0;   // gradient buffers allocated (not reused from a pass before)
+  std::uint64_t grad_high_water = 0;    // most gradient elements held at once, in use or kept
   double backward_start_s = 0;          // seconds into the micro-step when backward began
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };

@@ -262,3 +262,30 @@ TEST(CoordinatorTest, LeavingTheTraceStopsPrefetchingAndRecordsAgain) {
 
 }  // namespace
 }  // namespace zinf::zero3
+
+namespace zinf::zero3 {
+namespace {
+
+// Gradient buffers freed by a reduce are kept for the next ones (no fresh pages each pass), but
+// kept and in-use ones together stay within reduce_bucket_size. One rank reduces each module's
+// gradients as soon as they are complete, so p0 (waiting for embed) and one module's are in use.
+TEST(CoordinatorTest, GradientBuffersAreReusedWithinTheBucket) {
+  CoordinatorOptions big = options();
+  big.reduce_bucket_size = 1000000;
+  Harness h(10, big);
+  h.pass();
+  EXPECT_EQ(h.coordinator->stats().grad_allocations, 2u);  // p0, and one that m10..m1 pass along
+  h.pass();
+  h.pass();
+  EXPECT_EQ(h.coordinator->stats().grad_allocations, 2u) << "later passes reuse the first pass's buffers";
+  EXPECT_EQ(h.coordinator->stats().grad_high_water, 2 * kSize) << "keeping must not hold more than was in use";
+
+  Harness one(10, options());  // reduce_bucket_size 1: nothing fits beside what is in use
+  one.pass();
+  one.pass();
+  EXPECT_EQ(one.coordinator->stats().grad_allocations, 22u);
+  EXPECT_EQ(one.coordinator->stats().grad_high_water, 2 * kSize);
+}
+
+}  // namespace
+}  // namespace zinf::zero3
