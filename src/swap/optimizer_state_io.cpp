@@ -16,6 +16,7 @@ using detail::Overlap;
 
 Status OptimizerSwapper::init_master(const MasterSource& source) {
   // Written to the uncommitted slot, then committed: a failure here leaves the old state.
+  (void)cancel_read_ahead();  // of the state being replaced (its read errors no longer matter)
   const int target = 1 - slot_;
   const std::size_t n_slots = std::min<std::size_t>(slots_.size(), 2);
   Status st = [&]() -> Status {
@@ -64,7 +65,8 @@ Status OptimizerSwapper::write_gradients(std::size_t subgroup, const void* data)
     }
     return Status::ok();
   }();
-  const Status drained = drain();
+  // Writes only: a read ahead of the step (read_ahead) stays in flight for the step.
+  const Status drained = drain_writes();
   if (st.is_ok()) st = drained;
   return st.with_context(fmt::format("writing the gradients of sub-group {}", subgroup));
 }
@@ -80,6 +82,9 @@ Status OptimizerSwapper::read_state(std::size_t subgroup, std::size_t which, std
     std::fill(out.begin(), out.end(), 0.0f);  // not created yet: zeros, as the first step sees them
     return Status::ok();
   }
+  // Slot 0 is the bounce buffer: a read ahead is waited for and dropped (its errors with it; the
+  // reads below go to the same state and report their own).
+  (void)cancel_read_ahead();
   Slot& s = *slots_[0];
   for (const Tile& t : tiles_) {
     if (t.subgroup != subgroup) continue;
@@ -97,6 +102,7 @@ Status OptimizerSwapper::load_state(std::size_t subgroup, std::size_t which, std
         in.size(), layout_.subgroups.size(), tensors));
   }
   const int target = 1 - slot_;
+  (void)cancel_read_ahead();  // slot 0 is the bounce buffer, and the committed state is replaced
   Slot& s = *slots_[0];
   for (const Tile& t : tiles_) {
     if (t.subgroup != subgroup) continue;
@@ -122,6 +128,7 @@ Status OptimizerSwapper::write_param_copies(const StepInputs& outputs) {
   }
   check.ctx.step = 1;
   ZINF_RETURN_IF_ERROR(check_inputs(check));
+  (void)cancel_read_ahead();  // slot 0 is the bounce buffer; the reads below report their own errors
   Slot& s = *slots_[0];
   for (const Tile& t : tiles_) {
     ZINF_RETURN_IF_ERROR(store_->read(state_key(t.subgroup, 0, slot_), t.start * 4, s.master, t.length * 4));

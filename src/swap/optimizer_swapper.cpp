@@ -213,9 +213,9 @@ Status OptimizerSwapper::check_inputs(const StepInputs& in) const {
   return Status::ok();
 }
 
-Status OptimizerSwapper::issue_reads(Slot& s, const Tile& t) {
+Status OptimizerSwapper::issue_reads(Slot& s, const Tile& t, bool states, bool grads) {
   const std::size_t bytes = static_cast<std::size_t>(t.length * 4);
-  for (std::size_t which = 0; which <= optimizer_.state_count(); ++which) {
+  for (std::size_t which = 0; states && which <= optimizer_.state_count(); ++which) {
     float* buffer = which == 0 ? s.master : s.states[which - 1];
     if (which > 0 && !states_created_) {
       std::memset(buffer, 0, bytes);  // state is created on first use
@@ -224,7 +224,7 @@ Status OptimizerSwapper::issue_reads(Slot& s, const Tile& t) {
     ZINF_ASSIGN_OR_RETURN(IoBatch b, store_->read_async(state_key(t.subgroup, which, slot_), t.start * 4, buffer, bytes));
     s.reads.emplace_back(store_.get(), std::move(b));
   }
-  if (grad_store_) {
+  if (grad_store_ && grads) {
     const std::size_t g = dtype_size(config_.gradient_dtype);
     ZINF_ASSIGN_OR_RETURN(IoBatch b, grad_store_->read_async(grad_key(t.subgroup), t.start * g, s.grad, t.length * g));
     s.reads.emplace_back(grad_store_.get(), std::move(b));
@@ -240,6 +240,38 @@ Status OptimizerSwapper::wait_reads(Slot& s) {
   }
   s.reads.clear();
   return first;
+}
+
+Status OptimizerSwapper::read_ahead() {
+  if (ahead_ > 0 || !master_written_) return Status::ok();
+  const std::size_t count = std::min(slots_.size(), tiles_.size());
+  ahead_before_ = store_->stats();
+  for (std::size_t i = 0; i < count; ++i) {
+    Slot& s = *slots_[i];
+    const Tile& t = tiles_[i];
+    // The slots are idle between steps (the last step drained them); waited for safety all the same.
+    Status st = wait_writes(s);
+    // The gradients (swap_gradients) are read by the step: write_gradients may still rewrite them.
+    if (st.is_ok()) st = issue_reads(s, t, /*states=*/true, /*grads=*/false);
+    if (st.is_ok()) {
+      ahead_ = i + 1;
+      continue;
+    }
+    (void)cancel_read_ahead();  // the error being returned is the one that matters
+    return st.with_context(fmt::format("reading ahead sub-group {} elements [{}, {})", t.subgroup, t.start,
+                                       t.start + t.length));
+  }
+  return Status::ok();
+}
+
+Status OptimizerSwapper::cancel_read_ahead() {
+  Status first;
+  for (std::size_t i = 0; i < ahead_; ++i) {
+    Status st = wait_reads(*slots_[i]);
+    if (!st.is_ok() && first.is_ok()) first = std::move(st);
+  }
+  ahead_ = 0;
+  return first.with_context("optimizer state read ahead of the step (dropped)");
 }
 
 Status OptimizerSwapper::compute(Slot& s, const Tile& t, const StepInputs& in) {
@@ -288,20 +320,44 @@ Status OptimizerSwapper::write_copies(Slot& s, const Tile& t, const StepInputs& 
   return Status::ok();
 }
 
-Status OptimizerSwapper::wait_writes(Slot& s) {
+Status OptimizerSwapper::wait_state_writes(Slot& s) {
   const auto t0 = Clock::now();
   Status first;
   for (auto& [store, batch] : s.writes) {
     Status st = store->wait(batch);
     if (!st.is_ok() && first.is_ok()) first = std::move(st);
   }
+  s.writes.clear();
+  stats_.write_wait_seconds += seconds_since(t0);
+  return first;
+}
+
+Status OptimizerSwapper::wait_copy_writes(Slot& s) {
+  const auto t0 = Clock::now();
+  Status first;
   for (const SwapTicket& t : s.copy_writes) {
     Status st = t.wait();
     if (!st.is_ok() && first.is_ok()) first = std::move(st);
   }
-  s.writes.clear();
   s.copy_writes.clear();
-  stats_.write_wait_seconds += seconds_since(t0);
+  const double waited = seconds_since(t0);
+  stats_.write_wait_seconds += waited;
+  stats_.copy_wait_seconds += waited;
+  return first;
+}
+
+Status OptimizerSwapper::wait_writes(Slot& s) {
+  Status first = wait_state_writes(s);
+  Status copies = wait_copy_writes(s);
+  return first.is_ok() ? copies : first;
+}
+
+Status OptimizerSwapper::drain_writes() {
+  Status first;
+  for (auto& s : slots_) {
+    Status w = wait_writes(*s);
+    if (first.is_ok()) first = std::move(w);
+  }
   return first;
 }
 
@@ -315,32 +371,37 @@ Status OptimizerSwapper::drain() {
   return first;
 }
 
-Status OptimizerSwapper::run_pipeline(const StepInputs& in) {
+// Tile i runs in slot i mod stages. A slot's reads overwrite its master and states, which its
+// previous tile's state writes read from; its 16-bit copy area is rewritten only by the next
+// compute. So a read waits for the state writes alone, and the compute for the copy writes.
+// Tiles below `ahead` had their master and states read by read_ahead().
+Status OptimizerSwapper::run_pipeline(const StepInputs& in, std::size_t ahead) {
   const bool pread = config_.pipeline_read, pwrite = config_.pipeline_write;
   const std::size_t stages = slots_.size();
   const int next_slot = 1 - slot_;
+  auto where = [&](std::size_t i) {
+    const Tile& t = tiles_[i];
+    return fmt::format("sub-group {} elements [{}, {}){}", t.subgroup, t.start, t.start + t.length,
+                       i < ahead ? " (read ahead of the step)" : "");
+  };
+  auto read = [&](std::size_t i) -> Status {
+    Slot& s = *slots_[i % stages];
+    ZINF_RETURN_IF_ERROR(wait_state_writes(s).with_context(fmt::format("before reading {}", where(i))));
+    return issue_reads(s, tiles_[i], /*states=*/i >= ahead, /*grads=*/true).with_context(where(i));
+  };
   for (std::size_t i = 0; i < tiles_.size(); ++i) {
     const Tile& t = tiles_[i];
-    auto where = [&](const Tile& tile) {
-      return fmt::format("sub-group {} elements [{}, {})", tile.subgroup, tile.start, tile.start + tile.length);
-    };
     Slot& s = *slots_[i % stages];
-    if (i == 0 || !pread) {
-      ZINF_RETURN_IF_ERROR(wait_writes(s).with_context(where(t)));
-      ZINF_RETURN_IF_ERROR(issue_reads(s, t).with_context(where(t)));
-    }
+    if (i == 0 || !pread) ZINF_RETURN_IF_ERROR(read(i));
     const auto t0 = Clock::now();
-    const Status read = wait_reads(s);
+    const Status read_status = wait_reads(s);
     stats_.read_wait_seconds += seconds_since(t0);
-    ZINF_RETURN_IF_ERROR(read.with_context(where(t)));
-    if (pread && i + 1 < tiles_.size()) {
-      Slot& n = *slots_[(i + 1) % stages];
-      ZINF_RETURN_IF_ERROR(wait_writes(n).with_context(fmt::format("before reading {}", where(tiles_[i + 1]))));
-      ZINF_RETURN_IF_ERROR(issue_reads(n, tiles_[i + 1]).with_context(where(tiles_[i + 1])));
-    }
-    ZINF_RETURN_IF_ERROR(compute(s, t, in).with_context(where(t)));
-    ZINF_RETURN_IF_ERROR(issue_writes(s, t, in, next_slot).with_context(where(t)));
-    if (!pwrite) ZINF_RETURN_IF_ERROR(wait_writes(s).with_context(where(t)));
+    ZINF_RETURN_IF_ERROR(read_status.with_context(where(i)));
+    if (pread && i + 1 < tiles_.size()) ZINF_RETURN_IF_ERROR(read(i + 1));
+    ZINF_RETURN_IF_ERROR(wait_copy_writes(s).with_context(fmt::format("before computing {}", where(i))));
+    ZINF_RETURN_IF_ERROR(compute(s, t, in).with_context(where(i)));
+    ZINF_RETURN_IF_ERROR(issue_writes(s, t, in, next_slot).with_context(where(i)));
+    if (!pwrite) ZINF_RETURN_IF_ERROR(wait_writes(s).with_context(where(i)));
     ++stats_.tiles;
   }
   return Status::ok();
@@ -353,16 +414,20 @@ Status OptimizerSwapper::step(const StepInputs& in) {
   }
   const auto t0 = Clock::now();
   stats_ = StepStats{};
-  const StoreStats before = store_->stats();
+  // The step takes over the read-ahead's reads (waited below, or by drain() on failure).
+  const std::size_t ahead = std::exchange(ahead_, 0);
+  const StoreStats before = ahead > 0 ? ahead_before_ : store_->stats();
   const StoreStats grad_before = grad_store_ ? grad_store_->stats() : StoreStats{};
-  Status st = run_pipeline(in);
+  Status st = run_pipeline(in, ahead);
   const Status drained = drain();
   if (st.is_ok()) st = drained;
   if (!st.is_ok()) {
     return st.with_context(fmt::format("optimizer step {} failed (the state of step {} stays committed and intact)",
                                        in.ctx.step, committed_step_));
   }
+  const auto tcommit = Clock::now();
   ZINF_RETURN_IF_ERROR(commit_metadata(1 - slot_, in.ctx.step, true, true));
+  stats_.commit_seconds = seconds_since(tcommit);
   const StoreStats after = store_->stats();
   const StoreStats grad_after = grad_store_ ? grad_store_->stats() : StoreStats{};
   stats_.bytes_read = after.bytes_read - before.bytes_read + grad_after.bytes_read - grad_before.bytes_read;

@@ -306,6 +306,9 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   // over ranks: scale x the mean gradient of the global batch.
   const double scale = scaler->scale();
   const auto grad_loss_scale = static_cast<float>(scale / (gas * comm.world_size()));
+  // The optimizer state the step reads first does not depend on the gradients: its reads run
+  // under the passes (into the swapper's own slots; kept for the next step if this one fails).
+  ZINF_RETURN_IF_ERROR(optimizer->read_ahead());
   double loss_sum = 0;
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();

@@ -138,6 +138,7 @@ class NvmeOptimizerTier final : public OptimizerTier {
   }
   const optim::Optimizer& optimizer() const override { return swapper_->optimizer(); }
   Status init_master(const swap::MasterSource& source) override { return swapper_->init_master(source); }
+  Status read_ahead() override { return swapper_->read_ahead(); }
   Status step(const swap::StepInputs& in) override {
     Status s = swapper_->step(in);
     account();

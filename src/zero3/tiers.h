@@ -57,6 +57,9 @@ class OptimizerTier {
   virtual std::string describe() const = 0;
   virtual const optim::Optimizer& optimizer() const = 0;
   virtual Status init_master(const swap::MasterSource& source) = 0;
+  // Starts reading the state the next step() reads first while the passes run (nvme: the
+  // swapper's read_ahead(); memory: nothing). A read error surfaces at that step().
+  virtual Status read_ahead() { return Status::ok(); }
   virtual Status step(const swap::StepInputs& in) = 0;
   virtual Status write_param_copies(const swap::StepInputs& outputs) = 0;
   // which: 0 master, 1 + i the optimizer's state i. out: subgroups[sg].numel elements.

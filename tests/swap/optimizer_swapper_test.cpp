@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
+#include "optimizer_test_util.h"
 #include "swap_test_util.h"
 #include "zinf/optim/half.h"
 #include "zinf/swap/param_swapper.h"
@@ -18,22 +20,7 @@ namespace zinf::swap {
 namespace {
 
 using testing::TempDir;
-
-const std::vector<ParamPartition> kParams = {{"wte", 5000},  {"h.0.attn", 3000}, {"h.0.mlp", 10000}, {"h.0.ln", 1},
-                                             {"h.1.attn", 7000}, {"h.1.mlp", 12000}, {"lm_head", 2500}};
-
-float initial_value(std::size_t p, std::uint64_t i) {
-  std::uint64_t x = (p + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
-  x ^= x >> 29;
-  return static_cast<float>(static_cast<std::int64_t>(x % 2000001) - 1000000) * 1e-6f;
-}
-
-MasterSource initial_source() {
-  return [](std::size_t p, std::uint64_t offset, std::span<float> out) {
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = initial_value(p, offset + i);
-    return Status::ok();
-  };
-}
+using namespace testing;  // the optimizer test helpers
 
 TEST(OptimizerLayout, PacksPartitionsIntoAlignedSubGroups) {
   const OptimizerLayout l = OptimizerLayout::build(kParams, 8000);
@@ -52,69 +39,6 @@ TEST(OptimizerLayout, PacksPartitionsIntoAlignedSubGroups) {
 }
 
 // The same steps on in-memory arrays with the same kernels: the reference.
-struct InMemory {
-  OptimizerLayout layout;
-  optim::Optimizer opt;
-  std::vector<std::vector<float>> master;
-  std::vector<std::vector<std::vector<float>>> states;  // (sub-group, state)
-  std::vector<std::vector<std::uint16_t>> copies;
-
-  InMemory(const OptimizerLayout& l, const optim::Optimizer& o) : layout(l), opt(o) {
-    for (const SubGroup& g : layout.subgroups) {
-      master.emplace_back(g.numel, 0.0f);
-      states.emplace_back(opt.state_count(), std::vector<float>(g.numel, 0.0f));
-      copies.emplace_back(g.numel, 0);
-    }
-    for (std::size_t p = 0; p < layout.params.size(); ++p) {
-      for (std::uint64_t i = 0; i < layout.params[p].numel; ++i) {
-        master[layout.subgroup_of[p]][layout.offset_in_subgroup[p] + i] = initial_value(p, i);
-      }
-    }
-  }
-  void step(const StepInputs& in) {
-    for (std::size_t g = 0; g < master.size(); ++g) {
-      std::vector<std::span<float>> st(states[g].begin(), states[g].end());
-      optim::GradView grad = in.grads[g];
-      grad.scale = in.grad_scale;
-      ASSERT_TRUE(opt.step(in.ctx, master[g], st, grad, optim::HalfCopy{copies[g].data(), in.copy_dtype}).is_ok());
-    }
-  }
-};
-
-// Gradients for one step: (sub-group,) buffers of dtype in the padded layout, zero in the padding.
-std::vector<std::vector<std::byte>> make_grads(const OptimizerLayout& l, DType dtype, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 0.01f);
-  std::vector<std::vector<std::byte>> out;
-  for (const SubGroup& g : l.subgroups) out.emplace_back(g.numel * dtype_size(dtype));
-  for (std::size_t p = 0; p < l.params.size(); ++p) {
-    std::byte* base = out[l.subgroup_of[p]].data() + l.offset_in_subgroup[p] * dtype_size(dtype);
-    for (std::uint64_t i = 0; i < l.params[p].numel; ++i) {
-      const float v = normal(rng);
-      if (dtype == DType::kF32) {
-        std::memcpy(base + i * 4, &v, 4);
-      } else {
-        const std::uint16_t h = dtype == DType::kBF16 ? optim::f32_to_bf16_bits(v) : optim::f32_to_f16_bits(v);
-        std::memcpy(base + i * 2, &h, 2);
-      }
-    }
-  }
-  return out;
-}
-
-std::vector<optim::GradView> views(const std::vector<std::vector<std::byte>>& grads, DType dtype) {
-  std::vector<optim::GradView> v;
-  for (const auto& g : grads) v.push_back(optim::GradView{g.data(), dtype, g.size() / dtype_size(dtype), 1.0});
-  return v;
-}
-
-optim::OptimizerConfig adamw() {
-  optim::AdamParams p;
-  p.lr = 1e-2;
-  p.weight_decay = 0.01;
-  return optim::OptimizerConfig{p};
-}
-
 struct Case {
   const char* name;
   optim::OptimizerConfig opt;
@@ -125,33 +49,13 @@ struct Case {
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-// Compares every committed state tensor with the reference, bit for bit.
-void expect_state_equal(OptimizerSwapper& sw, const InMemory& ref) {
-  for (std::size_t g = 0; g < ref.master.size(); ++g) {
-    std::vector<float> got(ref.master[g].size());
-    for (std::size_t which = 0; which <= ref.opt.state_count(); ++which) {
-      ASSERT_TRUE(sw.read_state(g, which, got).is_ok());
-      const std::vector<float>& want = which == 0 ? ref.master[g] : ref.states[g][which - 1];
-      EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << "sub-group " << g << " tensor " << which;
-    }
-  }
-}
-
-OptimizerSwapConfig base_config(const TempDir& dir) {
-  OptimizerSwapConfig c;
-  c.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
-  c.buffer_count = 4;
-  c.buffer_size = 8192;  // 128 KiB: tiles of 2048 elements with three stages, smaller than sub-groups
-  c.sub_group_size = 8000;
-  c.pin_memory = false;
-  c.stripe_unit = 8192;
-  return c;
-}
-
-class OptimizerSwapperSteps : public ::testing::TestWithParam<Case> {};
+// read_ahead: every step's first tiles are read ahead (as the engine does under the passes), and
+// at step 2 the read-ahead is dropped by a read_state and started again.
+class OptimizerSwapperSteps : public ::testing::TestWithParam<std::tuple<Case, bool>> {};
 
 TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
-  const Case& c = GetParam();
+  const Case& c = std::get<0>(GetParam());
+  const bool read_ahead = std::get<1>(GetParam());
   TempDir dir;
   auto h = testing::make_handle();
   OptimizerSwapConfig cfg = base_config(dir);
@@ -188,10 +92,27 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
     in.ctx.lr = 1e-2 / step;
     in.grad_scale = 0.5;
     in.grads = views(grads, c.grad_dtype);
+    if (read_ahead) {
+      ASSERT_TRUE(sw.read_ahead().is_ok());
+      const std::size_t ahead = sw.read_ahead_tiles();
+      EXPECT_GT(ahead, 0u);
+      if (step == 2) {  // the slots are read_state's bounce buffer: the read-ahead is dropped first
+        std::vector<float> master(ref.master[0].size());
+        ASSERT_TRUE(sw.read_state(0, 0, master).is_ok());
+        EXPECT_EQ(std::memcmp(master.data(), ref.master[0].data(), master.size() * 4), 0);
+        EXPECT_EQ(sw.read_ahead_tiles(), 0u);
+        ASSERT_TRUE(sw.read_ahead().is_ok());
+      }
+      ASSERT_TRUE(sw.read_ahead().is_ok());  // a no-op while one is pending
+      EXPECT_EQ(sw.read_ahead_tiles(), ahead);
+    }
     ref.step(in);
     if (c.swap_gradients) {
       for (std::size_t g = 0; g < grads.size(); ++g) ASSERT_TRUE(sw.write_gradients(g, grads[g].data()).is_ok());
       in.grads.clear();
+      if (read_ahead) {
+        EXPECT_GT(sw.read_ahead_tiles(), 0u);  // gradient writes keep the read-ahead
+      }
     }
     if (c.copies_to_swapper) {
       in.param_swapper = params.get();
@@ -201,6 +122,7 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
     const Status st = sw.step(in);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     EXPECT_EQ(sw.committed_step(), step);
+    EXPECT_EQ(sw.read_ahead_tiles(), 0u);
     EXPECT_GT(sw.last_stats().tiles, sw.layout().subgroups.size());
   }
   expect_state_equal(sw, ref);
@@ -227,7 +149,7 @@ optim::OptimizerConfig adam_l2() {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, OptimizerSwapperSteps,
-    ::testing::Values(Case{"adamw_serial", adamw(), false, false, false, DType::kF32, false},
+    ::testing::Combine(::testing::Values(Case{"adamw_serial", adamw(), false, false, false, DType::kF32, false},
                       Case{"adamw_pipelined", adamw(), true, true, false, DType::kF32, false},
                       Case{"adamw_read_only", adamw(), true, false, false, DType::kBF16, false},
                       Case{"adamw_write_only", adamw(), false, true, false, DType::kF32, true},
@@ -235,15 +157,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adagrad", optim::OptimizerConfig{optim::AdagradParams{}}, true, true, true, DType::kF32,
                            false},
                       Case{"lion", optim::OptimizerConfig{optim::LionParams{}}, true, true, false, DType::kF16, true}),
-    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
-
-// One step's worth of write chunks of the optimizer store: tiles x tensors (each tile's tensor
-// is one chunk of at most 64 KiB here).
-std::uint64_t writes_per_step(const OptimizerSwapper& sw) {
-  std::uint64_t tiles = 0;
-  for (const SubGroup& g : sw.layout().subgroups) tiles += (g.numel + sw.tile_elements() - 1) / sw.tile_elements();
-  return tiles * (1 + sw.optimizer().state_count());
-}
+                       ::testing::Bool()),
+    [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
+      return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_read_ahead" : "");
+    });
 
 class OptimizerSwapperFault : public ::testing::TestWithParam<bool> {};
 

@@ -19,6 +19,7 @@
 
 #include "common/file_io.h"
 #include "temp_dir.h"
+#include "zinf/aio/fault.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"
 #include "zinf/model/gpt.h"
@@ -41,6 +42,7 @@ struct RunSetup {
   int gas = 2;
   int param_buffer_count = 3;       // offload_param nvme staging buffers of 4096 elements
   std::int64_t prefetch_bucket = 4000;
+  std::shared_ptr<aio::FaultInjector> faults;  // for the NVMe tiers' aio requests
 };
 
 std::unique_ptr<model::Model> tiny_model() {
@@ -100,7 +102,9 @@ class Trainer {
     status_ = ds.status();
     if (!ds.is_ok()) return;
     comm_ = make_local_communicator();
-    auto engine = Engine::create(tiny_model(), EngineOptions{ds.value(), 7, ""}, *comm_);
+    EngineOptions options{ds.value(), 7, ""};
+    options.aio_faults = s.faults;
+    auto engine = Engine::create(tiny_model(), std::move(options), *comm_);
     status_ = engine.status();
     if (engine.is_ok()) engine_ = std::move(engine).value();
     data_ = model::TokenDataset::from_text(std::string(
@@ -230,6 +234,63 @@ TEST(EngineTest, PipeliningAndLiveBudgetDoNotChangeResults) {
   small_pool.param_buffer_count = 2;
   small_pool.prefetch_bucket = 1000000;
   expect_identical(base, train(small_pool, kSteps), "two staging buffers, large prefetch bucket");
+}
+
+// "fd:<n>" of this process's one open optimizer swap data file; empty when there is not exactly
+// one, or when another open descriptor's name starts with the same digits (fd:1 vs fd:12).
+std::string optimizer_store_fd() {
+  std::vector<std::string> fds;
+  std::string found;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    fds.push_back(e.path().filename().string());
+    std::error_code ec;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.find("/optimizer/stripe") != std::string::npos) {
+      if (!found.empty()) return "";
+      found = fds.back();
+    }
+  }
+  for (const std::string& other : fds) {
+    if (other != found && other.rfind(found, 0) == 0) return "";
+  }
+  return found.empty() ? "" : "fd:" + found;
+}
+
+// The optimizer state is read ahead of the step, under the passes. A read of it that fails fails
+// that train_step (naming the read-ahead and the step, the previous step committed), and the
+// same batch retried trains on bit-identically to a run that saw no fault.
+TEST(EngineTest, FailedOptimizerReadAheadFailsItsStepAndTheRetryMatches) {
+  RunSetup s;
+  s.param_device = "nvme";
+  s.optim_device = "nvme";
+  const RunResult want = train(s, 6);
+  s.faults = std::make_shared<aio::FaultInjector>();
+  TempDir nvme;
+  Trainer t(s, nvme.path());
+  ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
+  RunResult got;
+  ASSERT_TRUE(t.run(0, 3, &got).is_ok());
+  // The optimizer store's data file, by its descriptor (the store's requests are fd-based, named
+  // "fd:<n>"): its first read in the next step is the read-ahead's.
+  const std::string fd = optimizer_store_fd();
+  ASSERT_FALSE(fd.empty()) << "no open optimizer stripe file";
+  aio::FaultRule rule;
+  rule.op = aio::FaultOp::kRead;
+  rule.path_contains = fd;
+  s.faults->add(rule);
+  RunResult failed;
+  const Status st = t.run(3, 4, &failed);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_EQ(s.faults->injected(), 1u);
+  EXPECT_EQ(st.sys_errno(), 5) << st.to_string();
+  EXPECT_NE(st.message().find("(read ahead of the step)"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("optimizer step 4 failed (the state of step 3 stays committed and intact)"),
+            std::string::npos)
+      << st.to_string();
+  s.faults->clear();
+  const Status retried = t.run(3, 6, &got);
+  ASSERT_TRUE(retried.is_ok()) << retried.to_string();
+  expect_identical(want, got, "a failed read-ahead, then the step retried");
 }
 
 TEST(EngineTest, Fp32TrainingMatchesAcrossOptimizerDevices) {

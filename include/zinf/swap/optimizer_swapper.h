@@ -12,7 +12,8 @@
 // 16-bit copy fused -> write the 16-bit copy -> write (master, states). With pipeline_read the
 // next tile's read overlaps this tile's compute; with pipeline_write the previous tile's write
 // does. Each pipeline stage has its own pinned slot, carved from a pool of buffer_count x
-// buffer_size fp32 elements.
+// buffer_size fp32 elements. read_ahead() fills the slots with the first tiles' master and
+// states before the step (they do not depend on the gradients), while the passes run.
 //
 // Failure safety: every state tensor has two slots in the store. A step reads the committed
 // slot and writes the other; only when every tile is written does it commit the manifest that
@@ -116,6 +117,8 @@ struct StepStats {
   double compute_seconds = 0;     // in the optimizer kernels
   double read_wait_seconds = 0;   // blocked on reads
   double write_wait_seconds = 0;  // blocked on writes (16-bit copies included)
+  double copy_wait_seconds = 0;   // of which blocked on the 16-bit copies' writes
+  double commit_seconds = 0;      // the manifest commit (fdatasync when durable)
   std::uint64_t bytes_read = 0;   // optimizer and gradient stores
   std::uint64_t bytes_written = 0;
   std::size_t tiles = 0;
@@ -146,6 +149,20 @@ class OptimizerSwapper {
   // Writes sub-group `subgroup`'s gradients (numel elements of gradient_dtype, padded layout)
   // to the gradient store, for the next step.
   Status write_gradients(std::size_t subgroup, const void* data);
+  // Starts reading the committed master weights and optimizer states of the first tiles, one
+  // per pipeline slot, into the slots' pinned buffers (no memory beyond them), so that the next
+  // step() finds them read: call it while other work (the forward and backward passes) runs.
+  // Gradients are not read ahead. No-op before init_master() or when a read-ahead is pending.
+  // The read-ahead stays valid until the committed state changes: step() takes it over (a read
+  // error of it fails that step, naming the tile, with the previous state committed); init_master,
+  // load_state, read_state and write_param_copies drop it first (they reuse the slots and read or
+  // replace the state themselves). Returns a submission error; nothing is then left in flight.
+  Status read_ahead();
+  // Waits for a pending read-ahead and drops it; returns its first read error. The slots are
+  // then idle. Not needed before step() or destruction.
+  Status cancel_read_ahead();
+  // Tiles whose state a pending read-ahead holds or is reading (0: none).
+  std::size_t read_ahead_tiles() const { return ahead_; }
   // One optimizer step over every sub-group; commits on success (see failure safety above).
   Status step(const StepInputs& in);
   // Rewrites the 16-bit copies (in.param_copies or in.param_swapper) from the committed master.
@@ -180,14 +197,19 @@ class OptimizerSwapper {
   std::string state_key(std::size_t subgroup, std::size_t which, int slot) const;
   std::string grad_key(std::size_t subgroup) const;
   Status check_inputs(const StepInputs& in) const;
-  Status issue_reads(Slot& s, const Tile& t);
+  // Master and states (unless read ahead already) and the swapped gradients (not ahead of the
+  // step: write_gradients may still rewrite them).
+  Status issue_reads(Slot& s, const Tile& t, bool states, bool grads);
   Status wait_reads(Slot& s);
   Status compute(Slot& s, const Tile& t, const StepInputs& in);
   Status issue_writes(Slot& s, const Tile& t, const StepInputs& in, int slot);
   Status write_copies(Slot& s, const Tile& t, const StepInputs& in, const void* copy);
-  Status wait_writes(Slot& s);
-  Status run_pipeline(const StepInputs& in);
-  Status drain();
+  Status wait_state_writes(Slot& s);  // before reading into the slot
+  Status wait_copy_writes(Slot& s);   // before computing into the slot's 16-bit copy area
+  Status wait_writes(Slot& s);        // both
+  Status run_pipeline(const StepInputs& in, std::size_t ahead);
+  Status drain();         // every read and write of every slot
+  Status drain_writes();  // every write; reads (a read-ahead) stay in flight
 
   OptimizerSwapConfig config_;
   optim::Optimizer optimizer_;
@@ -202,6 +224,8 @@ class OptimizerSwapper {
   std::int64_t committed_step_ = 0;
   bool states_created_ = false;
   bool master_written_ = false;
+  std::size_t ahead_ = 0;     // read_ahead(): tiles [0, ahead_) are being read into slots [0, ahead_)
+  StoreStats ahead_before_;   // the store's counters when that read-ahead began
   std::vector<bool> loaded_;  // per (sub-group, tensor): loaded by load_state since the last commit
   StepStats stats_;
 };
