@@ -201,7 +201,7 @@ Status Engine::Impl::init() {
     pc.durable = false;
     ZINF_ASSIGN_OR_RETURN(params, make_nvme_param_tier(layout, pc, *handle));
   } else {
-    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype));
+    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype, this->optimizer.get()));
   }
 
   for (const swap::SubGroup& sg : layout.subgroups) {
@@ -277,9 +277,14 @@ Status Engine::Impl::publish_params() {
   swap::StepInputs out;
   params->set_outputs(out);
   if (dtype == swap::DType::kF32) {
-    // Kept across steps: a fresh vector per step faulted its pages in again every step.
     for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
       const std::size_t n = layout.subgroups[sg].numel;
+      if (float* resident = optimizer->master_in_memory(sg)) {
+        // In place: a memory parameter tier over these master weights copies nothing.
+        ZINF_RETURN_IF_ERROR(params->write_f32_subgroup(sg, std::span<const float>(resident, n)));
+        continue;
+      }
+      // Kept across steps: a fresh vector per step faulted its pages in again every step.
       if (publish_scratch.size() < n) publish_scratch.resize(n);
       const std::span<float> master(publish_scratch.data(), n);
       ZINF_RETURN_IF_ERROR(optimizer->read_state(sg, 0, master));

@@ -89,6 +89,7 @@ class MemoryOptimizerTier final : public OptimizerTier {
     std::memcpy(arrays_[which][sg].data(), in.data(), in.size_bytes());
     return Status::ok();
   }
+  float* master_in_memory(std::size_t sg) override { return arrays_[0][sg].data(); }
   double io_wait_seconds() const override { return 0.0; }
   std::uint64_t bytes_moved() const override { return 0; }
 

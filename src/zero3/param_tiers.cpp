@@ -24,6 +24,12 @@ class MemoryParamTier final : public ParamTier {
 
   // Pinned (page-locked where RLIMIT_MEMLOCK allows, huge-page backed, pre-faulted) whatever
   // pin_memory says: the partitions are read at every gather, so they should never page out.
+  // An fp32 tier over memory master weights reads them in place (no copy, no publish).
+  void alias(OptimizerTier& optimizer) {
+    for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) pointers_.push_back(optimizer.master_in_memory(sg));
+    aliased_ = true;
+  }
+
   Status allocate() {
     for (const swap::SubGroup& sg : layout_.subgroups) {
       ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, aio::PinnedBuffer::allocate(sg.numel * swap::dtype_size(dtype_), 64));
@@ -34,7 +40,9 @@ class MemoryParamTier final : public ParamTier {
   }
 
   swap::DType dtype() const override { return dtype_; }
-  std::string describe() const override { return fmt::format("memory ({})", swap::dtype_name(dtype_)); }
+  std::string describe() const override {
+    return fmt::format("memory ({}{})", swap::dtype_name(dtype_), aliased_ ? ", the optimizer's master weights" : "");
+  }
   void prefetch(std::size_t) override {}
   void drop_prefetch(std::size_t) override {}
 
@@ -53,7 +61,7 @@ class MemoryParamTier final : public ParamTier {
 
   Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) override {
     if (dtype_ != swap::DType::kF32) return Status::internal("write_f32_subgroup on a 16-bit parameter tier");
-    std::memcpy(pointers_[sg], sg_master.data(), sg_master.size_bytes());
+    if (pointers_[sg] != sg_master.data()) std::memcpy(pointers_[sg], sg_master.data(), sg_master.size_bytes());
     return Status::ok();
   }
   Status flush() override { return Status::ok(); }
@@ -64,6 +72,7 @@ class MemoryParamTier final : public ParamTier {
   swap::DType dtype_;
   std::vector<aio::PinnedBuffer> buffers_;
   std::vector<void*> pointers_;
+  bool aliased_ = false;
 };
 
 // Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
@@ -160,8 +169,15 @@ class NvmeParamTier final : public ParamTier {
 
 }  // namespace
 
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype) {
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+                                                          OptimizerTier* optimizer) {
   auto tier = std::make_unique<MemoryParamTier>(layout, dtype);
+  const bool in_place = dtype == swap::DType::kF32 && optimizer != nullptr && !layout.subgroups.empty() &&
+                        optimizer->master_in_memory(0) != nullptr;
+  if (in_place) {
+    tier->alias(*optimizer);
+    return std::unique_ptr<ParamTier>(std::move(tier));
+  }
   ZINF_RETURN_IF_ERROR(tier->allocate().with_context("parameter partitions in memory"));
   return std::unique_ptr<ParamTier>(std::move(tier));
 }

@@ -23,6 +23,8 @@
 
 namespace zinf::zero3 {
 
+class OptimizerTier;
+
 class ParamTier {
  public:
   virtual ~ParamTier() = default;
@@ -45,8 +47,12 @@ class ParamTier {
   virtual double io_wait_seconds() const = 0;
 };
 
-// device none / cpu. dtype fp32, bf16 or fp16.
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype);
+// device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
+// weights stay in memory holds no copy: its partitions are those master weights (the optimizer
+// step updates them in place, and write_f32_subgroup of them is a no-op). `optimizer` must
+// outlive the parameter tier.
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+                                                          OptimizerTier* optimizer = nullptr);
 // device nvme (bf16 or fp16).
 Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle);
@@ -66,6 +72,9 @@ class OptimizerTier {
   virtual Status read_state(std::size_t sg, std::size_t which, std::span<float> out) = 0;
   // The inverse, for resume: replaces committed state (memory tiers write in place).
   virtual Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) = 0;
+  // Sub-group sg's fp32 master weights where they stay in host memory for the tier's lifetime
+  // (memory tiers), else nullptr. An fp32 memory parameter tier reads them in place.
+  virtual float* master_in_memory(std::size_t) { return nullptr; }
   virtual double io_wait_seconds() const = 0;
   virtual std::uint64_t bytes_moved() const = 0;
 };
