@@ -33,9 +33,9 @@ std::atomic<bool>& blas_products() {
 // C (M, N) = alpha op(A) op(B) (+ C when accumulate), row-major: one block product.
 void product(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
              bool accumulate, float* C, int ldc) {
-  // Without AVX-512 block_gemm is the scalar reference (std::fma a call each), far slower than
+  // Without AVX2 + FMA block_gemm is the scalar reference (std::fma a call each), far slower than
   // OpenBLAS: such CPUs keep OpenBLAS.
-  if (blas_products().load(std::memory_order_relaxed) || !block_gemm_vectorised()) {
+  if (blas_products().load(std::memory_order_relaxed) || block_gemm_isa() == BlockGemmIsa::kReference) {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
   } else {

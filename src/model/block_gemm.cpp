@@ -1,14 +1,16 @@
-// Small dense products for the blocked attention core: an AVX-512 register-blocked kernel picked
-// at load time, and the scalar reference it matches bit for bit (see block_gemm.h).
+// Small dense products for the blocked attention core: AVX-512 and AVX2 + FMA register-blocked
+// kernels, one picked at load time, and the scalar reference they match bit for bit (block_gemm.h).
 #include "model/block_gemm.h"
 
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#define ZINF_BLOCK_GEMM_AVX512 1
+#define ZINF_BLOCK_GEMM_X86 1
 #endif
 
 namespace zinf::model::kernels::detail {
@@ -27,7 +29,7 @@ void block_gemm_reference(bool trans_a, bool trans_b, int M, int N, int K, float
   }
 }
 
-#ifdef ZINF_BLOCK_GEMM_AVX512
+#ifdef ZINF_BLOCK_GEMM_X86
 namespace {
 
 constexpr int kTileRows = 6;  // 6 rows x 4 vectors: 24 accumulators, 4 B vectors, 1 broadcast
@@ -95,6 +97,77 @@ __attribute__((target("avx512f"))) void block_gemm_avx512(bool trans_a, int M, i
                                C + static_cast<size_t>(i0) * ldc + j0, ldc, last);
     }
   }
+  // The callers are SSE code; GCC adds no vzeroupper to target("...") functions, and SSE after
+  // dirty upper halves ran the reference ~30x slower in the tests.
+  _mm256_zeroupper();
+}
+
+// The AVX2 + FMA kernel: tiles of 4 rows x 24 columns (12 ymm accumulators), the same
+// arithmetic per element as the AVX-512 one.
+constexpr int kTileRows2 = 4;
+
+template <int R, int NV>
+__attribute__((target("avx2,fma"))) void tile2(const float* A, size_t a_rs, size_t a_ks, const float* B, size_t ldb,
+                                                int K, float alpha, bool accumulate, float* C, size_t ldc,
+                                                __m256i last) {
+  __m256 acc[R][NV];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) acc[r][v] = _mm256_setzero_ps();
+  }
+  for (int k = 0; k < K; k++) {
+    const float* brow = B + k * ldb;
+    __m256 b[NV];
+#pragma GCC unroll 8
+    for (int v = 0; v < NV - 1; v++) b[v] = _mm256_loadu_ps(brow + 8 * v);
+    b[NV - 1] = _mm256_maskload_ps(brow + 8 * (NV - 1), last);
+    const float* acol = A + k * a_ks;
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++) {
+      const __m256 a = _mm256_broadcast_ss(acol + r * a_rs);
+#pragma GCC unroll 8
+      for (int v = 0; v < NV; v++) acc[r][v] = _mm256_fmadd_ps(a, b[v], acc[r][v]);
+    }
+  }
+  const __m256 va = _mm256_set1_ps(alpha);
+  const __m256i all = _mm256_set1_epi32(-1);
+#pragma GCC unroll 8
+  for (int r = 0; r < R; r++) {
+    float* crow = C + r * ldc;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; v++) {
+      const __m256i m = v == NV - 1 ? last : all;
+      __m256 x = _mm256_mul_ps(va, acc[r][v]);
+      if (accumulate) x = _mm256_add_ps(_mm256_maskload_ps(crow + 8 * v, m), x);
+      _mm256_maskstore_ps(crow + 8 * v, m, x);
+    }
+  }
+}
+
+using TileFn2 = void (*)(const float*, size_t, size_t, const float*, size_t, int, float, bool, float*, size_t,
+                         __m256i);
+
+template <int R>
+constexpr TileFn2 kRowTiles2[3] = {tile2<R, 1>, tile2<R, 2>, tile2<R, 3>};
+constexpr const TileFn2* kTiles2[kTileRows2] = {kRowTiles2<1>, kRowTiles2<2>, kRowTiles2<3>, kRowTiles2<4>};
+
+__attribute__((target("avx2,fma"))) void block_gemm_avx2(bool trans_a, int M, int N, int K, float alpha,
+                                                          const float* A, int lda, const float* B, size_t ldb,
+                                                          bool accumulate, float* C, int ldc) {
+  const size_t a_rs = trans_a ? 1 : lda, a_ks = trans_a ? lda : 1;
+  for (int j0 = 0; j0 < N; j0 += 24) {
+    const int cols = N - j0 < 24 ? N - j0 : 24;
+    const int nv = (cols + 7) / 8;
+    const int tail = cols - 8 * (nv - 1);
+    const __m256i last = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int i0 = 0; i0 < M; i0 += kTileRows2) {
+      const int rows = M - i0 < kTileRows2 ? M - i0 : kTileRows2;
+      kTiles2[rows - 1][nv - 1](A + i0 * a_rs, a_rs, a_ks, B + j0, ldb, K, alpha, accumulate,
+                                C + static_cast<size_t>(i0) * ldc + j0, ldc, last);
+    }
+  }
+  _mm256_zeroupper();  // as in block_gemm_avx512
 }
 
 // Transposes the 16 rows r into r (row i = column i of the input): unpack, then 128-bit lanes.
@@ -154,42 +227,80 @@ __attribute__((target("avx512f"))) void pack_transposed(const float* B, size_t l
 
 #pragma GCC diagnostic pop
 
-bool cpu_has_avx512() {
+// The widest kernel the CPU has, or a narrower one ZINF_BLOCK_GEMM_ISA (avx2, reference) asks
+// for (benchmarks of the AVX2 kernel on an AVX-512 CPU).
+BlockGemmIsa detect_isa() {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
+  BlockGemmIsa isa = __builtin_cpu_supports("avx512f")                                       ? BlockGemmIsa::kAvx512
+                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? BlockGemmIsa::kAvx2Fma
+                                                                                        : BlockGemmIsa::kReference;
+  const char* want = std::getenv("ZINF_BLOCK_GEMM_ISA");
+  const std::string_view w = want == nullptr ? "" : want;
+  if (w == "avx2" && isa == BlockGemmIsa::kAvx512) isa = BlockGemmIsa::kAvx2Fma;
+  if (w == "reference") isa = BlockGemmIsa::kReference;
+  return isa;
 }
 
 }  // namespace
 #endif
 
-bool block_gemm_vectorised() {
-#ifdef ZINF_BLOCK_GEMM_AVX512
-  static const bool yes = cpu_has_avx512();
-  return yes;
+BlockGemmIsa block_gemm_isa() {
+#ifdef ZINF_BLOCK_GEMM_X86
+  static const BlockGemmIsa isa = detect_isa();
+  return isa;
 #else
-  return false;
+  return BlockGemmIsa::kReference;
 #endif
 }
 
-void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-                int ldb, bool accumulate, float* C, int ldc) {
+bool block_gemm_supports(BlockGemmIsa isa) {
+#ifdef ZINF_BLOCK_GEMM_X86
+  static const BlockGemmIsa cpu = [] {  // what the CPU has, whatever ZINF_BLOCK_GEMM_ISA says
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f")                                       ? BlockGemmIsa::kAvx512
+           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? BlockGemmIsa::kAvx2Fma
+                                                                              : BlockGemmIsa::kReference;
+  }();
+  return static_cast<int>(isa) <= static_cast<int>(cpu);
+#else
+  return isa == BlockGemmIsa::kReference;
+#endif
+}
+
+void block_gemm_on(BlockGemmIsa isa, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                   int lda, const float* B, int ldb, bool accumulate, float* C, int ldc) {
   if (M <= 0 || N <= 0) return;
-#ifdef ZINF_BLOCK_GEMM_AVX512
-  if (block_gemm_vectorised()) {
-    if (!trans_b) {
-      block_gemm_avx512(trans_a, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
-      return;
+#ifdef ZINF_BLOCK_GEMM_X86
+  if (isa != BlockGemmIsa::kReference && block_gemm_supports(isa)) {
+    const bool wide = isa == BlockGemmIsa::kAvx512;
+    size_t ldp = ldb;
+    if (trans_b) {  // B^T (K, N) packed with rows of N rounded up to a vector: the kernels load rows
+      thread_local std::vector<float> packed;
+      ldp = (static_cast<size_t>(N) + 15) / 16 * 16;
+      if (packed.size() < ldp * K) packed.resize(ldp * K);
+      if (wide) {
+        pack_transposed(B, ldb, N, K, packed.data(), ldp);
+      } else {
+        for (int k = 0; k < K; k++) {
+          for (int j = 0; j < N; j++) packed[k * ldp + j] = B[static_cast<size_t>(j) * ldb + k];
+        }
+      }
+      B = packed.data();
     }
-    // B^T (K, N) packed with rows of N rounded up to a vector, so the kernel loads whole rows.
-    thread_local std::vector<float> packed;
-    const size_t ldp = (static_cast<size_t>(N) + 15) / 16 * 16;
-    if (packed.size() < ldp * K) packed.resize(ldp * K);
-    pack_transposed(B, ldb, N, K, packed.data(), ldp);
-    block_gemm_avx512(trans_a, M, N, K, alpha, A, lda, packed.data(), ldp, accumulate, C, ldc);
+    if (wide) {
+      block_gemm_avx512(trans_a, M, N, K, alpha, A, lda, B, ldp, accumulate, C, ldc);
+    } else {
+      block_gemm_avx2(trans_a, M, N, K, alpha, A, lda, B, ldp, accumulate, C, ldc);
+    }
     return;
   }
 #endif
   block_gemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
+}
+
+void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+                int ldb, bool accumulate, float* C, int ldc) {
+  block_gemm_on(block_gemm_isa(), trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
 }
 
 }  // namespace zinf::model::kernels::detail

@@ -1,5 +1,6 @@
 // Internal: small dense products for the blocked attention core (blocks of up to 64 x 64 with a
-// head-size inner dimension), register-blocked with AVX-512, and the scalar reference they match.
+// head-size inner dimension), register-blocked with AVX-512 or AVX2 + FMA, and the scalar
+// reference they match.
 #pragma once
 
 namespace zinf::model::kernels::detail {
@@ -10,19 +11,23 @@ namespace zinf::model::kernels::detail {
 //
 // Every output element is sum = fma(a_k, b_k, sum) over k ascending from sum = 0, then
 // alpha * sum, then C + that when accumulating (no other contraction): the reference below does
-// exactly this with std::fma, so the AVX-512 kernel and the reference give the same bits, and
-// the bits depend only on the inputs (not on the thread or the CPU).
+// exactly this with std::fma, so the AVX-512 and AVX2 kernels and the reference give the same
+// bits, and the bits depend only on the inputs (not on the thread or the CPU).
 //
 // Thread-safe; the transposed-B case packs B^T into a thread-local buffer.
 void block_gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
                 int ldb, bool accumulate, float* C, int ldc);
 
-// The plain loops (what block_gemm runs on CPUs without AVX-512).
+// The plain loops (what block_gemm runs on CPUs without AVX2 + FMA).
 void block_gemm_reference(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                           const float* B, int ldb, bool accumulate, float* C, int ldc);
 
-// Whether block_gemm runs the AVX-512 kernel on this CPU (tests report it; false means the
-// reference runs and the comparison is trivial).
-bool block_gemm_vectorised();
+// The kernels, widest last. block_gemm runs block_gemm_isa(), the widest this CPU has (read once).
+enum class BlockGemmIsa { kReference, kAvx2Fma, kAvx512 };
+BlockGemmIsa block_gemm_isa();
+bool block_gemm_supports(BlockGemmIsa isa);
+// block_gemm on a given kernel (tests compare them); one this CPU lacks runs the reference.
+void block_gemm_on(BlockGemmIsa isa, bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                   int lda, const float* B, int ldb, bool accumulate, float* C, int ldc);
 
 }  // namespace zinf::model::kernels::detail

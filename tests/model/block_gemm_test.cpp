@@ -30,7 +30,7 @@ struct Case {
 
 // Runs one case with padded leading dimensions (pad 3) and checks fast == reference bitwise and
 // both close to a double product.
-void check(const Case& c, bool accumulate, float alpha) {
+void check(const Case& c, bool accumulate, float alpha, d::BlockGemmIsa isa = d::block_gemm_isa()) {
   const int pad = 3;
   const int a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
   const int b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
@@ -39,7 +39,8 @@ void check(const Case& c, bool accumulate, float alpha) {
   const std::vector<float> B = filled(static_cast<size_t>(b_rows) * ldb, 2);
   const std::vector<float> C0 = filled(static_cast<size_t>(c.M) * ldc, 3);
   std::vector<float> fast = C0, ref = C0;
-  d::block_gemm(c.ta, c.tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, accumulate, fast.data(), ldc);
+  d::block_gemm_on(isa, c.ta, c.tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, accumulate, fast.data(),
+                   ldc);
   d::block_gemm_reference(c.ta, c.tb, c.M, c.N, c.K, alpha, A.data(), lda, B.data(), ldb, accumulate, ref.data(),
                           ldc);
   for (int i = 0; i < c.M; i++) {
@@ -64,18 +65,21 @@ void check(const Case& c, bool accumulate, float alpha) {
   }
 }
 
-TEST(BlockGemmTest, MatchesReferenceBitwise) {
-  std::printf("block_gemm: %s\n", d::block_gemm_vectorised() ? "AVX-512 kernel" : "reference (no AVX-512)");
+class BlockGemmIsaTest : public testing::TestWithParam<d::BlockGemmIsa> {};
+
+TEST_P(BlockGemmIsaTest, MatchesReferenceBitwise) {
+  const d::BlockGemmIsa isa = GetParam();
+  if (!d::block_gemm_supports(isa)) GTEST_SKIP() << "this CPU lacks the kernel's instructions";
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
       for (int M : {1, 7, 33, 63, 64}) {
         for (int N : {1, 7, 16, 33, 63, 64, 80}) {
           for (int K : {1, 16, 32, 33, 64, 80}) {
             for (bool acc : {false, true}) {
-              check({ta, tb, M, N, K}, acc, 1.0f);
+              check({ta, tb, M, N, K}, acc, 1.0f, isa);
               if (HasFatalFailure()) return;
             }
-            check({ta, tb, M, N, K}, false, 0.125f);
+            check({ta, tb, M, N, K}, false, 0.125f, isa);
             if (HasFatalFailure()) return;
           }
         }
@@ -84,7 +88,17 @@ TEST(BlockGemmTest, MatchesReferenceBitwise) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Kernels, BlockGemmIsaTest,
+                         testing::Values(d::BlockGemmIsa::kAvx2Fma, d::BlockGemmIsa::kAvx512),
+                         [](const testing::TestParamInfo<d::BlockGemmIsa>& i) {
+                           return i.param == d::BlockGemmIsa::kAvx512 ? "avx512" : "avx2_fma";
+                         });
+
 TEST(BlockGemmTest, AttentionShapes) {
+  // block_gemm runs the widest kernel the CPU has (or ZINF_BLOCK_GEMM_ISA's).
+  std::printf("block_gemm here: %s\n", d::block_gemm_isa() == d::BlockGemmIsa::kAvx512    ? "AVX-512"
+                                        : d::block_gemm_isa() == d::BlockGemmIsa::kAvx2Fma ? "AVX2 + FMA"
+                                                                                            : "reference");
   // The six products of one (64, 64) block pair at hs 64, and at hs 128 with 32-row blocks.
   for (int hs : {64, 128}) {
     const int b = hs <= 64 ? 64 : 32;
