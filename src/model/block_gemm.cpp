@@ -294,6 +294,8 @@ void block_gemm_on(BlockGemmIsa isa, bool trans_a, bool trans_b, int M, int N, i
     }
     return;
   }
+#else
+  (void)isa;  // only the reference off x86-64
 #endif
   block_gemm_reference(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
 }
