@@ -1,10 +1,11 @@
-// Causal attention forward+backward: the blocked kernels against the full (T,T) path they
-// replaced, on GPT `small`'s heads (6 x 64), with the ratio measured interleaved in one run.
+// Causal attention forward+backward: the blocked kernels (block products on block_gemm, and on
+// OpenBLAS sgemm as before) against the full (T,T) path they replaced, on GPT `small`'s heads
+// (6 x 64), with the ratios measured interleaved in one run.
 //
 //   build/bench/attention_bench [--attn_rounds=7 (0: none)] [--attn_batch=1] [google benchmark flags]
 //
-// Google Benchmark times each path on its own; then, per T, rounds alternate which path goes
-// first (A B, B A, ...), each sample the best of 3 calls, and the medians and their ratio are
+// Google Benchmark times each path on its own; then, per T, rounds rotate which path goes
+// first (A B C, B C A, ...), each sample the best of 3 calls, and the medians and their ratio are
 // printed. Flop rates count the causal half only (7 T^2 hs per head for forward + backward), so
 // the full path's rate is what it achieves on the work that matters.
 #include <benchmark/benchmark.h>
@@ -18,6 +19,7 @@
 #include <iterator>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "model/attention_core.h"
@@ -48,7 +50,9 @@ struct Problem {
     std::fill(scratch.begin(), scratch.end(), 0.0f);
   }
 
-  void blocked() {
+  // The blocked path with its block products on OpenBLAS (blas) or block_gemm.
+  void blocked(bool blas = false) {
+    k::detail::set_attention_blas(blas);
     k::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, kC, kHeads);
     k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, kC,
                           kHeads);
@@ -65,9 +69,11 @@ struct Problem {
   double causal_flops() const { return 7.0 * T * T * kHeadSize * B * kHeads; }
 };
 
-void BM_Attention(benchmark::State& state, int batch, bool blocked) {
+enum class Path { kFull, kBlockedBlas, kBlocked };
+
+void BM_Attention(benchmark::State& state, int batch, Path path) {
   Problem p(batch, static_cast<int>(state.range(0)));
-  for (auto _ : state) blocked ? p.blocked() : p.full();
+  for (auto _ : state) path == Path::kFull ? p.full() : p.blocked(path == Path::kBlockedBlas);
   state.counters["causal_GFLOP/s"] =
       benchmark::Counter(p.causal_flops() * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
@@ -120,9 +126,11 @@ int main(int argc, char** argv) {
   std::printf("attention_bench: B=%d, %d heads x %d, block %d; %s; CPU %s, OpenBLAS core %s; %zu threads in the pool\n",
               batch, kHeads, kHeadSize, zinf::model::kernels::detail::attention_block(kHeadSize), zinf::topology().summary().c_str(),
               isa, openblas_get_corename(), zinf::default_thread_pool().threads());
-  for (bool blocked : {false, true}) {
-    auto* b = benchmark::RegisterBenchmark(blocked ? "attention_fwd_bwd/blocked" : "attention_fwd_bwd/full",
-                                           BM_Attention, batch, blocked);
+  const std::pair<const char*, Path> paths[] = {{"attention_fwd_bwd/full", Path::kFull},
+                                                {"attention_fwd_bwd/blocked_openblas", Path::kBlockedBlas},
+                                                {"attention_fwd_bwd/blocked", Path::kBlocked}};
+  for (const auto& [name, path] : paths) {
+    auto* b = benchmark::RegisterBenchmark(name, BM_Attention, batch, path);
     for (int T : kTs) b->Arg(T);
     b->UseRealTime()->Unit(benchmark::kMillisecond);
   }
@@ -130,23 +138,23 @@ int main(int argc, char** argv) {
 
   for (int T : rounds > 0 ? std::vector<int>(std::begin(kTs), std::end(kTs)) : std::vector<int>{}) {
     Problem p(batch, T);
-    p.blocked();  // warm-up, both paths
+    p.blocked(true);  // warm-up, every path
+    p.blocked(false);
     p.full();
-    std::vector<double> full, blocked;
+    std::vector<double> times[3];  // full, blocked on OpenBLAS, blocked on block_gemm
     for (int r = 0; r < rounds; r++) {
-      if (r % 2 == 0) {
-        full.push_back(best_of_3([&] { p.full(); }));
-        blocked.push_back(best_of_3([&] { p.blocked(); }));
-      } else {
-        blocked.push_back(best_of_3([&] { p.blocked(); }));
-        full.push_back(best_of_3([&] { p.full(); }));
+      for (int i = 0; i < 3; i++) {
+        const int which = (r + i) % 3;
+        times[which].push_back(best_of_3([&] { which == 0 ? p.full() : p.blocked(which == 1); }));
       }
     }
-    const double f = median(full), b = median(blocked);
-    std::printf("T=%d interleaved medians, %d rounds: full %.2f ms (%.1f causal GFLOP/s) | blocked %.2f ms (%.1f "
-                "causal GFLOP/s) | speedup %.2fx\n",
-                T, rounds, f * 1e3, p.causal_flops() / f / 1e9, b * 1e3, p.causal_flops() / b / 1e9, f / b);
+    const double f = median(times[0]), o = median(times[1]), b = median(times[2]);
+    const auto rate = [&](double s) { return p.causal_flops() / s / 1e9; };
+    std::printf("T=%d interleaved medians, %d rounds: full %.2f ms (%.1f causal GFLOP/s) | blocked on OpenBLAS %.2f ms "
+                "(%.1f) | blocked on block_gemm %.2f ms (%.1f) | block_gemm vs OpenBLAS %.2fx, vs full %.2fx\n",
+                T, rounds, f * 1e3, rate(f), o * 1e3, rate(o), b * 1e3, rate(b), o / b, f / b);
   }
+  k::detail::set_attention_blas(false);
   benchmark::Shutdown();
   return 0;
 }

@@ -1,15 +1,19 @@
-// Blocked (flash-style) causal attention on the CPU: sgemm on (64, 64) blocks, online softmax in
-// forward, FlashAttention-2 backward from the saved log-sum-exp; no (T, T) matrix anywhere.
+// Blocked (flash-style) causal attention on the CPU: products on (64, 64) blocks (block_gemm.h, or
+// OpenBLAS sgemm when asked), online softmax in forward, FlashAttention-2 backward from the saved
+// log-sum-exp; no (T, T) matrix anywhere.
 #include "model/attention_core.h"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
+#include "model/block_gemm.h"
 #include "model/vec_math.h"
 
 namespace zinf::model::kernels::detail {
@@ -18,10 +22,31 @@ namespace {
 
 constexpr int kLd = kAttnBlock;  // row stride of the lane's blocks
 
+std::atomic<bool>& blas_products() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("ZINF_ATTN_BLAS");
+    return e != nullptr && e[0] == '1';
+  }()};
+  return on;
+}
+
+// C (M, N) = alpha op(A) op(B) (+ C when accumulate), row-major: one block product.
+void product(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
+             bool accumulate, float* C, int ldc) {
+  // Without AVX2 + FMA block_gemm is the scalar reference (std::fma a call each), far slower than
+  // OpenBLAS: such CPUs keep OpenBLAS.
+  if (blas_products().load(std::memory_order_relaxed) || block_gemm_isa() == BlockGemmIsa::kReference) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+                lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
+  } else {
+    block_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
+  }
+}
+
 // s (rows, kLd) = scale * Q_rows K_cols^T: the block's scores.
 void block_scores(float* s, const HeadRows& h, int r0, int br, int c0, int bc, int hs, float scale) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld,
-              h.q_ld, h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, 0.0f, s, kLd);
+  product(false, true, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld, h.q_ld,
+          h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, false, s, kLd);
 }
 
 // Keys of block (qb, kb) that query row r of the block may see: all bc below the diagonal block,
@@ -29,6 +54,9 @@ void block_scores(float* s, const HeadRows& h, int r0, int br, int c0, int bc, i
 inline int visible(int qb, int kb, int r, int bc) { return kb == qb ? r + 1 : bc; }
 
 }  // namespace
+
+void set_attention_blas(bool on) { blas_products().store(on, std::memory_order_relaxed); }
+bool attention_blas() { return blas_products().load(std::memory_order_relaxed); }
 
 void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -63,8 +91,8 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
       l[r] += lane_sum(row, n);
     }
     // o rows (br, hs) (+)= P (br, bc) @ V_kb (bc, hs)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, s, kLd,
-                h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, kb == 0 ? 0.0f : 1.0f, ob, h.o_ld);
+    product(false, false, br, hs, bc, 1.0f, s, kLd, h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, kb != 0, ob,
+            h.o_ld);
   }
   for (int r = 0; r < br; r++) {
     float* orow = ob + static_cast<size_t>(r) * h.o_ld;
@@ -104,11 +132,10 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
         for (int j = n; j < bc; j++) row[j] = 0.0f;
       }
       // dV_j (bc, hs) += P^T @ dO_i
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, 1.0f,
-                  dv + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
+      product(true, false, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, true, dv + static_cast<size_t>(c0) * h.kv_ld,
+              h.kv_ld);
       // dP (br, bc) = dO_i @ V_j^T, then dS = P * (dP - D) times the score scale
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, 0.0f, ds,
-                  kLd);
+      product(false, true, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, false, ds, kLd);
       for (int r = 0; r < br; r++) {
         const float* prow = p + static_cast<size_t>(r) * kLd;
         float* srow = ds + static_cast<size_t>(r) * kLd;
@@ -116,10 +143,9 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
         for (int j = 0; j < bc; j++) srow[j] = prow[j] * (srow[j] - d) * scale;
       }
       // dQ_i (br, hs) (+)= dS @ K_j ; dK_j (bc, hs) += dS^T @ Q_i
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld,
-                  kb == 0 ? 0.0f : 1.0f, dq_i, h.q_ld);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, 1.0f,
-                  dk + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
+      product(false, false, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld, kb != 0, dq_i, h.q_ld);
+      product(true, false, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, true, dk + static_cast<size_t>(c0) * h.kv_ld,
+              h.kv_ld);
     }
   }
 }

@@ -20,6 +20,13 @@ namespace zinf::model::kernels::detail {
 constexpr int kAttnBlock = 64;
 inline int attention_block(int hs) { return hs <= 64 ? 64 : hs <= 256 ? 32 : 16; }
 
+// The block products run on block_gemm (block_gemm.h: AVX-512 or AVX2, the same bits on either
+// and whatever the BLAS build) unless the CPU lacks AVX2 + FMA, ZINF_ATTN_BLAS=1 was set at start, or
+// set_attention_blas(true) was called: then on OpenBLAS sgemm, the old path, kept for benchmarks
+// (attention_bench interleaves the two). Switch only between calls, never while attention runs.
+void set_attention_blas(bool on);
+bool attention_blas();
+
 // Per worker lane: two (kAttnBlock, kAttnBlock) blocks and two kAttnBlock row vectors.
 constexpr size_t kAttnLaneFloats = 2 * kAttnBlock * kAttnBlock + 2 * kAttnBlock;
 
