@@ -227,13 +227,18 @@ __attribute__((target("avx512f"))) void pack_transposed(const float* B, size_t l
 
 #pragma GCC diagnostic pop
 
-// The widest kernel the CPU has, or a narrower one ZINF_BLOCK_GEMM_ISA (avx2, reference) asks
-// for (benchmarks of the AVX2 kernel on an AVX-512 CPU).
-BlockGemmIsa detect_isa() {
+// The widest kernel the CPU has.
+BlockGemmIsa cpu_isa() {
   __builtin_cpu_init();
-  BlockGemmIsa isa = __builtin_cpu_supports("avx512f")                                       ? BlockGemmIsa::kAvx512
-                     : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? BlockGemmIsa::kAvx2Fma
-                                                                                        : BlockGemmIsa::kReference;
+  return __builtin_cpu_supports("avx512f")                                       ? BlockGemmIsa::kAvx512
+         : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? BlockGemmIsa::kAvx2Fma
+                                                                            : BlockGemmIsa::kReference;
+}
+
+// cpu_isa(), or a narrower kernel ZINF_BLOCK_GEMM_ISA (avx2, reference) asks for (benchmarks of
+// the AVX2 kernel on an AVX-512 CPU).
+BlockGemmIsa detect_isa() {
+  BlockGemmIsa isa = cpu_isa();
   const char* want = std::getenv("ZINF_BLOCK_GEMM_ISA");
   const std::string_view w = want == nullptr ? "" : want;
   if (w == "avx2" && isa == BlockGemmIsa::kAvx512) isa = BlockGemmIsa::kAvx2Fma;
@@ -255,12 +260,7 @@ BlockGemmIsa block_gemm_isa() {
 
 bool block_gemm_supports(BlockGemmIsa isa) {
 #ifdef ZINF_BLOCK_GEMM_X86
-  static const BlockGemmIsa cpu = [] {  // what the CPU has, whatever ZINF_BLOCK_GEMM_ISA says
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f")                                       ? BlockGemmIsa::kAvx512
-           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? BlockGemmIsa::kAvx2Fma
-                                                                              : BlockGemmIsa::kReference;
-  }();
+  static const BlockGemmIsa cpu = cpu_isa();  // what the CPU has, whatever ZINF_BLOCK_GEMM_ISA says
   return static_cast<int>(isa) <= static_cast<int>(cpu);
 #else
   return isa == BlockGemmIsa::kReference;
