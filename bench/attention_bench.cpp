@@ -22,6 +22,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench_timing.h"
 #include "model/attention_core.h"
 #include "model/kernels.h"
 #include "zinf/thread_pool.h"
@@ -78,21 +79,8 @@ void BM_Attention(benchmark::State& state, int batch, Path path) {
       benchmark::Counter(p.causal_flops() * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
 
-template <typename Fn>
-double best_of_3(Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < 3; r++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using zinf::bench::best_of_3;
+using zinf::bench::median;
 
 // Takes --attn_* flags out of argv.
 void parse_own_flags(int* argc, char** argv, int* rounds, int* batch) {

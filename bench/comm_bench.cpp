@@ -42,6 +42,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "bench_timing.h"
 #include "zinf/zero3/comm_mpi.h"
 
 namespace {
@@ -55,12 +56,7 @@ struct Variant {
   std::vector<double> seconds;  // max over ranks, one per round (rank 0 only)
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
+using zinf::bench::median;
 
 Status mpi_status(const char* op, int rc) {
   return rc == MPI_SUCCESS ? Status::ok() : Status(ErrorCode::kIoError, fmt::format("{} failed ({})", op, rc));

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_timing.h"
 #include "model/fused_kernels.h"
 #include "model/kernels.h"
 #include "model/llama_kernels.h"
@@ -206,21 +207,8 @@ std::vector<Case> make_cases() {
   return cases;
 }
 
-template <typename Fn>
-double best_of_3(Fn&& fn) {
-  double best = 1e30;
-  for (int r = 0; r < 3; r++) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 == 1 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
+using zinf::bench::best_of_3;
+using zinf::bench::median;
 
 // Takes --fused_rounds out of argv.
 void parse_own_flags(int* argc, char** argv, int* rounds) {
