@@ -11,10 +11,14 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string_view>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "model/block_gemm.h"
 #include "model/vec_math.h"
+#include "zinf/log.h"
 
 namespace zinf::model::kernels::detail {
 
@@ -25,7 +29,12 @@ constexpr int kLd = kAttnBlock;  // row stride of the lane's blocks
 std::atomic<bool>& blas_products() {
   static std::atomic<bool> on{[] {
     const char* e = std::getenv("ZINF_ATTN_BLAS");
-    return e != nullptr && e[0] == '1';
+    const std::string_view v = e == nullptr ? "" : e;
+    if (v != "" && v != "0" && v != "1") {
+      log_once(LogLevel::kWarning, "ZINF_ATTN_BLAS",
+               fmt::format("ZINF_ATTN_BLAS={}: expected 0 or 1; attention keeps zinf's block products", v));
+    }
+    return v == "1";
   }()};
   return on;
 }

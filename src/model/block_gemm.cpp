@@ -8,6 +8,10 @@
 #include <string_view>
 #include <vector>
 
+#include <fmt/format.h>
+
+#include "zinf/log.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #define ZINF_BLOCK_GEMM_X86 1
@@ -243,6 +247,10 @@ BlockGemmIsa detect_isa() {
   const std::string_view w = want == nullptr ? "" : want;
   if (w == "avx2" && isa == BlockGemmIsa::kAvx512) isa = BlockGemmIsa::kAvx2Fma;
   if (w == "reference") isa = BlockGemmIsa::kReference;
+  if (w != "" && w != "avx2" && w != "reference") {
+    log_once(LogLevel::kWarning, "ZINF_BLOCK_GEMM_ISA",
+             fmt::format("ZINF_BLOCK_GEMM_ISA={}: expected avx2 or reference; using the widest kernel the CPU has", w));
+  }
   return isa;
 }
 
