@@ -10,10 +10,19 @@
 namespace zinf::aio::detail {
 
 namespace {
+// Every failure here is tolerated (the buffer stays usable, only unregistered). CUDA keeps it as
+// the thread's last error, which the GPU layer's launch checks read: clear it while it is still
+// that error, or the next kernel launch on this thread would be reported as failing with it.
+void forget_cuda_error(cudaError_t err) {
+  if (err != cudaSuccess && cudaPeekAtLastError() == err) (void)cudaGetLastError();
+}
+
 bool gpu_present() {
   static const bool present = [] {
     int count = 0;
-    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    forget_cuda_error(err);
+    return err == cudaSuccess && count > 0;
   }();
   return present;
 }
@@ -25,6 +34,7 @@ bool cuda_host_register(void* ptr, std::size_t bytes) {
   if (!gpu_present()) return false;
   const cudaError_t err = cudaHostRegister(ptr, bytes, cudaHostRegisterDefault);
   if (err != cudaSuccess) {
+    forget_cuda_error(err);
     log_once(LogLevel::kNotice, "pinned.cudaHostRegister",
              fmt::format("cudaHostRegister of {} bytes failed ({}); GPU copies will be staged",
                          bytes, cudaGetErrorString(err)));
@@ -33,6 +43,6 @@ bool cuda_host_register(void* ptr, std::size_t bytes) {
   return true;
 }
 
-void cuda_host_unregister(void* ptr) { (void)cudaHostUnregister(ptr); }
+void cuda_host_unregister(void* ptr) { forget_cuda_error(cudaHostUnregister(ptr)); }
 
 }  // namespace zinf::aio::detail

@@ -153,7 +153,7 @@ struct Blas::State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
   ~State() {
-    if (workspace != nullptr) (void)cudaFree(workspace);
+    if (workspace != nullptr) forget_error(cudaFree(workspace));
     if (handle != nullptr) (void)cublasLtDestroy(handle);
   }
 };

@@ -20,9 +20,7 @@ Result<int> device_count() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    // The runtime keeps this error as the thread's last error; clear it so that it is not reported
-    // later as the failure of an unrelated launch.
-    (void)cudaGetLastError();
+    forget_error(err);  // else a later launch check would report it
     return Status::unsupported(
         fmt::format("no CUDA device: cudaGetDeviceCount: {}: {}", cudaGetErrorName(err), cudaGetErrorString(err)));
   }
@@ -96,14 +94,14 @@ DeviceGuard::DeviceGuard(DeviceGuard&& other) noexcept
 DeviceGuard::~DeviceGuard() {
   // Restoring a device that was valid a moment ago cannot fail short of a lost context; there is
   // nobody to report to in a destructor.
-  if (restore_) (void)cudaSetDevice(previous_);
+  if (restore_) forget_error(cudaSetDevice(previous_));
 }
 
 Result<PointerInfo> pointer_info(const void* ptr) {
   cudaPointerAttributes attr{};
   const cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();
+    forget_error(err);
     return cuda_status(err, fmt::format("cudaPointerGetAttributes({})", ptr));
   }
   PointerInfo info;

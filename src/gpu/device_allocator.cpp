@@ -21,7 +21,7 @@ class CudaBackend final : public AllocatorBackend {
 
   ~CudaBackend() override {
     Result<DeviceGuard> guard = DeviceGuard::enter(device_);
-    for (cudaEvent_t event : idle_events_) (void)cudaEventDestroy(event);
+    for (cudaEvent_t event : idle_events_) forget_error(cudaEventDestroy(event));
   }
 
   Result<void*> allocate(std::size_t bytes) override {
@@ -29,7 +29,7 @@ class CudaBackend final : public AllocatorBackend {
     void* ptr = nullptr;
     const cudaError_t err = cudaMalloc(&ptr, bytes);
     if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // out of memory is not sticky; do not let it name a later launch
+      forget_error(err);  // out of memory is not sticky; do not let it name a later launch
       return cuda_status(err, fmt::format("cudaMalloc of {} bytes on {}", bytes, where()));
     }
     return ptr;
@@ -39,7 +39,7 @@ class CudaBackend final : public AllocatorBackend {
   // block's own stream that still uses it (which the allocator does not fence) finishes first.
   void deallocate(void* ptr, std::size_t) noexcept override {
     Result<DeviceGuard> guard = DeviceGuard::enter(device_);
-    (void)cudaFree(ptr);
+    forget_error(cudaFree(ptr));
   }
 
   Result<FenceKey> record_fence(StreamKey stream) override {
@@ -54,6 +54,7 @@ class CudaBackend final : public AllocatorBackend {
     }
     const cudaError_t err = cudaEventRecord(event, reinterpret_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) {
+      forget_error(err);  // reported here, as a Status
       idle_events_.push_back(event);
       return cuda_status(err, fmt::format("recording an allocator fence on stream {:#x} of GPU {}", stream, device_));
     }
@@ -63,7 +64,10 @@ class CudaBackend final : public AllocatorBackend {
   Result<bool> fence_done(FenceKey fence) override {
     const cudaError_t err = cudaEventQuery(reinterpret_cast<cudaEvent_t>(fence));
     if (err == cudaSuccess) return true;
-    if (err == cudaErrorNotReady) return false;
+    if (err == cudaErrorNotReady) {
+      forget_error(err);
+      return false;
+    }
     return cuda_status(err, fmt::format("querying an allocator fence on GPU {}", device_));
   }
 
@@ -81,8 +85,9 @@ class CudaBackend final : public AllocatorBackend {
   std::string where() {
     std::size_t free = 0, total = 0;
     Result<DeviceGuard> guard = DeviceGuard::enter(device_);
-    if (!guard.is_ok() || cudaMemGetInfo(&free, &total) != cudaSuccess) {
-      (void)cudaGetLastError();
+    const cudaError_t err = guard.is_ok() ? cudaMemGetInfo(&free, &total) : cudaErrorInvalidDevice;
+    if (err != cudaSuccess) {
+      forget_error(err);
       return fmt::format("GPU {} ({})", device_, device_name_);
     }
     return fmt::format("GPU {} ({}; {} of {} bytes free)", device_, device_name_, free, total);

@@ -21,8 +21,10 @@ Result<DeviceBuffer> DeviceBuffer::allocate(int device, std::size_t bytes, std::
   if (err != cudaSuccess) {
     buffer.data_ = nullptr;
     std::size_t free = 0, total = 0;
-    const bool known = cudaMemGetInfo(&free, &total) == cudaSuccess;
-    (void)cudaGetLastError();
+    const cudaError_t info = cudaMemGetInfo(&free, &total);
+    const bool known = info == cudaSuccess;
+    forget_error(info);
+    forget_error(err);
     return cuda_status(err, fmt::format("cudaMalloc of {} bytes for {} on device {}{}", bytes, what, device,
                                         known ? fmt::format(" ({} of {} bytes free)", free, total) : std::string()));
   }
@@ -50,7 +52,7 @@ void DeviceBuffer::reset() noexcept {
   // cudaFree waits for the device's pending work before it returns the memory, so work still
   // using the buffer completes first.
   Result<DeviceGuard> guard = DeviceGuard::enter(device_);
-  (void)cudaFree(data_);
+  forget_error(cudaFree(data_));
   data_ = nullptr;
   size_ = 0;
 }

@@ -16,9 +16,9 @@
 #include "gpu/device.h"
 #include "gpu/device_allocator.h"
 #include "gpu/gpt_gpu.h"
+#include "gpu/host_staging.h"
 #include "gpu/param_bridge.h"
 #include "gpu/stream.h"
-#include "zinf/aio/pinned.h"
 #include "zinf/model/gpt.h"
 #include "zinf/optim/half.h"
 
@@ -39,7 +39,7 @@ class GptGpuModelImpl final : public GpuParamAccess {
   std::unique_ptr<Blas> blas;
   std::unique_ptr<GptGpu> gpt;
   std::unique_ptr<BridgeLedger> ledger;
-  aio::PinnedBuffer staging;  // bf16 values on the way up, fp32 gradients on the way down
+  HostStaging staging;  // bf16 values on the way up, fp32 gradients on the way down
   DeviceBlock workspace;
   int max_bt = 0;
   GptGpuTimes times;
@@ -299,14 +299,8 @@ Result<std::unique_ptr<GptGpuModel>> GptGpuModel::create(const model::GptConfig&
   ZINF_ASSIGN_OR_RETURN(BridgeLedger ledger, BridgeLedger::create(impl->cpu->params(), impl->cpu->modules()));
   impl->ledger = std::make_unique<BridgeLedger>(std::move(ledger));
   const std::size_t staging_bytes = impl->ledger->staging_bytes();
-  auto staging = aio::PinnedBuffer::allocate(staging_bytes);
-  if (!staging.is_ok()) return staging.status().with_context(fmt::format("GPT pinned staging ({} bytes)", staging_bytes));
-  impl->staging = std::move(staging).value();
-  if (!impl->staging.cuda_registered()) {
-    return Status::unsupported(fmt::format(
-        "GPT pinned staging: cudaHostRegister of {} bytes was refused (see the notice above); copies from "
-        "pageable memory would be synchronous", staging_bytes));
-  }
+  ZINF_ASSIGN_OR_RETURN(impl->staging,
+                        HostStaging::allocate(staging_bytes, "GPT pinned staging", options.staging_host_alloc));
   impl->values.resize(impl->cpu->modules().size());
   impl->grads.resize(impl->cpu->params().size());
   impl->host_grads.resize(impl->cpu->modules().size());

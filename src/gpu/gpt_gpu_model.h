@@ -17,6 +17,9 @@ namespace zinf::gpu {
 struct GptGpuModelOptions {
   int device = 0;               // CUDA ordinal
   std::size_t memory_cap = 0;   // bytes the caching allocator may hold; 0: the device's memory
+  // Staging comes from cudaHostAlloc as where cudaHostRegister is refused (tests; normally the
+  // registered pinned buffer is tried first, host_staging.h).
+  bool staging_host_alloc = false;
 };
 
 // Where the passes' time went, summed since create(): cheap host clocks around the bridge's

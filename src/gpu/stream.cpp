@@ -43,8 +43,9 @@ void Stream::reset() noexcept {
   if (sync != cudaSuccess) {
     log(LogLevel::kWarning, cuda_status(sync, fmt::format("synchronizing stream '{}' before destroying it", name_))
                                 .to_string());
+    forget_error(sync);
   }
-  (void)cudaStreamDestroy(stream_);
+  forget_error(cudaStreamDestroy(stream_));
   stream_ = nullptr;
 }
 
@@ -87,7 +88,7 @@ Event& Event::operator=(Event&& other) noexcept {
 
 void Event::reset() noexcept {
   // Destroying an event whose work is still pending is allowed: CUDA releases it when the work completes.
-  if (event_ != nullptr) (void)cudaEventDestroy(event_);
+  if (event_ != nullptr) forget_error(cudaEventDestroy(event_));
   event_ = nullptr;
 }
 
@@ -102,7 +103,10 @@ Status Event::record(cudaStream_t stream, std::string_view stream_name) {
 Result<bool> Event::query() const {
   const cudaError_t err = cudaEventQuery(event_);
   if (err == cudaSuccess) return true;
-  if (err == cudaErrorNotReady) return false;
+  if (err == cudaErrorNotReady) {
+    forget_error(err);  // "not ready" is an answer, not a failure
+    return false;
+  }
   return cuda_status(err, fmt::format("querying event '{}'", name_));
 }
 

@@ -21,6 +21,13 @@
 namespace zinf::zero3 {
 namespace {
 
+// A tolerated CUDA failure ("not ready", a probe) stays the thread's last error, which a later
+// launch check would report as its own; clear it while it is still that error (src/gpu's
+// forget_error, which this file cannot use: NCCL builds need not have the GPU layer).
+void forget_cuda_error(cudaError_t e) {
+  if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();
+}
+
 Status cuda_check(std::string_view what, cudaError_t e) {
   if (e == cudaSuccess) return Status::ok();
   const ErrorCode code = e == cudaErrorMemoryAllocation ? ErrorCode::kResourceExhausted : ErrorCode::kIoError;
@@ -242,6 +249,7 @@ class NcclCommunicator final : public Communicator, public NcclDeviceCollectives
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return Status::ok();
+      forget_cuda_error(q);
       if (q != cudaErrorNotReady) {
         abort_comm();
         return cuda_check(fmt::format("cudaStreamQuery ({} on rank {} of {})", op, rank_, world_), q);
@@ -288,6 +296,7 @@ Status set_up_device(int rank, int local_rank, int& device, StreamOwner& stream)
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count <= 0) {
+    forget_cuda_error(e);
     return Status::unsupported(fmt::format("NCCL communicator: no CUDA device visible on rank {} (cudaGetDeviceCount: {})",
                                            rank, e != cudaSuccess ? cudaGetErrorString(e) : "0 devices"));
   }

@@ -11,6 +11,8 @@
 #include "gate_kernel.h"
 #include "gpu/device.h"
 #include "gpu/device_buffer.h"
+#include "gpu/host_staging.h"
+#include "aio/pinned_cuda.h"
 #include "gpu_test_util.h"
 #include "zinf/aio/pinned.h"
 #include "zinf/swap/pinned_pool.h"
@@ -19,7 +21,7 @@ namespace zinf::gpu {
 namespace {
 
 TEST(CopyEngineWithoutGpu, CreatingOneSaysThereIsNoDevice) {
-  if (testing::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present; this test is for machines without one";
+  ZINF_REQUIRE_NO_GPU();
   const auto engine = CopyEngine::create(0);
   ASSERT_FALSE(engine.is_ok());
   EXPECT_EQ(engine.status().code(), ErrorCode::kUnsupported);
@@ -96,6 +98,45 @@ TEST_F(CopyEngineTest, PinnedPoolBlocksAreRegisteredAndCopy) {
   ASSERT_TRUE(down.is_ok()) << down.status().to_string();
   ASSERT_TRUE(engine_->synchronize().is_ok());
   EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size()), 0);
+}
+
+// A refused cudaHostRegister is tolerated (the buffer stays usable, unregistered); it must not
+// stay behind as the thread's last error, or the next kernel launch would be reported as failing
+// with it. Registering the same pages twice is refused by every driver.
+TEST_F(CopyEngineTest, ARefusedRegistrationIsNotTheNextLaunchsError) {
+  aio::PinnedBuffer b = pinned(1 << 16);
+  ASSERT_TRUE(b.cuda_registered());
+  EXPECT_FALSE(aio::detail::cuda_host_register(b.data(), b.size()));  // already registered
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  DeviceBuffer dev = device(4096);
+  ASSERT_EQ(testing::launch_fill(engine_->h2d_stream().get(), dev.data(), 4096, 0x5a), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_TRUE(engine_->synchronize().is_ok());
+}
+
+// GPU staging: a registered PinnedBuffer where CUDA accepts it, cudaHostAlloc where registration
+// is refused; both are pinned host memory that the copy engine takes, and round trips agree.
+TEST_F(CopyEngineTest, HostStagingFromEitherSourceIsPinnedAndCopies) {
+  for (bool force_host_alloc : {false, true}) {
+    constexpr std::size_t bytes = (1u << 20) + 40;
+    Result<HostStaging> up = HostStaging::allocate(bytes, "test staging up", force_host_alloc);
+    Result<HostStaging> down = HostStaging::allocate(bytes, "test staging down", force_host_alloc);
+    ASSERT_TRUE(up.is_ok() && down.is_ok()) << up.status().to_string() << " " << down.status().to_string();
+    EXPECT_EQ(up->source(), force_host_alloc ? HostStaging::Source::kCudaHostAlloc
+                                             : HostStaging::Source::kRegisteredPinnedBuffer);
+    const Result<PointerInfo> info = pointer_info(up->data());
+    ASSERT_TRUE(info.is_ok());
+    EXPECT_EQ(info->kind, PointerKind::kPinnedHost) << host_staging_source_name(up->source());
+    for (std::size_t i = 0; i < bytes; ++i) up->bytes()[i] = static_cast<std::byte>(i * 29 + force_host_alloc);
+    std::memset(down->data(), 0, bytes);
+    DeviceBuffer dev = device(bytes);
+    Result<Event> e1 = engine_->copy_h2d(dev.data(), up->data(), bytes, nullptr, "staging up");
+    ASSERT_TRUE(e1.is_ok()) << e1.status().to_string();
+    Result<Event> e2 = engine_->copy_d2h(down->data(), dev.data(), bytes, &e1.value(), "staging down");
+    ASSERT_TRUE(e2.is_ok()) << e2.status().to_string();
+    ASSERT_TRUE(e2->synchronize().is_ok());
+    EXPECT_EQ(std::memcmp(up->data(), down->data(), bytes), 0) << host_staging_source_name(up->source());
+  }
 }
 
 TEST_F(CopyEngineTest, ACopyWaitsForItsEvent) {

@@ -29,11 +29,23 @@ TEST(CudaError, OutOfMemoryAndNoDeviceHaveTheirOwnCodes) {
   EXPECT_NE(st.message().find("matmul 64x64x64"), std::string::npos) << st.message();
 }
 
-TEST(CudaError, ReasonWhenNoGpu) {
-  // On a machine with a GPU this is empty; without one it says why, for the skip message.
+TEST(CudaErrorWithoutGpu, ReasonNamesCuda) {
+  ZINF_REQUIRE_NO_GPU();
   const std::string why = testing::why_no_gpu();
-  if (why.empty()) GTEST_SKIP() << "a GPU is present";
   EXPECT_NE(why.find("CUDA"), std::string::npos) << why;
+}
+
+// A tolerated failure is cleared, and only while it is still the last error. Needs a GPU: without
+// a driver every call returns cudaErrorInsufficientDriver, which no call clears.
+TEST(CudaError, ForgetErrorClearsOnlyThatError) {
+  ZINF_REQUIRE_GPU();
+  const cudaError_t err = cudaMemcpy(nullptr, nullptr, 1, static_cast<cudaMemcpyKind>(12345));
+  ASSERT_NE(err, cudaSuccess);
+  forget_error(cudaErrorInvalidDevice);  // another error: the last one stays
+  EXPECT_EQ(cudaPeekAtLastError(), err);
+  forget_error(err);
+  EXPECT_EQ(cudaPeekAtLastError(), cudaSuccess);
+  EXPECT_TRUE(last_launch_status("the next kernel").is_ok());
 }
 
 }  // namespace

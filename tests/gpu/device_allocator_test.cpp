@@ -17,7 +17,7 @@ namespace {
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
 TEST(DeviceAllocatorWithoutGpu, CreatingOneSaysThereIsNoDevice) {
-  if (testing::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present; this test is for machines without one";
+  ZINF_REQUIRE_NO_GPU();
   const auto alloc = make_device_allocator(0, 0);
   ASSERT_FALSE(alloc.is_ok());
   EXPECT_EQ(alloc.status().code(), ErrorCode::kUnsupported);

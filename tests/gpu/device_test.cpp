@@ -16,7 +16,7 @@ namespace zinf::gpu {
 namespace {
 
 TEST(DeviceWithoutGpu, NoDeviceIsUnsupportedNamingCudasReason) {
-  if (testing::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present; this test is for machines without one";
+  ZINF_REQUIRE_NO_GPU();
   const Result<int> count = device_count();
   ASSERT_FALSE(count.is_ok());
   EXPECT_EQ(count.status().code(), ErrorCode::kUnsupported);

@@ -210,12 +210,16 @@ TEST(GdsOnGpu, RoundTripThroughDeviceMemory) {
   auto dev = DeviceBuffer::allocate(0, n, "GDS test buffer");
   ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
   ASSERT_EQ(cudaMemcpy(dev->data(), host.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
+  // cuFile's DMA is not ordered after legacy-stream work: a pageable cudaMemcpy may return before
+  // its DMA lands, and cudaMemset is asynchronous. Wait for both before cuFile touches the buffer.
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   auto reg = GdsBufferRegistration::create(drv.value(), dev->data(), n);
   ASSERT_TRUE(reg.is_ok()) << reg.status().to_string();
   auto f = GdsFile::open(drv.value(), dir.file("gds.bin"), GdsFileOptions{.write = true, .create = true});
   ASSERT_TRUE(f.is_ok()) << f.status().to_string();
   ASSERT_TRUE(f->write(dev->data(), n, 0).is_ok());
   ASSERT_EQ(cudaMemset(dev->data(), 0, n), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const Status st = f->read(dev->data(), n, 0);
   ASSERT_TRUE(st.is_ok()) << st.to_string();
   ASSERT_EQ(cudaMemcpy(back.data(), dev->data(), n, cudaMemcpyDeviceToHost), cudaSuccess);

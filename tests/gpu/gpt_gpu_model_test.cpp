@@ -36,8 +36,8 @@ std::unique_ptr<model::Model> cpu_model() {
   return m.is_ok() ? std::move(m).value() : nullptr;
 }
 
-std::unique_ptr<model::Model> gpu_model() {
-  auto m = GptGpuModel::create(small_config());
+std::unique_ptr<model::Model> gpu_model(GptGpuModelOptions options = {}) {
+  auto m = GptGpuModel::create(small_config(), options);
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   return m.is_ok() ? std::move(m).value() : nullptr;
 }
@@ -50,8 +50,8 @@ void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu
 }
 
 // Without a device (this test's only host part): create() fails with unsupported, naming CUDA's reason.
-TEST(GptGpuModel, CreateWithoutADeviceSaysWhy) {
-  if (testing::why_no_gpu().empty()) GTEST_SKIP() << "a GPU is present";
+TEST(GptGpuModelWithoutGpu, CreateSaysWhy) {
+  ZINF_REQUIRE_NO_GPU();
   auto m = GptGpuModel::create(small_config());
   ASSERT_FALSE(m.is_ok());
   EXPECT_EQ(m.status().code(), ErrorCode::kUnsupported) << m.status().to_string();
@@ -105,6 +105,25 @@ TEST(GptGpuModel, TrainsLikeTheCpuModelAndResumesOnTheCpu) {
   ASSERT_TRUE(more.is_ok()) << more.status().to_string();
   const std::vector<double> cpu_more(cpu_losses->begin() + kSteps, cpu_losses->end());
   expect_close(*more, cpu_more, "resumed on the CPU from the GPU's checkpoint vs the CPU run");
+}
+
+// Where cudaHostRegister is refused, the staging comes from cudaHostAlloc: the same training,
+// bit for bit, since only where the bytes wait between copies changes.
+TEST(GptGpuModel, CudaHostAllocStagingTrainsBitForBitLikeRegisteredStaging) {
+  ZINF_REQUIRE_GPU();
+  constexpr int kSteps = 3;
+  const int V = small_config().vocab_size;
+  zinf::testing::TempDir nvme;
+  const config::DsConfig ds = zero3::testing::ds_config("cpu", nvme.path());
+  EngineRun registered(gpu_model(), ds);
+  ASSERT_TRUE(registered.engine);
+  auto want = zero3::testing::train(*registered.engine, 0, kSteps, V);
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  EngineRun host_alloc(gpu_model(GptGpuModelOptions{.staging_host_alloc = true}), ds);
+  ASSERT_TRUE(host_alloc.engine);
+  auto got = zero3::testing::train(*host_alloc.engine, 0, kSteps, V);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(*got, *want);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <vector>
 
@@ -227,9 +229,24 @@ TEST_F(GpuGptTest, DeterministicAndAccumulating) {
   Result<float> second = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(*first, *second);
-  std::vector<float> twice_want = once;
-  for (float& x : twice_want) x = x + x;  // exact in fp32
-  EXPECT_EQ(g.params->all_grads(), twice_want);
+  // Accumulation, within a tolerance: the tied wte gets two adds per pass (the lm_head product with
+  // beta = 1, then the embedding backward's +=), so after two passes it holds ((h+e)+h)+e, which
+  // differs from 2(h+e) by a few fp32 roundings of |h| + |e|. Every element within 1e-5 of the
+  // gradients' largest magnitude plus 1e-5 relative; a pass that overwrote instead of adding would
+  // be off by the whole gradient.
+  const std::vector<float> twice = g.params->all_grads();
+  ASSERT_EQ(twice.size(), once.size());
+  float largest = 0.0f;
+  for (float x : once) largest = std::max(largest, std::fabs(x));
+  ASSERT_GT(largest, 0.0f);
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    const float want = 2.0f * once[i];
+    if (std::fabs(twice[i] - want) > 1e-5f * largest + 1e-5f * std::fabs(want) && off++ < 5) {
+      ADD_FAILURE() << "gradient element " << i << ": after two passes " << twice[i] << ", twice one pass is " << want;
+    }
+  }
+  EXPECT_EQ(off, 0u) << "elements outside the accumulation tolerance";
   g.params->zero_grads();
   // A smaller batch in the same workspace, and back.
   Result<float> small = g.gpt->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f);

@@ -1,9 +1,13 @@
-// GPU tests: skip with the reason when this machine has no usable CUDA device.
+// GPU tests: skip with the reason when this machine has no usable CUDA device, unless
+// ZINF_EXPECT_GPU=1 says one must be there (scripts/gpu-check sets it on a GPU machine, where a
+// loader or driver problem must fail every GPU test rather than let it "pass" as skipped).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace zinf::gpu::testing {
@@ -12,15 +16,37 @@ namespace zinf::gpu::testing {
 inline std::string why_no_gpu() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(err);
+  if (err != cudaSuccess) {
+    if (cudaPeekAtLastError() == err) (void)cudaGetLastError();  // tolerated: not a later launch's error
+    return std::string("no usable CUDA device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+  }
   if (count == 0) return "no CUDA device on this machine";
   return "";
 }
 
+// ZINF_EXPECT_GPU=1: a GPU must be present; its absence fails the test instead of skipping it.
+inline bool gpu_expected() {
+  const char* v = std::getenv("ZINF_EXPECT_GPU");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 }  // namespace zinf::gpu::testing
 
-#define ZINF_REQUIRE_GPU()                                                        \
-  do {                                                                            \
-    const std::string zinf_why_ = ::zinf::gpu::testing::why_no_gpu();             \
-    if (!zinf_why_.empty()) GTEST_SKIP() << zinf_why_;                            \
+// The test needs a GPU: skips naming CUDA's reason without one, or fails under ZINF_EXPECT_GPU=1.
+#define ZINF_REQUIRE_GPU()                                                                      \
+  do {                                                                                          \
+    const std::string zinf_why_ = ::zinf::gpu::testing::why_no_gpu();                           \
+    if (!zinf_why_.empty()) {                                                                   \
+      if (::zinf::gpu::testing::gpu_expected()) FAIL() << "ZINF_EXPECT_GPU=1, but " << zinf_why_; \
+      GTEST_SKIP() << zinf_why_;                                                                \
+    }                                                                                           \
+  } while (0)
+
+// The test checks behaviour without a GPU: skips where one is present. Such tests live in suites
+// named *WithoutGpu, which scripts/gpu-check leaves out on a GPU machine (so that any SKIPPED
+// there is a real failure to run).
+#define ZINF_REQUIRE_NO_GPU()                                                                   \
+  do {                                                                                          \
+    if (::zinf::gpu::testing::why_no_gpu().empty())                                             \
+      GTEST_SKIP() << "a GPU is present; this test is for machines without one";                \
   } while (0)

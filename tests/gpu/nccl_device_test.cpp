@@ -40,12 +40,16 @@ class NcclDeviceTest : public ::testing::Test {
     auto b = gpu::DeviceBuffer::allocate(dc_->device(), host.size() * sizeof(float), "nccl test input");
     EXPECT_TRUE(b.is_ok()) << b.status().to_string();
     if (!b.is_ok()) return {};
-    EXPECT_EQ(cudaMemcpy(b->data(), host.data(), b->size(), cudaMemcpyHostToDevice), cudaSuccess);
+    // On the stream the collectives use, then waited for: a pageable cudaMemcpy on the legacy
+    // stream may return before its DMA lands, and a non-blocking stream does not wait for it.
+    EXPECT_EQ(cudaMemcpyAsync(b->data(), host.data(), b->size(), cudaMemcpyHostToDevice, stream_.get()), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
     return std::move(b).value();
   }
   std::vector<float> download(const gpu::DeviceBuffer& b) {
     std::vector<float> host(b.size() / sizeof(float));
-    EXPECT_EQ(cudaMemcpy(host.data(), b.data(), b.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(cudaMemcpyAsync(host.data(), b.data(), b.size(), cudaMemcpyDeviceToHost, stream_.get()), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(stream_.get()), cudaSuccess);
     return host;
   }
   static std::vector<float> pattern(std::size_t n) {
@@ -64,7 +68,7 @@ TEST_F(NcclDeviceTest, ReduceScatterAtWorldSizeOneIsAnExactCopyAndMatchesTheHost
     gpu::DeviceBuffer send = upload(in);
     auto recv = gpu::DeviceBuffer::allocate(0, n * sizeof(float), "nccl test output");
     ASSERT_TRUE(recv.is_ok());
-    ASSERT_EQ(cudaMemset(recv->data(), 0xFF, recv->size()), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(recv->data(), 0xFF, recv->size(), stream_.get()), cudaSuccess);  // ordered before the collective
     ASSERT_TRUE(dc_->reduce_scatter_device(send.as<float>(), recv->as<float>(), n, stream_.get()).is_ok());
     const Status waited = dc_->wait_device(stream_.get(), "reduce_scatter_device");
     ASSERT_TRUE(waited.is_ok()) << waited.to_string();

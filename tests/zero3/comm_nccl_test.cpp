@@ -1,4 +1,5 @@
-// NCCL communicator tests at world size 1 (local bootstrap); they skip when no CUDA device is visible.
+// NCCL communicator tests at world size 1 (local bootstrap); they skip when no CUDA device is
+// visible (and fail instead under ZINF_EXPECT_GPU=1, as the other GPU tests).
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -9,23 +10,14 @@
 
 #include <gtest/gtest.h>
 
+#include "../gpu/gpu_test_util.h"
 #include "zinf/zero3/comm_nccl.h"
 
 namespace zinf::zero3 {
 namespace {
 
-// Empty when a CUDA device is visible, else why not.
-std::string no_device_reason() {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) return std::string("no CUDA device: cudaGetDeviceCount: ") + cudaGetErrorString(e);
-  if (count <= 0) return "no CUDA device: cudaGetDeviceCount returned 0";
-  return {};
-}
-
-TEST(NcclCommSetupTest, WithoutADeviceIsAnErrorNotACrash) {
-  const std::string reason = no_device_reason();
-  if (reason.empty()) GTEST_SKIP() << "a CUDA device is visible; this test is for machines without one";
+TEST(NcclCommWithoutGpu, SetupIsAnErrorNotACrash) {
+  ZINF_REQUIRE_NO_GPU();
   ASSERT_TRUE(nccl_available());
   auto c = make_nccl_communicator(make_local_communicator(), std::chrono::seconds(10));
   ASSERT_FALSE(c.is_ok());
@@ -36,8 +28,7 @@ TEST(NcclCommSetupTest, WithoutADeviceIsAnErrorNotACrash) {
 class NcclCommTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string reason = no_device_reason();
-    if (!reason.empty()) GTEST_SKIP() << reason;
+    ZINF_REQUIRE_GPU();
     auto c = make_nccl_communicator(make_local_communicator(), std::chrono::seconds(30));
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();
     comm_ = std::move(c).value();

@@ -111,6 +111,9 @@ class GpuBench {
   Status verify_read(Mode mode) {
     const std::size_t n = files_.file_bytes();
     ZINF_CUDA_RETURN_IF_ERROR(cudaMemset(dev_.data(), 0xff, n), "cudaMemset before the check");
+    // The fill runs on the legacy stream, which neither the copy engine's non-blocking streams nor
+    // cuFile wait for: finish it before the read lands in the buffer.
+    ZINF_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the fill");
     ZINF_RETURN_IF_ERROR(run(mode, Op::kRead, Timing{0.0, 0.0}).status());
     ZINF_ASSIGN_OR_RETURN(gpu::Event e, engine_->copy_d2h(host_.data(), dev_.data(), n, nullptr, "D2H for the check"));
     ZINF_RETURN_IF_ERROR(e.synchronize());
