@@ -30,8 +30,10 @@ bool resolve(void* dl, const char* name, Fn& fn) {
 }  // namespace
 
 std::string cufile_error_text(const cufile::Error& err) {
-  if (err.cu_err != 0) return fmt::format("cuFile error {} (CUDA driver error {})", err.err, err.cu_err);
-  return fmt::format("cuFile error {}", err.err);
+  if (err.cu_err != 0) {
+    return fmt::format("cuFile error {} {} (CUDA driver error {})", err.err, cufile::op_error_name(err.err), err.cu_err);
+  }
+  return fmt::format("cuFile error {} {}", err.err, cufile::op_error_name(err.err));
 }
 
 Result<std::shared_ptr<CuFileDriver>> CuFileDriver::open(std::string_view library) {
@@ -143,8 +145,9 @@ namespace {
 Status transfer_error(const char* op, const std::string& path, std::uint64_t offset, std::size_t length,
                       ssize_t rc, int saved_errno) {
   if (rc == -1) return Status::io_error(op, path, offset, length, saved_errno);
-  return Status(ErrorCode::kIoError, fmt::format("{} {} offset {} length {}: cuFile error {}", op, path, offset,
-                                                 length, -static_cast<long long>(rc)));
+  const auto code = static_cast<cufile::OpError>(-rc);
+  return Status(ErrorCode::kIoError, fmt::format("{} {} offset {} length {}: cuFile error {} {}", op, path, offset,
+                                                 length, code, cufile::op_error_name(code)));
 }
 
 }  // namespace

@@ -86,11 +86,17 @@ TEST(GpuAttention, BackwardMatchesCpuReference) {
                                    d.NH, nullptr);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     const std::vector<float> got = download_bf16(dqkv);
+    // The absolute floor is relative to the whole gradient: with T = 1 the softmax has one
+    // element and dq, dk are zero in exact arithmetic; the GPU leaves rounding residue of
+    // order 1e-7 there (dP - rowsum(dO * O) in fp32), the CPU reference exact zeros.
+    const double floor = 1e-2 * testing::max_abs(want);
     for (int which = 0; which < 3; which++) {
       SCOPED_TRACE("qkv"[which]);
       const std::vector<float> g = part(got, d, which), w = part(want, d, which);
-      EXPECT_LT(rel_l2(g, w), 1e-2);
-      EXPECT_TRUE(near_all(g, w, 1.0 / 64, 1e-2));
+      if (testing::max_abs(w) > 0) {
+        EXPECT_LT(rel_l2(g, w), 1e-2);
+      }
+      EXPECT_TRUE(testing::near_all_floor(g, w, 1.0 / 64, floor));
     }
     // Deterministic: a second run gives the same bits.
     st = attention_backward(bf(dqkv2), scratch.get(), bf(d_dout), bf(d_qkv), bf(out), lse.get(), d.B, d.T, d.C, d.NH,

@@ -79,7 +79,10 @@ TEST_F(GpuBlasTest, ForwardMatchesCpu) {
         const Status st = linear_forward(*blas_, LinearShape{s.N, s.C, s.OC, s.ld_out}, bf(out), bf(d_inp), bf(d_w),
                                          with_bias ? bf(d_bias) : nullptr, with_res ? bf(d_res) : nullptr, nullptr);
         ASSERT_TRUE(st.is_ok()) << st.to_string();
-        EXPECT_TRUE(near_all(unpad(download_bf16(out), s.N, s.OC, ld), want, kOneUlp, 1e-4))
+        // With a residual the output is rounded to bf16 twice (measured on an H100: elements a
+        // whole bf16 ulp from the exact sum, 0.66-0.88 ulp, where one rounding stays within half
+        // an ulp), so one ulp, 2^-7 relative, for that case.
+        EXPECT_TRUE(near_all(unpad(download_bf16(out), s.N, s.OC, ld), want, with_res ? 2 * kOneUlp : kOneUlp, 1e-4))
             << (with_bias ? "bias " : "") << (with_res ? "residual" : "");
       }
     }

@@ -81,11 +81,11 @@ TEST_F(DeviceAllocatorTest, ABlockUsedOnAnotherStreamWaitsForThatWork) {
     b->record_use(s2_.key());
     first = b->data();
   }
-  {
-    Result<DeviceBlock> during = alloc->allocate(kMiB, s1_.key(), "activation");
-    ASSERT_TRUE(during.is_ok()) << during.status().to_string();
-    EXPECT_NE(during->data(), first) << "handed out while a kernel on another stream may still write it";
-  }
+  // `during` stays held below, so that once s2's work is done the only cached block is `first`
+  // (had it been returned, either of two idle blocks could serve the next request).
+  Result<DeviceBlock> during = alloc->allocate(kMiB, s1_.key(), "activation");
+  ASSERT_TRUE(during.is_ok()) << during.status().to_string();
+  EXPECT_NE(during->data(), first) << "handed out while a kernel on another stream may still write it";
   gate.open();
   ASSERT_TRUE(s2_.synchronize().is_ok());
   EXPECT_FALSE(gate.timed_out());

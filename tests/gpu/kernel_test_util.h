@@ -52,13 +52,12 @@ inline double max_abs(const std::vector<float>& x) {
   return m;
 }
 
-// Every element within rel * |want| + abs_frac * max|want|; reports the first few misses.
-inline ::testing::AssertionResult near_all(const std::vector<float>& got, const std::vector<float>& want, double rel,
-                                           double abs_frac) {
+// Every |got - want| <= rel * |want| + floor (an absolute floor); reports the first few misses.
+inline ::testing::AssertionResult near_all_floor(const std::vector<float>& got, const std::vector<float>& want,
+                                                 double rel, double floor) {
   if (got.size() != want.size()) {
     return ::testing::AssertionFailure() << "sizes " << got.size() << " and " << want.size();
   }
-  const double floor = abs_frac * max_abs(want);
   size_t bad = 0;
   std::string first;
   for (size_t i = 0; i < got.size(); i++) {
@@ -71,6 +70,12 @@ inline ::testing::AssertionResult near_all(const std::vector<float>& got, const 
   if (bad == 0) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << bad << " of " << got.size() << " outside " << rel << " rel + " << floor
                                        << " abs:" << first;
+}
+
+// Every element within rel * |want| + abs_frac * max|want|.
+inline ::testing::AssertionResult near_all(const std::vector<float>& got, const std::vector<float>& want, double rel,
+                                           double abs_frac) {
+  return near_all_floor(got, want, rel, abs_frac * max_abs(want));
 }
 
 // ||got - want|| / ||want|| (L2).

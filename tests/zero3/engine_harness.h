@@ -22,9 +22,9 @@ constexpr int kB = 2, kT = 8;
 
 // Parameters offloaded to `device` ("none", "cpu" or "nvme"), optimizer state likewise (NVMe
 // parameters keep optimizer state on NVMe); bf16 or fp32; small buckets and sub-groups so that
-// modules span several.
+// modules span several. lr 1e-2 learns the two batches within a few steps.
 inline config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true,
-                                  int sub_group_size = 300) {
+                                  int sub_group_size = 300, double lr = 1e-2) {
   const std::string op =
       device == "nvme"
           ? fmt::format(R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
@@ -35,7 +35,7 @@ inline config::DsConfig ds_config(const std::string& device, const std::string& 
   const std::string text = fmt::format(R"({{
     "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
     {precision}
-    "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
+    "optimizer": {{"type": "AdamW", "params": {{"lr": {lr}, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
     "zero_optimization": {{"stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 200,
       "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
       "offload_param": {op}, "offload_optimizer": {oo}}},
@@ -43,7 +43,7 @@ inline config::DsConfig ds_config(const std::string& device, const std::string& 
   }})",
                                        fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo),
                                        fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""),
-                                       fmt::arg("sg", sub_group_size));
+                                       fmt::arg("sg", sub_group_size), fmt::arg("lr", lr));
   auto ds = config::parse_ds_config(text, "engine_harness", config::AutoContext{});
   EXPECT_TRUE(ds.is_ok()) << ds.status().to_string();
   return ds.value();
