@@ -45,3 +45,13 @@ rc=0
 [ "$rc" -eq 2 ] || { cat "$tmp/brun.out"; fail "bundle run without a GPU: exit $rc, want 2"; }
 grep -qE '^gpu-figures: (no GPU: |./run --check failed)' "$tmp/brun.out" || { cat "$tmp/brun.out"; fail "bundle run: unclear stop"; }
 echo "bundle run: $(grep '^gpu-figures:' "$tmp/brun.out")"
+
+# A bundle without the probe's program says so, not "no GPU".
+"$bundle" -c none -n noprobe -o "$tmp/noprobe.tar" "$build/tools/aio_bench/aio_bench" > "$tmp/bundle2.out" 2>&1 ||
+  { cat "$tmp/bundle2.out"; fail "scripts/bundle (aio_bench) failed"; }
+tar -C "$tmp" -xf "$tmp/noprobe.tar"
+rc=0
+(cd "$tmp/noprobe" && ./gpu-figures -o "$tmp/nrun") > "$tmp/nrun.out" 2>&1 || rc=$?
+[ "$rc" -eq 2 ] && grep -qF "cannot probe the GPU: this bundle has no gpu_copy_bench" "$tmp/nrun.out" ||
+  { cat "$tmp/nrun.out"; fail "a bundle without gpu_copy_bench: exit $rc, unclear"; }
+[ -x "$tmp/noprobe/gpu-check" ] || fail "the bundle has no ./gpu-check"
