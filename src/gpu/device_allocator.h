@@ -4,10 +4,19 @@
 #include <cstddef>
 #include <memory>
 
-#include "gpu/caching_allocator.h"
+#include "device/caching_allocator.h"
 #include "zinf/status.h"
 
 namespace zinf::gpu {
+
+// The caching allocator lives in the device layer (CUDA-free); this file gives it its CUDA backend.
+using device::AllocatorBackend;
+using device::AllocatorStats;
+using device::CachingAllocator;
+using device::CachingAllocatorOptions;
+using device::DeviceBlock;
+using device::FenceKey;
+using device::StreamKey;
 
 // A backend for GPU `device`: every call runs with that device current, so blocks may be
 // allocated and returned from any thread. Events are pooled, so a step that returns blocks used

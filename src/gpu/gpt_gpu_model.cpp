@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "gpu/caching_allocator.h"
+#include "device/caching_allocator.h"
 #include "gpu/copy_engine.h"
 #include "gpu/cuda_error.h"
 #include "gpu/device.h"

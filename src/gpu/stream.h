@@ -6,10 +6,14 @@
 #include <string>
 #include <string_view>
 
-#include "gpu/stream_key.h"
+#include "device/stream_key.h"
 #include "zinf/status.h"
 
 namespace zinf::gpu {
+
+// The device layer's names for streams and fences (src/device: the layer below this one).
+using device::FenceKey;
+using device::StreamKey;
 
 inline StreamKey stream_key(cudaStream_t stream) { return reinterpret_cast<StreamKey>(stream); }
 

@@ -74,6 +74,24 @@ void Gate::open() {
 
 bool Gate::timed_out() const { return flags_ != nullptr && flags_[1] != 0; }
 
+namespace {
+__global__ void axpb_kernel(float* p, std::size_t n, float mul, float add) {
+  for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    p[i] = __fadd_rn(__fmul_rn(p[i], mul), add);
+  }
+}
+}  // namespace
+
+cudaError_t launch_axpb(cudaStream_t stream, float* p, std::size_t n, float mul, float add) {
+  if (n == 0) return cudaSuccess;
+  const unsigned threads = 256;
+  std::size_t blocks = (n + threads - 1) / threads;
+  if (blocks > 1024) blocks = 1024;
+  axpb_kernel<<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, n, mul, add);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_fill(cudaStream_t stream, void* p, std::size_t n, unsigned char value) {
   if (n == 0) return cudaSuccess;
   const unsigned threads = 256;

@@ -35,4 +35,8 @@ class Gate {
 // Enqueues a kernel on `stream` that sets bytes [0, n) of device memory `p` to `value`.
 cudaError_t launch_fill(cudaStream_t stream, void* p, std::size_t n, unsigned char value);
 
+// Enqueues a kernel on `stream` that sets p[i] = p[i] * mul + add for i < n (fp32, no FMA
+// contraction: the same bits as the host's p * mul + add).
+cudaError_t launch_axpb(cudaStream_t stream, float* p, std::size_t n, float mul, float add);
+
 }  // namespace zinf::gpu::testing

@@ -1,5 +1,5 @@
 // CachingAllocator: size classes, per-stream free lists, fence-ordered reuse, a byte cap.
-#include "gpu/caching_allocator.h"
+#include "device/caching_allocator.h"
 
 #include <algorithm>
 #include <cassert>
@@ -10,7 +10,7 @@
 
 #include "zinf/log.h"
 
-namespace zinf::gpu {
+namespace zinf::device {
 
 namespace {
 
@@ -298,4 +298,4 @@ void DeviceBlock::reset() {
   uses_.clear();
 }
 
-}  // namespace zinf::gpu
+}  // namespace zinf::device

@@ -1,5 +1,5 @@
-// Internal: a caching allocator for device memory, so that a training step does no cudaMalloc or
-// cudaFree once the first step has warmed the cache.
+// Internal: a caching allocator for device memory (a GPU's, or the host device's), so that a
+// training step does no cudaMalloc or cudaFree once the first step has warmed the cache.
 //
 // Policy (kept simple enough to state, and tested on the host with malloc):
 //  - Size classes: a request is rounded up to a multiple of 512 bytes up to 1 MiB, and to a
@@ -31,10 +31,10 @@
 #include <string_view>
 #include <vector>
 
-#include "gpu/stream_key.h"
+#include "device/stream_key.h"
 #include "zinf/status.h"
 
-namespace zinf::gpu {
+namespace zinf::device {
 
 // What the allocator is built on: the device's raw allocation and its stream fences. The CUDA
 // backend (gpu/device_allocator.h) uses cudaMalloc/cudaFree and cudaEvents; tests use malloc and
@@ -178,4 +178,4 @@ class CachingAllocator {
   AllocatorStats stats_;
 };
 
-}  // namespace zinf::gpu
+}  // namespace zinf::device

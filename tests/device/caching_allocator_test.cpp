@@ -1,6 +1,6 @@
 // The caching allocator's bookkeeping on the host: a malloc backend with fences the test completes
 // by hand stands in for cudaMalloc and cudaEvents. No device needed.
-#include "gpu/caching_allocator.h"
+#include "device/caching_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-namespace zinf::gpu {
+namespace zinf::device {
 namespace {
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -454,4 +454,4 @@ TEST_F(CachingAllocatorTest, ConcurrentThreadsNeverShareABlock) {
 }
 
 }  // namespace
-}  // namespace zinf::gpu
+}  // namespace zinf::device

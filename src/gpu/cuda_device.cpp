@@ -1,0 +1,133 @@
+// The device interface on a CUDA GPU.
+#include "gpu/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "gpu/copy_engine.h"
+#include "gpu/cuda_error.h"
+#include "gpu/device.h"
+#include "gpu/device_allocator.h"
+#include "gpu/stream.h"
+
+namespace zinf::gpu {
+namespace {
+
+using device::StreamRole;
+
+class CudaEventState final : public device::EventState {
+ public:
+  explicit CudaEventState(Event event) : event_(std::move(event)) {}
+  const Event& event() const { return event_; }
+
+ private:
+  Event event_;
+};
+
+const CudaEventState* cuda_state(const device::Event& e) { return dynamic_cast<const CudaEventState*>(e.state()); }
+
+// Members in destruction-safe order: the allocator (which waits for its fences) before the streams
+// its fences are on.
+class CudaDevice final : public device::Device {
+ public:
+  CudaDevice(int ordinal, DeviceInfo info, Stream compute, std::unique_ptr<CopyEngine> copies,
+             std::unique_ptr<CachingAllocator> alloc)
+      : ordinal_(ordinal), info_(std::move(info)), compute_(std::move(compute)), copies_(std::move(copies)),
+        alloc_(std::move(alloc)) {}
+  ~CudaDevice() override { (void)synchronize_all(); }
+
+  std::string describe() const override { return info_.to_string(); }
+  bool host_addressable() const override { return false; }
+
+  device::StreamKey stream_key(StreamRole role) const override { return gpu::stream_key(stream(role)); }
+
+  Result<DeviceBlock> allocate(std::size_t bytes, StreamRole role, std::string_view what) override {
+    return alloc_->allocate(bytes, stream_key(role), what);
+  }
+  AllocatorStats allocator_stats() const override { return alloc_->stats(); }
+
+  Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) override {
+    return copies_->copy_h2d(device_dst, host_src, bytes, nullptr, what).status();
+  }
+  Status copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) override {
+    return copies_->copy_d2h(host_dst, device_src, bytes, nullptr, what).status();
+  }
+
+  Status enqueue(StreamRole role, device::Work work, std::string_view what) override {
+    if (!work) return Status::invalid_argument(fmt::format("GPU {}: enqueue '{}' without work", ordinal_, what));
+    ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(ordinal_));
+    ZINF_RETURN_IF_ERROR(work(device::StreamContext{stream(role), role}).with_context(
+        fmt::format("GPU {}, {} stream, '{}'", ordinal_, device::stream_role_name(role), what)));
+    return last_launch_status(fmt::format("'{}' on the {} stream of GPU {}", what, device::stream_role_name(role), ordinal_));
+  }
+
+  Result<device::Event> record(StreamRole role) override {
+    ZINF_ASSIGN_OR_RETURN(Event e, Event::create(ordinal_, fmt::format("{} stream event", device::stream_role_name(role))));
+    ZINF_RETURN_IF_ERROR(e.record(stream(role), device::stream_role_name(role)));
+    return device::Event(std::make_shared<CudaEventState>(std::move(e)));
+  }
+
+  Status wait(StreamRole role, const device::Event& event) override {
+    if (event.empty()) return Status::ok();
+    const CudaEventState* s = cuda_state(event);
+    if (s == nullptr) return Status::invalid_argument(fmt::format("GPU {}: wait on an event of another device", ordinal_));
+    ZINF_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream(role), s->event().get(), 0),
+                              fmt::format("the {} stream of GPU {} waiting on '{}'", device::stream_role_name(role),
+                                          ordinal_, s->event().name()));
+    return Status::ok();
+  }
+
+  Status synchronize(const device::Event& event) override {
+    if (event.empty()) return Status::ok();
+    const CudaEventState* s = cuda_state(event);
+    if (s == nullptr) return Status::invalid_argument(fmt::format("GPU {}: synchronize on an event of another device", ordinal_));
+    return s->event().synchronize();
+  }
+
+  Result<bool> query(const device::Event& event) override {
+    if (event.empty()) return true;
+    const CudaEventState* s = cuda_state(event);
+    if (s == nullptr) return Status::invalid_argument(fmt::format("GPU {}: query of an event of another device", ordinal_));
+    return s->event().query();
+  }
+
+  Status synchronize_all() override {
+    ZINF_RETURN_IF_ERROR(compute_.synchronize());
+    return copies_->synchronize();
+  }
+
+ private:
+  cudaStream_t stream(StreamRole role) const {
+    switch (role) {
+      case StreamRole::kH2D: return copies_->h2d_stream().get();
+      case StreamRole::kD2H: return copies_->d2h_stream().get();
+      case StreamRole::kCompute: break;
+    }
+    return compute_.get();
+  }
+
+  int ordinal_;
+  DeviceInfo info_;
+  Stream compute_;
+  std::unique_ptr<CopyEngine> copies_;
+  std::unique_ptr<CachingAllocator> alloc_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<device::Device>> make_cuda_device(CudaDeviceOptions options) {
+  const int d = options.device;
+  ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(d));
+  ZINF_ASSIGN_OR_RETURN(DeviceInfo info, device_info(d));
+  ZINF_ASSIGN_OR_RETURN(Stream compute, Stream::create(d, "device compute"));
+  CopyEngineOptions co;
+  co.require_pinned_host = options.require_pinned_host;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CopyEngine> copies, CopyEngine::create(d, co));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> alloc, make_device_allocator(d, options.memory_cap));
+  return std::unique_ptr<device::Device>(
+      std::make_unique<CudaDevice>(d, std::move(info), std::move(compute), std::move(copies), std::move(alloc)));
+}
+
+}  // namespace zinf::gpu

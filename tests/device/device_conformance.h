@@ -1,0 +1,201 @@
+// The device interface's contract (device/device.h), as tests that any implementation must pass:
+// the host device on every machine (tests/device), the CUDA device where a GPU is (tests/gpu).
+// An implementation supplies TestOps: a work item that computes on a block, and a gate that holds a
+// stream until the test opens it, so ordering is checked without timing assumptions.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <ostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "zinf/aio/pinned.h"
+
+namespace zinf::device::testing {
+
+class TestOps {
+ public:
+  virtual ~TestOps() = default;
+  // Work that sets p[i] = p[i] * mul + add for i < n, on the stream it runs on.
+  virtual Work axpb(float* p, std::size_t n, float mul, float add) = 0;
+  // Work that holds its stream until open(); one gate per test.
+  virtual Work gate() = 0;
+  virtual void open() = 0;
+};
+
+struct DeviceCase {
+  std::string name;
+  std::function<std::unique_ptr<Device>()> make_device;  // null: the test fails
+  std::function<std::unique_ptr<TestOps>()> make_ops;
+  // Non-empty: why the device cannot be used here, and the tests skip (optional).
+  std::function<std::string()> skip_reason;
+};
+
+// A query's answer as 1 (complete), 0 (not yet) or -1 (an error), for EXPECT_EQ.
+inline int query_state(const Result<bool>& r) { return r.is_ok() ? (r.value() ? 1 : 0) : -1; }
+
+inline void PrintTo(const DeviceCase& c, std::ostream* os) { *os << c.name; }
+
+inline std::string case_name(const ::testing::TestParamInfo<DeviceCase>& info) { return info.param.name; }
+
+class DeviceConformance : public ::testing::TestWithParam<DeviceCase> {
+ protected:
+  void SetUp() override {
+    if (GetParam().skip_reason) {
+      const std::string why = GetParam().skip_reason();
+      if (!why.empty()) {
+        GTEST_SKIP() << why;
+      }
+    }
+    dev_ = GetParam().make_device();
+    ASSERT_NE(dev_, nullptr);
+    ops_ = GetParam().make_ops();
+  }
+  void TearDown() override {
+    if (ops_) ops_->open();  // never leave a stream held
+    if (dev_) {
+      EXPECT_TRUE(dev_->synchronize_all().is_ok());
+    }
+  }
+  static aio::PinnedBuffer pinned(std::size_t bytes) {
+    Result<aio::PinnedBuffer> b = aio::PinnedBuffer::allocate(bytes);
+    EXPECT_TRUE(b.is_ok()) << b.status().to_string();
+    return b.is_ok() ? std::move(b).value() : aio::PinnedBuffer();
+  }
+  static float* floats(const aio::PinnedBuffer& b) { return static_cast<float*>(b.data()); }
+
+  // One round trip of `n` floats: host `in` -> device -> x * mul + add -> host `out`, with every
+  // wait the contract asks for, or without the compute stream's wait for the upload.
+  Status round_trip(const aio::PinnedBuffer& in, const aio::PinnedBuffer& out, std::size_t n, float mul, float add,
+                    bool wait_for_upload, Event* done) {
+    const std::size_t bytes = n * sizeof(float);
+    // For the stream that writes it first; used on the others, declared before it is returned.
+    ZINF_ASSIGN_OR_RETURN(DeviceBlock block, dev_->allocate(bytes, StreamRole::kH2D, "round trip"));
+    ZINF_RETURN_IF_ERROR(dev_->copy_h2d(block.data(), in.data(), bytes, "upload"));
+    ZINF_ASSIGN_OR_RETURN(Event uploaded, dev_->record(StreamRole::kH2D));
+    if (wait_for_upload) ZINF_RETURN_IF_ERROR(dev_->wait(StreamRole::kCompute, uploaded));
+    ZINF_RETURN_IF_ERROR(dev_->enqueue(StreamRole::kCompute, ops_->axpb(block.as<float>(), n, mul, add), "axpb"));
+    block.record_use(dev_->stream_key(StreamRole::kCompute));
+    ZINF_ASSIGN_OR_RETURN(Event computed, dev_->record(StreamRole::kCompute));
+    ZINF_RETURN_IF_ERROR(dev_->wait(StreamRole::kD2H, computed));
+    ZINF_RETURN_IF_ERROR(dev_->copy_d2h(out.data(), block.data(), bytes, "download"));
+    block.record_use(dev_->stream_key(StreamRole::kD2H));
+    ZINF_ASSIGN_OR_RETURN(*done, dev_->record(StreamRole::kD2H));
+    return Status::ok();  // the block goes back to the cache here, fenced by both uses
+  }
+
+  std::unique_ptr<Device> dev_;
+  std::unique_ptr<TestOps> ops_;
+};
+
+// Many round trips in flight at once, each block returned as soon as its work is enqueued (so
+// later round trips reuse blocks behind fences): every result exact.
+TEST_P(DeviceConformance, RoundTripsInFlightAreExact) {
+  constexpr std::size_t n = 3000;
+  constexpr int kTrips = 24;
+  std::vector<aio::PinnedBuffer> in, out;
+  std::vector<Event> done(kTrips);
+  for (int t = 0; t < kTrips; ++t) {
+    in.push_back(pinned(n * sizeof(float)));
+    out.push_back(pinned(n * sizeof(float)));
+    for (std::size_t i = 0; i < n; ++i) floats(in.back())[i] = static_cast<float>((i * 7 + t) % 1000) * 0.25f;
+    std::memset(out.back().data(), 0, n * sizeof(float));
+  }
+  for (int t = 0; t < kTrips; ++t) {
+    ASSERT_TRUE(round_trip(in[t], out[t], n, 2.0f, static_cast<float>(t), true, &done[t]).is_ok());
+  }
+  for (int t = 0; t < kTrips; ++t) {
+    ASSERT_TRUE(dev_->synchronize(done[t]).is_ok());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < n; ++i) bad += floats(out[t])[i] != floats(in[t])[i] * 2.0f + static_cast<float>(t);
+    EXPECT_EQ(bad, 0u) << "round trip " << t << " on " << dev_->describe();
+  }
+  const AllocatorStats s = dev_->allocator_stats();
+  EXPECT_EQ(s.blocks_in_use, 0u);
+}
+
+// Without the compute stream's wait for the upload (one wait removed), the harness sees it: with
+// the upload held at a gate, the work reads the block's old contents. With the wait, it is right.
+TEST_P(DeviceConformance, AMissingWaitIsCaught) {
+  constexpr std::size_t n = 1024;
+  aio::PinnedBuffer in = pinned(n * sizeof(float)), out = pinned(n * sizeof(float));
+  for (bool with_wait : {true, false}) {
+    SCOPED_TRACE(with_wait ? "with the wait" : "without the wait");
+    for (std::size_t i = 0; i < n; ++i) floats(in)[i] = 3.0f;
+    std::memset(out.data(), 0, n * sizeof(float));
+    std::unique_ptr<TestOps> ops = GetParam().make_ops();
+    std::swap(ops, ops_);  // a fresh gate for each variant
+    ASSERT_TRUE(dev_->enqueue(StreamRole::kH2D, ops_->gate(), "gate").is_ok());
+    Event done;
+    ASSERT_TRUE(round_trip(in, out, n, 2.0f, 1.0f, with_wait, &done).is_ok());
+    if (!with_wait) {
+      // The download waits only for the work, which did not wait for the held upload.
+      ASSERT_TRUE(dev_->synchronize(done).is_ok());
+      EXPECT_NE(floats(out)[0], 7.0f) << "the work read the upload although nothing ordered it after the upload";
+      ops_->open();
+    } else {
+      EXPECT_EQ(query_state(dev_->query(done)), 0) << "the download finished while the upload was held";
+      ops_->open();
+      ASSERT_TRUE(dev_->synchronize(done).is_ok());
+      EXPECT_EQ(floats(out)[0], 7.0f);
+      EXPECT_EQ(floats(out)[n - 1], 7.0f);
+    }
+    ASSERT_TRUE(dev_->synchronize_all().is_ok());
+  }
+}
+
+TEST_P(DeviceConformance, EventsCompleteAfterTheirStreamsWork) {
+  ASSERT_TRUE(dev_->enqueue(StreamRole::kCompute, ops_->gate(), "gate").is_ok());
+  Result<Event> e = dev_->record(StreamRole::kCompute);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  Result<Event> other = dev_->record(StreamRole::kD2H);
+  ASSERT_TRUE(other.is_ok());
+  ASSERT_TRUE(dev_->synchronize(*other).is_ok()) << "another stream is not held by the gate";
+  EXPECT_EQ(query_state(dev_->query(*e)), 0);
+  // A stream that waits on the held event is held too.
+  ASSERT_TRUE(dev_->wait(StreamRole::kH2D, *e).is_ok());
+  Result<Event> behind = dev_->record(StreamRole::kH2D);
+  ASSERT_TRUE(behind.is_ok());
+  EXPECT_EQ(query_state(dev_->query(*behind)), 0);
+  ops_->open();
+  ASSERT_TRUE(dev_->synchronize(*behind).is_ok());
+  EXPECT_EQ(query_state(dev_->query(*e)), 1);
+  EXPECT_EQ(query_state(dev_->query(Event())), 1) << "an empty event is complete";
+}
+
+// A block that work on another stream still uses is not handed out again until that work is done.
+TEST_P(DeviceConformance, ABlockIsNotReusedWhileAnotherStreamUsesIt) {
+  constexpr std::size_t bytes = 1 << 20;
+  ASSERT_TRUE(dev_->enqueue(StreamRole::kCompute, ops_->gate(), "gate").is_ok());
+  void* first = nullptr;
+  {
+    Result<DeviceBlock> b = dev_->allocate(bytes, StreamRole::kH2D, "first");
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    ASSERT_TRUE(dev_->enqueue(StreamRole::kCompute, ops_->axpb(b->as<float>(), bytes / 4, 1.0f, 0.0f), "reader").is_ok());
+    b->record_use(dev_->stream_key(StreamRole::kCompute));
+    first = b->data();
+  }
+  Result<DeviceBlock> during = dev_->allocate(bytes, StreamRole::kH2D, "during");
+  ASSERT_TRUE(during.is_ok());
+  EXPECT_NE(during->data(), first) << "handed out while a held stream may still use it";
+  ops_->open();
+  ASSERT_TRUE(dev_->synchronize_all().is_ok());
+  Result<DeviceBlock> after = dev_->allocate(bytes, StreamRole::kH2D, "after");
+  ASSERT_TRUE(after.is_ok());
+  EXPECT_EQ(after->data(), first) << "the only idle block of that size";
+}
+
+TEST_P(DeviceConformance, BadArgumentsAreErrorsNamingTheCall) {
+  const Status st = dev_->copy_h2d(nullptr, nullptr, 16, "layer 3 weights");
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("layer 3 weights"), std::string::npos) << st.message();
+  EXPECT_FALSE(dev_->enqueue(StreamRole::kCompute, Work(), "nothing").is_ok());
+  EXPECT_TRUE(dev_->copy_h2d(nullptr, nullptr, 0, "empty").is_ok());
+}
+
+}  // namespace zinf::device::testing
