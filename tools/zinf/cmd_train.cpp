@@ -202,7 +202,22 @@ Status check_save_folder(const std::string& dir) {
   if (!std::filesystem::is_directory(dir, ec)) {
     return Status::invalid_argument(fmt::format("--save {}: exists and is not a folder", dir));
   }
-  // A probe file, never committed: the AtomicFile removes it again.
+  // An unnamed file (O_TMPFILE): nothing is left behind even when the process is killed during
+  // the probe (a named one was, and the next run's folder then held a stray temporary).
+  {
+    fileio::UniqueFd fd(::open(dir.c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600));
+    if (fd.get() >= 0) {
+      const char byte = 0;
+      if (::write(fd.get(), &byte, 1) == 1) return Status::ok();
+      return Status::sys_error(fmt::format("--save {}: the folder is not writable", dir), errno);
+    }
+    // File systems without O_TMPFILE say EOPNOTSUPP (or EISDIR/EINVAL on old kernels): probe with
+    // a named file instead. Anything else is the folder's answer.
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) {
+      return Status::sys_error(fmt::format("--save {}: the folder is not writable", dir), errno);
+    }
+  }
+  // A named probe file, never committed: the AtomicFile removes it again.
   auto probe = fileio::AtomicFile::create(dir + "/.zinf_probe");
   if (!probe.is_ok()) return probe.status().with_context(fmt::format("--save {}: the folder is not writable", dir));
   const char byte = 0;
