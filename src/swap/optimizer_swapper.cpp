@@ -18,8 +18,6 @@ namespace zinf::swap {
 namespace {
 
 using detail::Clock;
-using detail::overlap;
-using detail::Overlap;
 using detail::seconds_since;
 
 constexpr const char* kMetaLayout = "optimizer.layout";

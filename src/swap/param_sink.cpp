@@ -1,11 +1,11 @@
 // The parameter sinks of the swap layer: host memory, and the parameter swapper.
 #include "zinf/swap/param_sink.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "swap/optimizer_slot.h"
 #include "zinf/swap/param_swapper.h"
 
 namespace zinf::swap {
@@ -43,15 +43,14 @@ Status SwapperParamSink::write(std::size_t sg, std::uint64_t first, std::uint64_
   }
   const SubGroup& g = layout_->subgroups[sg];
   const std::size_t esize = dtype_size(dtype());
-  const std::uint64_t last = first + count;
   for (std::size_t p = g.first_param; p < g.first_param + g.param_count; ++p) {
-    const std::uint64_t begin = layout_->offset_in_subgroup[p];
-    const std::uint64_t lo = std::max(first, begin), hi = std::min(last, begin + layout_->params[p].numel);
-    if (hi <= lo) continue;
-    const auto* from = static_cast<const std::byte*>(src) + (lo - first) * esize;
+    const detail::Overlap o = detail::overlap(*layout_, p, first, first + count);
+    if (o.empty()) continue;
+    const auto* from = static_cast<const std::byte*>(src) + (o.first - first) * esize;
     // Readable to the partition's kAlign-aligned end (the contract on first + count), so an
     // aligned source is written without staging.
-    pending.push_back(swapper_->write_range(layout_->params[p].key, lo - begin, hi - lo, from, /*src_padded=*/true));
+    pending.push_back(swapper_->write_range(layout_->params[p].key, o.first - layout_->offset_in_subgroup[p],
+                                            o.last - o.first, from, /*src_padded=*/true));
   }
   return Status::ok();
 }
