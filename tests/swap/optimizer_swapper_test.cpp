@@ -4,9 +4,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -14,6 +20,7 @@
 #include "optimizer_test_util.h"
 #include "swap_test_util.h"
 #include "zinf/optim/half.h"
+#include "zinf/swap/param_sink.h"
 #include "zinf/swap/param_swapper.h"
 
 namespace zinf::swap {
@@ -239,6 +246,123 @@ TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
 
 INSTANTIATE_TEST_SUITE_P(ReadOrWrite, OptimizerSwapperFault, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "write" : "read"; });
+
+// A sink that takes copies the way a device would: write() only queues the range; a worker
+// copies it into its own memory after a random delay and only then completes the ticket. An
+// optimizer that reused its buffer before the ticket was ready would hand over other values.
+class DeferredSink final : public ParamSink {
+ public:
+  DeferredSink(const OptimizerLayout& layout, DType dtype) : dtype_(dtype) {
+    for (const SubGroup& g : layout.subgroups) copies.emplace_back(g.numel * dtype_size(dtype));
+    worker_ = std::thread([this] { run(); });
+  }
+  ~DeferredSink() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  DType dtype() const override { return dtype_; }
+  void* host_subgroup(std::size_t) override { return nullptr; }
+  Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
+               std::vector<SwapTicket>& pending) override {
+    if (first % OptimizerLayout::kAlign != 0 || (first + count) % OptimizerLayout::kAlign != 0) ++misaligned;
+    SwapCompletion done;
+    pending.push_back(done.ticket());
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(Item{sg, first, count, src, done});
+    }
+    cv_.notify_one();
+    return Status::ok();
+  }
+
+  std::vector<std::vector<std::byte>> copies;  // per sub-group, padded layout
+  std::atomic<int> misaligned{0};
+
+ private:
+  struct Item {
+    std::size_t sg;
+    std::uint64_t first, count;
+    const void* src;
+    SwapCompletion done;
+  };
+  void run() {
+    std::mt19937 rng(7);
+    for (;;) {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const Item item = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+      const std::size_t esize = dtype_size(dtype_);
+      std::memcpy(copies[item.sg].data() + item.first * esize, item.src, item.count * esize);
+      item.done.complete(Status::ok());
+    }
+  }
+  DType dtype_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class OptimizerSwapperDeferredSink : public ::testing::TestWithParam<DType> {};
+
+// The pipelined step and write_param_copies keep each slot's copy area (16-bit) or master tile
+// (fp32) unchanged until the sink's tickets are ready: the copies equal the in-memory step's.
+TEST_P(OptimizerSwapperDeferredSink, WaitsForEveryTicketBeforeReusingItsBuffers) {
+  const DType dtype = GetParam();
+  TempDir dir;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg = base_config(dir);
+  cfg.pipeline_read = cfg.pipeline_write = true;
+  auto sw = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+  ASSERT_GT(sw->layout().largest_subgroup(), 3 * sw->tile_elements()) << "every slot must be reused in a step";
+  InMemory ref(sw->layout(), sw->optimizer());
+  ref.copy_dtype = dtype;
+  ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
+  DeferredSink sink(sw->layout(), dtype);
+  const std::size_t esize = dtype_size(dtype);
+  auto expect_copies = [&](const char* when) {
+    for (std::size_t p = 0; p < kParams.size(); ++p) {
+      const std::size_t g = sw->layout().subgroup_of[p];
+      const std::uint64_t at = sw->layout().offset_in_subgroup[p];
+      const void* want = dtype == DType::kF32 ? static_cast<const void*>(ref.master[g].data() + at)
+                                              : static_cast<const void*>(ref.copies[g].data() + at);
+      EXPECT_EQ(std::memcmp(sink.copies[g].data() + at * esize, want, kParams[p].numel * esize), 0)
+          << kParams[p].key << " " << when;
+    }
+  };
+  ASSERT_TRUE(sw->write_param_copies(sink).is_ok());
+  if (dtype != DType::kF32) {
+    for (std::size_t g = 0; g < ref.master.size(); ++g) {
+      ASSERT_TRUE(optim::convert_from_f32(ref.master[g], ref.copies[g].data(), dtype).is_ok());
+    }
+  }
+  expect_copies("after write_param_copies");
+  for (int step = 1; step <= 3; ++step) {
+    const auto grads = make_grads(sw->layout(), DType::kF32, 70 + step);
+    StepInputs in;
+    in.ctx.step = step;
+    in.grads = views(grads, DType::kF32);
+    ref.step(in);
+    in.sink = &sink;
+    ASSERT_TRUE(sw->step(in).is_ok());
+    expect_copies(("after step " + std::to_string(step)).c_str());
+  }
+  EXPECT_EQ(sink.misaligned.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CopyDtypes, OptimizerSwapperDeferredSink, ::testing::Values(DType::kBF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 TEST(OptimizerSwapper, LoadStateRestoresACheckpointAsAWhole) {
   TempDir dir_a, dir_b;
