@@ -10,7 +10,8 @@
 //   - nullptr: the optimizer hands ranges over with write(), from its own buffers, and keeps
 //     them unchanged until the returned tickets are ready.
 // A new home for the parameters (device memory, say) is one new ParamSink: the optimizer code
-// does not change.
+// does not change. A sink whose transfers complete elsewhere (a copy stream) hands out tickets
+// of a SwapCompletion (tensor_swapper.h) and completes them when the data has landed.
 //
 // Threading: one step at a time calls a sink; the tickets may complete on other threads.
 #pragma once
