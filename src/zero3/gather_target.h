@@ -5,6 +5,8 @@
 // staging copy and a device all-gather; the coordinator's budget, trace, prefetch and reuse
 // logic stay as they are. The model receives pointers into the target's memory
 // (model::ParamAccess::acquire), so the target must match where the model computes.
+//
+// Threading: a target is used by one coordinator, from the thread that drives its passes.
 #pragma once
 
 #include <cstddef>
