@@ -35,6 +35,7 @@
 #include "zinf/aio/handle.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/param_sink.h"
 #include "zinf/topology.h"
 
 namespace {
@@ -93,6 +94,7 @@ optim::Optimizer make_adamw() {
 struct Memory {
   std::vector<std::uint64_t> numel;                             // per sub-group
   std::vector<detail::HostBuffer> grads, copies, master, m, v;  // per sub-group
+  std::unique_ptr<HostParamSink> sink;                          // over copies (bf16)
 };
 
 Memory allocate_memory(const OptimizerLayout& layout) {
@@ -113,6 +115,9 @@ Memory allocate_memory(const OptimizerLayout& layout) {
       master[i] = grad[i] * 100.0f;
     }
   }
+  std::vector<void*> copies;
+  for (detail::HostBuffer& c : mem.copies) copies.push_back(c.data());
+  mem.sink = std::make_unique<HostParamSink>(std::move(copies), DType::kBF16);
   return mem;
 }
 
@@ -121,8 +126,8 @@ StepInputs inputs(const Memory& mem, std::int64_t step) {
   in.ctx.step = step;
   for (std::size_t g = 0; g < mem.grads.size(); ++g) {
     in.grads.push_back(optim::GradView{mem.grads[g].data(), DType::kF32, mem.numel[g], 1.0});
-    in.param_copies.push_back(mem.copies[g].data());
   }
+  in.sink = mem.sink.get();
   return in;
 }
 
@@ -144,13 +149,13 @@ double memory_step(const OptimizerLayout& layout, const optim::Optimizer& opt, M
 
 OptimizerSwapConfig swap_config(const Options& o, bool pipelined) {
   OptimizerSwapConfig c;
-  c.nvme_paths = o.nvme_paths;
+  c.store.nvme_paths = o.nvme_paths;
   c.buffer_count = o.buffer_count;
   c.buffer_size = o.buffer_size;
   c.sub_group_size = o.sub_group_size;
   c.pipeline_read = c.pipeline_write = pipelined;
   c.pin_memory = true;
-  c.checksums = o.checksums;
+  c.store.checksums = o.checksums;
   return c;
 }
 

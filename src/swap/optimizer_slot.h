@@ -18,7 +18,7 @@ struct OptimizerSwapper::Slot {
   float* master = nullptr;     // (tile,) fp32
   std::vector<float*> states;  // state_count x (tile,) fp32
   std::byte* grad = nullptr;   // (tile,) gradient_dtype, when gradients are swapped
-  std::byte* copy = nullptr;   // (tile,) 16-bit copies bound for the parameter swapper
+  std::byte* copy = nullptr;   // (tile,) 16-bit copies bound for a sink's write()
   std::vector<std::pair<SwapStore*, IoBatch>> reads, writes;
   std::vector<SwapTicket> copy_writes;
 };

@@ -7,7 +7,7 @@
 #include "swap/optimizer_slot.h"
 #include "zinf/optim/half.h"
 #include "zinf/swap/optimizer_swapper.h"
-#include "zinf/swap/param_swapper.h"
+#include "zinf/swap/param_sink.h"
 
 namespace zinf::swap {
 
@@ -116,30 +116,25 @@ Status OptimizerSwapper::load_state(std::size_t subgroup, std::size_t which, std
   return commit_metadata(target, committed_step_, true, true);
 }
 
-Status OptimizerSwapper::write_param_copies(const StepInputs& outputs) {
-  if (outputs.param_copies.empty() == (outputs.param_swapper == nullptr)) {
-    return Status::invalid_argument("write_param_copies: give either param_copies or a param_swapper");
-  }
+Status OptimizerSwapper::write_param_copies(ParamSink& sink) {
   if (!master_written_) return Status::invalid_argument("write_param_copies: no master weights yet");
-  StepInputs check = outputs;
-  check.grads.assign(config_.swap_gradients ? 0 : layout_.subgroups.size(), optim::GradView{});
-  for (std::size_t g = 0; g < check.grads.size(); ++g) {
-    check.grads[g] = optim::GradView{this, DType::kF32, layout_.subgroups[g].numel, 1.0};  // shape only
-  }
-  check.ctx.step = 1;
-  ZINF_RETURN_IF_ERROR(check_inputs(check));
   (void)cancel_read_ahead();  // slot 0 is the bounce buffer; the reads below report their own errors
   Slot& s = *slots_[0];
+  const DType dtype = sink.dtype();
   for (const Tile& t : tiles_) {
     ZINF_RETURN_IF_ERROR(store_->read(state_key(t.subgroup, 0, slot_), t.start * 4, s.master, t.length * 4));
     const std::span<const float> master(s.master, t.length);
-    if (!outputs.param_copies.empty()) {
-      void* dst = static_cast<std::byte*>(outputs.param_copies[t.subgroup]) + t.start * 2;
-      ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, dst, outputs.copy_dtype, config_.exec));
+    if (void* host = sink.host_subgroup(t.subgroup)) {
+      void* dst = static_cast<std::byte*>(host) + t.start * dtype_size(dtype);
+      if (dtype == DType::kF32) {
+        std::memcpy(dst, master.data(), master.size_bytes());
+      } else {
+        ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, dst, dtype, config_.exec));
+      }
       continue;
     }
-    ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, s.copy, outputs.param_swapper->config().dtype, config_.exec));
-    ZINF_RETURN_IF_ERROR(write_copies(s, t, outputs, s.copy));
+    if (dtype != DType::kF32) ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, s.copy, dtype, config_.exec));
+    ZINF_RETURN_IF_ERROR(write_copies(s, t, sink));
     ZINF_RETURN_IF_ERROR(wait_writes(s));
   }
   return Status::ok();

@@ -11,15 +11,13 @@
 
 #include "zinf/optim/half.h"
 #include "swap/optimizer_slot.h"
-#include "zinf/swap/param_swapper.h"
+#include "zinf/swap/param_sink.h"
 
 namespace zinf::swap {
 
 namespace {
 
 using detail::Clock;
-using detail::overlap;
-using detail::Overlap;
 using detail::seconds_since;
 
 constexpr const char* kMetaLayout = "optimizer.layout";
@@ -44,7 +42,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(const Optimiz
                                                                    std::vector<ParamPartition> params,
                                                                    optim::Optimizer optimizer, aio::Handle& handle,
                                                                    OpenMode mode) {
-  if (config.nvme_paths.empty()) {
+  if (config.store.nvme_paths.empty()) {
     return Status::invalid_argument("offload_optimizer.nvme_path is required when the device is nvme");
   }
   std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(config, std::move(optimizer)));
@@ -103,13 +101,8 @@ std::string OptimizerSwapper::state_key(std::size_t subgroup, std::size_t which,
 std::string OptimizerSwapper::grad_key(std::size_t subgroup) const { return fmt::format("sg{}/grad", subgroup); }
 
 Status OptimizerSwapper::open_stores(aio::Handle& handle, OpenMode mode) {
-  StoreConfig sc;
-  sc.nvme_paths = config_.nvme_paths;
-  sc.rank = config_.rank;
+  StoreConfig sc = config_.store;
   sc.kind = StoreKind::kOptimizer;
-  sc.stripe_unit = config_.stripe_unit;
-  sc.durable = config_.durable;
-  sc.checksums = config_.checksums;
   ZINF_ASSIGN_OR_RETURN(store_, SwapStore::open(sc, mode, handle));
   if (config_.swap_gradients) {
     sc.kind = StoreKind::kGradients;
@@ -192,24 +185,6 @@ Status OptimizerSwapper::check_inputs(const StepInputs& in) const {
                                                   g, in.grads[g].size, layout_.subgroups[g].numel));
     }
   }
-  if (!in.param_copies.empty() && (in.param_copies.size() != groups || in.param_swapper != nullptr)) {
-    return Status::invalid_argument("16-bit copies: give one pointer per sub-group, or a parameter swapper, not both");
-  }
-  if (!in.param_copies.empty() && in.copy_dtype == DType::kF32) {
-    return Status::invalid_argument("16-bit copies must be bf16 or fp16");
-  }
-  if (in.param_swapper != nullptr) {
-    if (in.param_swapper->config().dtype == DType::kF32) {
-      return Status::invalid_argument("the parameter swapper must hold bf16 or fp16 partitions");
-    }
-    for (const ParamPartition& p : layout_.params) {
-      Result<TensorInfo> info = in.param_swapper->info(p.key);
-      if (!info.is_ok() || info->numel != p.numel) {
-        return Status::invalid_argument(
-            fmt::format("partition '{}' ({} elements) is not in the parameter swapper with that size", p.key, p.numel));
-      }
-    }
-  }
   return Status::ok();
 }
 
@@ -284,14 +259,21 @@ Status OptimizerSwapper::compute(Slot& s, const Tile& t, const StepInputs& in) {
     grad = optim::GradView{static_cast<const std::byte*>(whole.data) + t.start * dtype_size(whole.dtype), whole.dtype,
                            n, in.grad_scale};
   }
+  // 16-bit copies come out of the kernel (into the sink's memory, or the slot's copy area);
+  // fp32 ones are the master tile, handed over after it.
   optim::HalfCopy copy;
-  if (!in.param_copies.empty()) {
-    copy = optim::HalfCopy{static_cast<std::byte*>(in.param_copies[t.subgroup]) + t.start * 2, in.copy_dtype};
-  } else if (in.param_swapper != nullptr) {
-    copy = optim::HalfCopy{s.copy, in.param_swapper->config().dtype};
+  ParamSink* sink = in.sink;
+  if (sink != nullptr && sink->dtype() != DType::kF32) {
+    void* host = sink->host_subgroup(t.subgroup);
+    copy = optim::HalfCopy{host != nullptr ? static_cast<std::byte*>(host) + t.start * dtype_size(sink->dtype())
+                                           : static_cast<void*>(s.copy),
+                           sink->dtype()};
   }
   const auto t0 = Clock::now();
   Status st = optimizer_.step(in.ctx, std::span<float>(s.master, n), states, grad, copy, config_.exec);
+  if (st.is_ok() && sink != nullptr && sink->dtype() == DType::kF32) {
+    if (auto* host = static_cast<float*>(sink->host_subgroup(t.subgroup))) std::memcpy(host + t.start, s.master, n * 4);
+  }
   stats_.compute_seconds += seconds_since(t0);
   return st;
 }
@@ -303,21 +285,13 @@ Status OptimizerSwapper::issue_writes(Slot& s, const Tile& t, const StepInputs& 
     ZINF_ASSIGN_OR_RETURN(IoBatch b, store_->write_async(state_key(t.subgroup, which, slot), t.start * 4, buffer, bytes));
     s.writes.emplace_back(store_.get(), std::move(b));
   }
-  if (in.param_swapper != nullptr) return write_copies(s, t, in, s.copy);
+  if (in.sink != nullptr && in.sink->host_subgroup(t.subgroup) == nullptr) return write_copies(s, t, *in.sink);
   return Status::ok();
 }
 
-Status OptimizerSwapper::write_copies(Slot& s, const Tile& t, const StepInputs& in, const void* copy) {
-  const SubGroup& g = layout_.subgroups[t.subgroup];
-  for (std::size_t p = g.first_param; p < g.first_param + g.param_count; ++p) {
-    const Overlap o = overlap(layout_, p, t.start, t.start + t.length);
-    if (o.empty()) continue;
-    const auto* src = static_cast<const std::byte*>(copy) + (o.first - t.start) * 2;
-    SwapTicket ticket = in.param_swapper->write_range(layout_.params[p].key, o.first - layout_.offset_in_subgroup[p],
-                                                      o.last - o.first, src, /*src_padded=*/true);
-    s.copy_writes.push_back(std::move(ticket));
-  }
-  return Status::ok();
+Status OptimizerSwapper::write_copies(Slot& s, const Tile& t, ParamSink& sink) {
+  const void* copy = sink.dtype() == DType::kF32 ? static_cast<const void*>(s.master) : s.copy;
+  return sink.write(t.subgroup, t.start, t.length, copy, s.copy_writes);
 }
 
 Status OptimizerSwapper::wait_state_writes(Slot& s) {
@@ -373,7 +347,8 @@ Status OptimizerSwapper::drain() {
 
 // Tile i runs in slot i mod stages. A slot's reads overwrite its master and states, which its
 // previous tile's state writes read from; its 16-bit copy area is rewritten only by the next
-// compute. So a read waits for the state writes alone, and the compute for the copy writes.
+// compute. So a read waits for the state writes (and the copy writes when an fp32 sink is
+// written from the master), and the compute for the copy writes.
 // Tiles below `ahead` had their master and states read by read_ahead().
 Status OptimizerSwapper::run_pipeline(const StepInputs& in, std::size_t ahead) {
   const bool pread = config_.pipeline_read, pwrite = config_.pipeline_write;
@@ -384,9 +359,12 @@ Status OptimizerSwapper::run_pipeline(const StepInputs& in, std::size_t ahead) {
     return fmt::format("sub-group {} elements [{}, {}){}", t.subgroup, t.start, t.start + t.length,
                        i < ahead ? " (read ahead of the step)" : "");
   };
+  const bool copies_from_master =
+      in.sink != nullptr && in.sink->dtype() == DType::kF32 && in.sink->host_subgroup(0) == nullptr;
   auto read = [&](std::size_t i) -> Status {
     Slot& s = *slots_[i % stages];
-    ZINF_RETURN_IF_ERROR(wait_state_writes(s).with_context(fmt::format("before reading {}", where(i))));
+    const Status written = copies_from_master ? wait_writes(s) : wait_state_writes(s);
+    ZINF_RETURN_IF_ERROR(written.with_context(fmt::format("before reading {}", where(i))));
     return issue_reads(s, tiles_[i], /*states=*/i >= ahead, /*grads=*/true).with_context(where(i));
   };
   for (std::size_t i = 0; i < tiles_.size(); ++i) {

@@ -9,13 +9,8 @@ Result<std::unique_ptr<ParamSwapper>> ParamSwapper::create(const ParamSwapConfig
                                                            OpenMode mode) {
   std::unique_ptr<ParamSwapper> p(new ParamSwapper());
   p->config_ = config;
-  StoreConfig sc;
-  sc.nvme_paths = config.nvme_paths;
-  sc.rank = config.rank;
+  StoreConfig sc = config.store;
   sc.kind = StoreKind::kParameters;
-  sc.stripe_unit = config.stripe_unit;
-  sc.durable = config.durable;
-  sc.checksums = config.checksums;
   ZINF_ASSIGN_OR_RETURN(p->store_, SwapStore::open(sc, mode, handle));
   PinnedPoolOptions po;
   po.budget = PoolBudget{"offload_param", config.buffer_count, config.buffer_size, dtype_size(config.dtype)};

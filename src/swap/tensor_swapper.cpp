@@ -119,6 +119,10 @@ bool SwapTicket::ready() const {
   return state_->done;
 }
 
+SwapCompletion::SwapCompletion() : state_(std::make_shared<detail::TicketState>()) {}
+
+void SwapCompletion::complete(Status status) const { state_->complete(std::move(status)); }
+
 TensorSwapper::TensorSwapper() = default;
 
 TensorSwapper::~TensorSwapper() { scheduler_.reset(); }

@@ -17,9 +17,17 @@ constexpr double kEndOfPass = -1.0;  // the trace check's code for "this rank's 
 }  // namespace
 
 Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
-                         const swap::OptimizerLayout& layout, ParamTier& tier, Communicator& comm,
-                         const CoordinatorOptions& options, std::vector<model::FloatBuffer>& grad_acc)
-    : model_(model), plan_(plan), layout_(layout), tier_(tier), comm_(comm), opt_(options), grad_acc_(grad_acc) {
+                         const swap::OptimizerLayout& layout, ParamTier& tier, GatherTarget& target,
+                         Communicator& comm, const CoordinatorOptions& options,
+                         std::vector<model::FloatBuffer>& grad_acc)
+    : model_(model),
+      plan_(plan),
+      layout_(layout),
+      tier_(tier),
+      target_(target),
+      comm_(comm),
+      opt_(options),
+      grad_acc_(grad_acc) {
   const auto params = model.params();
   gathered_.resize(plan.num_groups());
   grads_.resize(plan.num_groups());
@@ -147,30 +155,7 @@ std::uint64_t Coordinator::next_use_distance(int g) const {
   return kFar;
 }
 
-model::FloatBuffer SparePool::take(std::size_t n) {
-  auto it = bufs_.find(n);
-  if (it == bufs_.end()) return model::FloatBuffer::allocate(n);
-  model::FloatBuffer b = std::move(it->second);
-  bufs_.erase(it);
-  elements_ -= n;
-  return b;
-}
-
-void SparePool::keep(model::FloatBuffer b) {
-  if (b.data() == nullptr) return;
-  elements_ += b.size();
-  const std::size_t n = b.size();
-  bufs_.emplace(n, std::move(b));
-}
-
-void SparePool::trim_to(std::uint64_t max_elements) {
-  while (!bufs_.empty() && elements_ > max_elements) {
-    elements_ -= bufs_.begin()->first;
-    bufs_.erase(bufs_.begin());
-  }
-}
-
-void Coordinator::give_buffer(model::FloatBuffer b) {
+void Coordinator::give_buffer(GatherBlock b) {
   // Keep freed buffers for reuse while live + spare stays under the budget; else free them.
   if (live_ + spare_.elements() + b.size() <= opt_.max_live_parameters) spare_.keep(std::move(b));
 }
@@ -181,7 +166,7 @@ void Coordinator::drop(int g) {
   gathered.valid = false;
   if (!gathered.persistent) live_ -= gathered.buf.size();
   give_buffer(std::move(gathered.buf));
-  gathered.buf = model::FloatBuffer();
+  gathered.buf = GatherBlock();
 }
 
 Status Coordinator::make_room(std::uint64_t need, int module) {
@@ -226,14 +211,14 @@ Status Coordinator::ensure_gathered(int g) {
   const auto idx = static_cast<std::size_t>(g);
   const std::size_t per_rank = plan_.group(idx).per_rank;
   const std::size_t size = gathered_size(idx);
-  model::FloatBuffer full = spare_.take(size);
+  GatherBlock full = spare_.take(size);
+  if (full.data() == nullptr) full = target_.allocate(size);
   if (full.data() == nullptr && size > 0) {
-    return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements to gather {}", size,
+    return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements of {} memory to gather {}", size,
+                                                  target_.name(),
                                                   model_.params()[plan_.group(idx).params.front()].name));
   }
-  std::span<float> mine(full.data() + per_rank * static_cast<std::size_t>(comm_.rank()), per_rank);
-  ZINF_RETURN_IF_ERROR(tier_.read_f32(idx, mine));
-  ZINF_RETURN_IF_ERROR(comm_.all_gather(mine, full.span()));
+  ZINF_RETURN_IF_ERROR(target_.gather(tier_, idx, per_rank, comm_, full));
   gathered.buf = std::move(full);
   gathered.valid = true;
   gathered.prefetched = false;
@@ -344,6 +329,7 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
         ++stats_.grad_allocations;
       }
       buf = grad_spare_.take(n);
+      if (buf.data() == nullptr) buf = model::FloatBuffer::allocate(n);
       if (buf.data() == nullptr && n > 0) {
         return Status::resource_exhausted(
             fmt::format("cannot allocate the gradient of {}", model_.params()[static_cast<std::size_t>(spec.params[k])].name));

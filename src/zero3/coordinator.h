@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "zero3/gather_target.h"
 #include "zero3/tiers.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/model/model.h"
@@ -48,29 +49,50 @@ struct CoordinatorStats {
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
 
-// Freed fp32 buffers kept for reuse by exact size (a model's layers repeat their shapes), so a
-// pass takes pages it already touched instead of faulting in fresh ones from the kernel.
+// Freed buffers kept for reuse by exact size (a model's layers repeat their shapes), so a pass
+// takes memory it already touched instead of faulting in fresh pages. Buffer: a move-only owner
+// with data() and size() (model::FloatBuffer, GatherBlock).
+template <typename Buffer>
 class SparePool {
  public:
-  // A kept buffer of n elements, else a new one (data() == nullptr when allocation fails).
-  model::FloatBuffer take(std::size_t n);
+  // A kept buffer of n elements, else an empty one (the caller allocates).
+  Buffer take(std::size_t n) {
+    auto it = bufs_.find(n);
+    if (it == bufs_.end()) return Buffer();
+    Buffer b = std::move(it->second);
+    bufs_.erase(it);
+    elements_ -= n;
+    return b;
+  }
   bool holds(std::size_t n) const { return bufs_.count(n) > 0; }
-  void keep(model::FloatBuffer b);  // empty buffers are ignored
+  void keep(Buffer b) {  // empty buffers are ignored
+    if (b.data() == nullptr) return;
+    const std::size_t n = b.size();
+    elements_ += n;
+    bufs_.emplace(n, std::move(b));
+  }
   // Frees kept buffers, smallest first, until at most max_elements are kept.
-  void trim_to(std::uint64_t max_elements);
+  void trim_to(std::uint64_t max_elements) {
+    while (!bufs_.empty() && elements_ > max_elements) {
+      elements_ -= bufs_.begin()->first;
+      bufs_.erase(bufs_.begin());
+    }
+  }
   std::uint64_t elements() const { return elements_; }
 
  private:
-  std::multimap<std::size_t, model::FloatBuffer> bufs_;
+  std::multimap<std::size_t, Buffer> bufs_;
   std::uint64_t elements_ = 0;
 };
 
 class Coordinator final : public model::ParamAccess {
  public:
   // grad_acc: the rank's fp32 gradient partitions, one array per sub-group (layout's padded
-  // layout); the coordinator adds every micro-step's reduced gradients into them.
+  // layout); the coordinator adds every micro-step's reduced gradients into them. target: where
+  // groups are gathered (the model gets pointers into its memory). Every reference must outlive
+  // the coordinator.
   Coordinator(const model::Model& model, const PartitionPlan& plan, const swap::OptimizerLayout& layout,
-              ParamTier& tier, Communicator& comm, const CoordinatorOptions& options,
+              ParamTier& tier, GatherTarget& target, Communicator& comm, const CoordinatorOptions& options,
               std::vector<model::FloatBuffer>& grad_acc);
 
   // Before each forward/backward (train) or forward_loss (eval).
@@ -89,7 +111,7 @@ class Coordinator final : public model::ParamAccess {
 
  private:
   struct Gathered {
-    model::FloatBuffer buf;
+    GatherBlock buf;
     bool valid = false;
     bool persistent = false;
     bool prefetched = false;
@@ -113,11 +135,11 @@ class Coordinator final : public model::ParamAccess {
   Status check_trace_hash(const Trace& t);
   Status ensure_gathered(int g);
   Status make_room(std::uint64_t need, int module);
-  void drop(int p);
+  void drop(int g);
   void prefetch_after(std::size_t event);
   void finish_trace(Trace& t);
   std::uint64_t next_use_distance(int p) const;
-  void give_buffer(model::FloatBuffer b);
+  void give_buffer(GatherBlock b);
   Status flush_bucket();
   Trace& trace() { return train_ ? train_trace_ : eval_trace_; }
   const Trace& trace() const { return train_ ? train_trace_ : eval_trace_; }
@@ -126,6 +148,7 @@ class Coordinator final : public model::ParamAccess {
   const PartitionPlan& plan_;
   const swap::OptimizerLayout& layout_;
   ParamTier& tier_;
+  GatherTarget& target_;
   Communicator& comm_;
   CoordinatorOptions opt_;
   std::vector<model::FloatBuffer>& grad_acc_;
@@ -133,8 +156,9 @@ class Coordinator final : public model::ParamAccess {
   std::vector<std::vector<int>> module_groups_;
   std::vector<Gathered> gathered_;         // per group
   std::vector<model::FloatBuffer> grads_;  // gathered-size gradients of this pass, per group
-  SparePool spare_;       // freed gathered buffers; live_ + spare_ stays within max_live_parameters
-  SparePool grad_spare_;  // freed gradient buffers; grad_live_ + grad_spare_ within reduce_bucket_size
+  SparePool<GatherBlock> spare_;  // freed gathered blocks; live_ + spare_ stays within max_live_parameters
+  SparePool<model::FloatBuffer> grad_spare_;  // freed gradient buffers; grad_live_ + grad_spare_ within
+                                              // reduce_bucket_size
   std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;
   bool train_ = true;

@@ -12,6 +12,7 @@
 
 #include "zero3/coordinator.h"
 #include "zero3/engine_impl.h"
+#include "zero3/tier_factory.h"
 #include "zinf/log.h"
 #include "zinf/optim/clipping.h"
 #include "zinf/optim/grad_stats.h"
@@ -135,8 +136,8 @@ Status Engine::Impl::init() {
       ds.bf16.enabled ? model::ComputePrecision::kBf16
                       : (ds.fp16.enabled ? model::ComputePrecision::kFp16 : model::ComputePrecision::kFp32)));
   ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model->params(), model->modules().size(), comm.world_size()));
-  std::vector<swap::ParamPartition> partitions = layout_partitions(model->params(), model->modules(), plan);
-  layout = swap::OptimizerLayout::build(partitions, static_cast<std::uint64_t>(ds.zero.sub_group_size));
+  layout = swap::OptimizerLayout::build(layout_partitions(model->params(), model->modules(), plan),
+                                        static_cast<std::uint64_t>(ds.zero.sub_group_size));
 
   // Optimizer, schedule, loss scaler.
   optim::OptimizerConfig opt_config;
@@ -157,52 +158,13 @@ Status Engine::Impl::init() {
   ZINF_ASSIGN_OR_RETURN(scaler, make_scaler(ds));
   counters.loss_scale = scaler->scale();
 
-  // Tiers.
-  const auto& op = ds.zero.offload_param;
-  const auto& oo = ds.zero.offload_optimizer;
-  if (op.device == config::OffloadDevice::kNvme || oo.device == config::OffloadDevice::kNvme) {
-    aio::AioConfig aio;
-    aio.block_size = static_cast<std::size_t>(ds.aio.block_size);
-    aio.queue_depth = static_cast<std::size_t>(ds.aio.queue_depth);
-    aio.intra_op_parallelism = static_cast<std::size_t>(ds.aio.intra_op_parallelism);
-    aio.single_submit = ds.aio.single_submit;
-    aio.overlap_events = ds.aio.overlap_events;
-    aio.request_timeout_s = ds.aio.request_timeout_s;
-    aio.faults = options.aio_faults;
-    ZINF_ASSIGN_OR_RETURN(handle, aio::Handle::create(aio));
-  }
-  optim::Optimizer optimizer(opt_config);
-  if (oo.device == config::OffloadDevice::kNvme) {
-    swap::OptimizerSwapConfig sc;
-    sc.nvme_paths = {oo.nvme_path};
-    sc.rank = comm.rank();
-    sc.buffer_count = static_cast<std::size_t>(oo.buffer_count);
-    sc.pipeline_read = oo.pipeline_read;
-    sc.pipeline_write = oo.pipeline_write;
-    sc.sub_group_size = static_cast<std::uint64_t>(ds.zero.sub_group_size);
-    sc.pin_memory = oo.pin_memory;
-    // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so
-    // steps need not fdatasync (failure safety against I/O errors stays: two slots).
-    sc.durable = false;
-    ZINF_ASSIGN_OR_RETURN(this->optimizer, make_nvme_optimizer_tier(sc, partitions, optimizer, *handle,
-                                                                    swap::OpenMode::kCreate));
-  } else {
-    ZINF_ASSIGN_OR_RETURN(this->optimizer, make_memory_optimizer_tier(layout, optimizer, {}));
-  }
-  if (op.device == config::OffloadDevice::kNvme) {
-    swap::ParamSwapConfig pc;
-    pc.nvme_paths = {op.nvme_path};
-    pc.rank = comm.rank();
-    pc.buffer_count = static_cast<std::size_t>(op.buffer_count);
-    pc.buffer_size = static_cast<std::size_t>(op.buffer_size);
-    pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
-    pc.pin_memory = op.pin_memory;
-    pc.dtype = dtype;
-    pc.durable = false;
-    ZINF_ASSIGN_OR_RETURN(params, make_nvme_param_tier(layout, pc, *handle));
-  } else {
-    ZINF_ASSIGN_OR_RETURN(params, make_memory_param_tier(layout, dtype, this->optimizer.get()));
-  }
+  // Tiers, and where the coordinator gathers.
+  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults},
+                                                optim::Optimizer(opt_config)));
+  handle = std::move(tiers.handle);
+  optimizer = std::move(tiers.optimizer);
+  params = std::move(tiers.params);
+  gather = std::move(tiers.gather);
 
   for (const swap::SubGroup& sg : layout.subgroups) {
     grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
@@ -227,7 +189,7 @@ Status Engine::Impl::init() {
   }
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, comm, co, grad_acc);
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
   return Status::ok();
 }
 
@@ -274,25 +236,7 @@ Status Engine::Impl::init_master_weights() {
 
 // Writes the compute copies of the current master weights into the parameter tier.
 Status Engine::Impl::publish_params() {
-  swap::StepInputs out;
-  params->set_outputs(out);
-  if (dtype == swap::DType::kF32) {
-    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-      const std::size_t n = layout.subgroups[sg].numel;
-      if (float* resident = optimizer->master_in_memory(sg)) {
-        // In place: a memory parameter tier over these master weights copies nothing.
-        ZINF_RETURN_IF_ERROR(params->write_f32_subgroup(sg, std::span<const float>(resident, n)));
-        continue;
-      }
-      // Kept across steps: a fresh vector per step faulted its pages in again every step.
-      if (publish_scratch.size() < n) publish_scratch.resize(n);
-      const std::span<float> master(publish_scratch.data(), n);
-      ZINF_RETURN_IF_ERROR(optimizer->read_state(sg, 0, master));
-      ZINF_RETURN_IF_ERROR(params->write_f32_subgroup(sg, master));
-    }
-  } else {
-    ZINF_RETURN_IF_ERROR(optimizer->write_param_copies(out));
-  }
+  ZINF_RETURN_IF_ERROR(optimizer->write_param_copies(params->sink()));
   return params->flush();
 }
 
@@ -361,9 +305,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     if (schedule) in.ctx.beta1 = schedule->momentum(k);
     in.grad_scale = grad_scale;
     for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
-    params->set_outputs(in);
+    in.sink = &params->sink();
     ZINF_RETURN_IF_ERROR(optimizer->step(in));
-    if (dtype == swap::DType::kF32) ZINF_RETURN_IF_ERROR(publish_params());
     ZINF_RETURN_IF_ERROR(params->flush());
     coordinator->invalidate_gathered();
     ZINF_RETURN_IF_ERROR(scaler->update(false));

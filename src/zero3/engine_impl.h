@@ -64,9 +64,9 @@ struct Engine::Impl {
   std::optional<optim::LossScaler> scaler;
   std::unique_ptr<aio::Handle> handle;
   std::unique_ptr<OptimizerTier> optimizer;
-  std::unique_ptr<ParamTier> params;
+  std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place
+  std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it
   std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
-  std::vector<float> publish_scratch;  // fp32 runs: a sub-group's master weights on their way to the params
   std::unique_ptr<Coordinator> coordinator;
   EngineCounters counters;
 

@@ -54,27 +54,22 @@ class MemoryOptimizerTier final : public OptimizerTier {
       for (std::size_t i = 0; i < state.size(); ++i) state[i] = arrays_[1 + i][sg].span();
       optim::GradView grad = in.grads[sg];
       grad.scale = in.grad_scale;
+      // 16-bit copies come out of the kernel, into the sink's memory or staging for its write().
       optim::HalfCopy copy;
-      if (!in.param_copies.empty()) copy = optim::HalfCopy{in.param_copies[sg], in.copy_dtype};
-      if (in.param_swapper != nullptr) copy = optim::HalfCopy{staging(sg), in.param_swapper->config().dtype};
+      if (in.sink != nullptr && in.sink->dtype() != swap::DType::kF32) {
+        void* host = in.sink->host_subgroup(sg);
+        copy = optim::HalfCopy{host != nullptr ? host : staging(sg), in.sink->dtype()};
+      }
       ZINF_RETURN_IF_ERROR(optimizer_.step(in.ctx, arrays_[0][sg].span(), state, grad, copy, exec_)
                                .with_context(fmt::format("optimizer step, sub-group {}", sg)));
-      if (in.param_swapper != nullptr) ZINF_RETURN_IF_ERROR(swap_out_copies(sg, *in.param_swapper));
+      if (in.sink != nullptr) ZINF_RETURN_IF_ERROR(hand_over(sg, *in.sink, /*converted=*/true));
     }
     return Status::ok();
   }
 
-  Status write_param_copies(const swap::StepInputs& outputs) override {
+  Status write_param_copies(swap::ParamSink& sink) override {
     for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
-      if (!outputs.param_copies.empty()) {
-        ZINF_RETURN_IF_ERROR(optim::convert_from_f32(arrays_[0][sg].span(), outputs.param_copies[sg],
-                                                     outputs.copy_dtype, exec_));
-      }
-      if (outputs.param_swapper != nullptr) {
-        ZINF_RETURN_IF_ERROR(optim::convert_from_f32(arrays_[0][sg].span(), staging(sg),
-                                                     outputs.param_swapper->config().dtype, exec_));
-        ZINF_RETURN_IF_ERROR(swap_out_copies(sg, *outputs.param_swapper));
-      }
+      ZINF_RETURN_IF_ERROR(hand_over(sg, sink, /*converted=*/false));
     }
     return Status::ok();
   }
@@ -100,21 +95,34 @@ class MemoryOptimizerTier final : public OptimizerTier {
     }
     return Status::ok();
   }
-  // A 16-bit copy of one sub-group, for parameters that live in the parameter swap store.
+  // A 16-bit copy of one sub-group, for a sink without host memory.
   void* staging(std::size_t sg) {
     staging_.resize(layout_.subgroups[sg].numel);
     return staging_.data();
   }
-  // Writes sub-group sg's partitions from the staging copy to the parameter swapper.
-  Status swap_out_copies(std::size_t sg, swap::ParamSwapper& swapper) {
-    const swap::SubGroup& g = layout_.subgroups[sg];
-    std::vector<swap::SwapTicket> tickets;
-    for (std::size_t p = g.first_param; p < g.first_param + g.param_count; ++p) {
-      tickets.push_back(swapper.write(layout_.params[p].key, staging_.data() + layout_.offset_in_subgroup[p]));
+  // Gives sub-group sg's updated copy to the sink. converted: the step's kernel already wrote
+  // the 16-bit copy (into the sink's memory or staging). fp32 copies are the master weights:
+  // copied into host memory unless that memory is the master itself, else written from it.
+  Status hand_over(std::size_t sg, swap::ParamSink& sink, bool converted) {
+    const std::span<const float> master = arrays_[0][sg].span();
+    void* host = sink.host_subgroup(sg);
+    const void* src = master.data();
+    if (sink.dtype() == swap::DType::kF32) {
+      if (host != nullptr) {
+        if (host != master.data()) std::memcpy(host, master.data(), master.size_bytes());
+        return Status::ok();
+      }
+    } else {
+      if (!converted) {
+        ZINF_RETURN_IF_ERROR(optim::convert_from_f32(master, host != nullptr ? host : staging(sg), sink.dtype(), exec_));
+      }
+      if (host != nullptr) return Status::ok();
+      src = staging_.data();
     }
-    Status first;
+    std::vector<swap::SwapTicket> tickets;
+    Status first = sink.write(sg, 0, layout_.subgroups[sg].numel, src, tickets);
     for (const swap::SwapTicket& t : tickets) {
-      Status s = t.wait();
+      Status s = t.wait();  // every write is waited for before the source may change
       if (first.is_ok()) first = s;
     }
     return first;
@@ -145,9 +153,7 @@ class NvmeOptimizerTier final : public OptimizerTier {
     account();
     return s;
   }
-  Status write_param_copies(const swap::StepInputs& outputs) override {
-    return swapper_->write_param_copies(outputs);
-  }
+  Status write_param_copies(swap::ParamSink& sink) override { return swapper_->write_param_copies(sink); }
   Status read_state(std::size_t sg, std::size_t which, std::span<float> out) override {
     return swapper_->read_state(sg, which, out);
   }

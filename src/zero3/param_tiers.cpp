@@ -1,7 +1,7 @@
 // Parameter tiers: host arrays per sub-group (device none/cpu) or the ParamSwapper (nvme).
 #include <chrono>
-#include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_set>
 #include <vector>
 
@@ -20,7 +20,8 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // One host buffer per sub-group, in the padded layout, of the compute dtype.
 class MemoryParamTier final : public ParamTier {
  public:
-  MemoryParamTier(const swap::OptimizerLayout& layout, swap::DType dtype) : layout_(layout), dtype_(dtype) {}
+  MemoryParamTier(const swap::OptimizerLayout& layout, swap::DType dtype)
+      : layout_(layout), dtype_(dtype), sink_({}, dtype) {}
 
   // Pinned (page-locked where RLIMIT_MEMLOCK allows, huge-page backed, pre-faulted) whatever
   // pin_memory says: the partitions are read at every gather, so they should never page out.
@@ -28,6 +29,7 @@ class MemoryParamTier final : public ParamTier {
   void alias(OptimizerTier& optimizer) {
     for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) pointers_.push_back(optimizer.master_in_memory(sg));
     aliased_ = true;
+    sink_ = swap::HostParamSink(pointers_, dtype_);
   }
 
   Status allocate() {
@@ -36,6 +38,7 @@ class MemoryParamTier final : public ParamTier {
       buffers_.push_back(std::move(b));
       pointers_.push_back(buffers_.back().data());
     }
+    sink_ = swap::HostParamSink(pointers_, dtype_);
     return Status::ok();
   }
 
@@ -53,17 +56,7 @@ class MemoryParamTier final : public ParamTier {
     return optim::convert_to_f32(src, dtype_, dst);
   }
 
-  void set_outputs(swap::StepInputs& in) override {
-    if (dtype_ == swap::DType::kF32) return;  // the engine copies fp32 masters itself
-    in.param_copies = pointers_;
-    in.copy_dtype = dtype_;
-  }
-
-  Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) override {
-    if (dtype_ != swap::DType::kF32) return Status::internal("write_f32_subgroup on a 16-bit parameter tier");
-    if (pointers_[sg] != sg_master.data()) std::memcpy(pointers_[sg], sg_master.data(), sg_master.size_bytes());
-    return Status::ok();
-  }
+  swap::ParamSink& sink() override { return sink_; }
   Status flush() override { return Status::ok(); }
   double io_wait_seconds() const override { return 0.0; }
 
@@ -73,6 +66,7 @@ class MemoryParamTier final : public ParamTier {
   std::vector<aio::PinnedBuffer> buffers_;
   std::vector<void*> pointers_;
   bool aliased_ = false;
+  swap::HostParamSink sink_;  // over pointers_
 };
 
 // Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
@@ -83,6 +77,8 @@ class NvmeParamTier final : public ParamTier {
 
   Status declare() {
     for (const swap::ParamPartition& p : layout_.params) ZINF_RETURN_IF_ERROR(swapper_->add(p.key, p.numel));
+    ZINF_ASSIGN_OR_RETURN(swap::SwapperParamSink sink, swap::SwapperParamSink::create(layout_, *swapper_));
+    sink_.emplace(std::move(sink));
     return Status::ok();
   }
 
@@ -137,25 +133,8 @@ class NvmeParamTier final : public ParamTier {
     return s.is_ok() ? r : s;
   }
 
-  // 16-bit partitions are written by the optimizer as it steps; fp32 ones are the master
-  // weights themselves, which the engine hands over after the step (write_f32_subgroup).
-  void set_outputs(swap::StepInputs& in) override {
-    if (dtype() != swap::DType::kF32) in.param_swapper = swapper_.get();
-  }
-  Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) override {
-    if (dtype() != swap::DType::kF32) return Status::internal("write_f32_subgroup on a 16-bit parameter tier");
-    const swap::SubGroup& group = layout_.subgroups[sg];
-    std::vector<swap::SwapTicket> writes;
-    for (std::size_t p = group.first_param; p < group.first_param + group.param_count; ++p) {
-      writes.push_back(swapper_->write(layout_.params[p].key, sg_master.data() + layout_.offset_in_subgroup[p]));
-    }
-    Status first_error;
-    for (const swap::SwapTicket& t : writes) {
-      Status s = t.wait();  // every write is waited for before sg_master may be reused
-      if (first_error.is_ok() && !s.is_ok()) first_error = s;
-    }
-    return first_error;
-  }
+  // The optimizer writes the partitions as it steps (fp32 ones from its master weights).
+  swap::ParamSink& sink() override { return *sink_; }
   Status flush() override { return swapper_->flush(); }
   double io_wait_seconds() const override { return io_wait_; }
 
@@ -165,6 +144,7 @@ class NvmeParamTier final : public ParamTier {
   std::mutex mutex_;
   std::unordered_set<std::size_t> staged_;  // prefetched, not yet read
   double io_wait_ = 0.0;
+  std::optional<swap::SwapperParamSink> sink_;  // set by declare()
 };
 
 }  // namespace

@@ -6,6 +6,11 @@
 // fp32 master weights and the optimizer's states. "memory" tiers are host arrays (offload
 // device none or cpu: on a CPU-only engine both are host memory, the parameter partitions pinned);
 // "nvme" tiers are the swap layer's ParamSwapper / OptimizerSwapper.
+//
+// The seam between them is the parameter tier's sink (swap::ParamSink): the optimizer tier
+// writes every updated copy there, whatever the dtype and wherever the tier keeps it, so the
+// engine never asks which tiers it runs. tier_factory.h makes them from ds_config; a new kind of
+// tier is a class here and a case there.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +24,7 @@
 #include "zinf/optim/optimizer.h"
 #include "zinf/status.h"
 #include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/param_sink.h"
 #include "zinf/swap/param_swapper.h"
 
 namespace zinf::zero3 {
@@ -36,11 +42,9 @@ class ParamTier {
   virtual void drop_prefetch(std::size_t p) = 0;
   // Writes partition p (layout().params[p].numel elements) as fp32 into dst; waits for it.
   virtual Status read_f32(std::size_t p, std::span<float> dst) = 0;
-  // Where the optimizer writes the updated copies (param_copies or param_swapper).
-  virtual void set_outputs(swap::StepInputs& in) = 0;
-  // fp32 tiers: the optimizer cannot write fp32 copies, so the engine copies sub-group sg's
-  // master weights here after a step (sg_master: the sub-group's padded fp32 values).
-  virtual Status write_f32_subgroup(std::size_t sg, std::span<const float> sg_master) = 0;
+  // Where the optimizer writes this tier's updated partitions (dtype(), the layout's padded
+  // sub-groups); valid for the tier's lifetime. An fp32 tier's sink takes the master weights.
+  virtual swap::ParamSink& sink() = 0;
   // Waits for outstanding writes (nvme: and commits the store's manifest).
   virtual Status flush() = 0;
   // Seconds spent blocked on parameter reads so far.
@@ -49,11 +53,11 @@ class ParamTier {
 
 // device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
 // weights stay in memory holds no copy: its partitions are those master weights (the optimizer
-// step updates them in place, and write_f32_subgroup of them is a no-op). `optimizer` must
-// outlive the parameter tier.
+// step updates them in place; its sink's memory is theirs, so handing them over copies
+// nothing). `optimizer` must outlive the parameter tier.
 Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
                                                           OptimizerTier* optimizer = nullptr);
-// device nvme (bf16 or fp16).
+// device nvme (fp32, bf16 or fp16).
 Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle);
 
@@ -66,14 +70,17 @@ class OptimizerTier {
   // Starts reading the state the next step() reads first while the passes run (nvme: the
   // swapper's read_ahead(); memory: nothing). A read error surfaces at that step().
   virtual Status read_ahead() { return Status::ok(); }
+  // One step over every sub-group; the updated copies go to in.sink (nullptr: none).
   virtual Status step(const swap::StepInputs& in) = 0;
-  virtual Status write_param_copies(const swap::StepInputs& outputs) = 0;
+  // Rewrites every copy in `sink` from the current master weights (after init and resume).
+  virtual Status write_param_copies(swap::ParamSink& sink) = 0;
   // which: 0 master, 1 + i the optimizer's state i. out: subgroups[sg].numel elements.
   virtual Status read_state(std::size_t sg, std::size_t which, std::span<float> out) = 0;
   // The inverse, for resume: replaces committed state (memory tiers write in place).
   virtual Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) = 0;
   // Sub-group sg's fp32 master weights where they stay in host memory for the tier's lifetime
-  // (memory tiers), else nullptr. An fp32 memory parameter tier reads them in place.
+  // (memory tiers), else nullptr. An fp32 memory parameter tier reads them in place (the
+  // factory asks once, at construction).
   virtual float* master_in_memory(std::size_t) { return nullptr; }
   virtual double io_wait_seconds() const = 0;
   virtual std::uint64_t bytes_moved() const = 0;

@@ -30,6 +30,7 @@ class ReadAhead : public ::testing::Test {
     ref_ = std::make_unique<InMemory>(sw_->layout(), sw_->optimizer());
     ASSERT_TRUE(sw_->init_master(initial_source()).is_ok());
     for (const SubGroup& g : sw_->layout().subgroups) copies_.emplace_back(g.numel, 0);
+    sink_ = host_sink(copies_);
     for (int t = 1; t <= 2; ++t) {
       ASSERT_TRUE(sw_->read_ahead().is_ok());
       ASSERT_TRUE(step(t).is_ok());
@@ -42,7 +43,7 @@ class ReadAhead : public ::testing::Test {
     StepInputs in;
     in.ctx.step = t;
     in.grads = views(grads_, DType::kF32);
-    for (auto& v : copies_) in.param_copies.push_back(v.data());
+    in.sink = &sink_;
     return in;
   }
   Status step(int t) { return sw_->step(inputs(t)); }
@@ -65,6 +66,7 @@ class ReadAhead : public ::testing::Test {
   std::unique_ptr<OptimizerSwapper> sw_;
   std::unique_ptr<InMemory> ref_;
   std::vector<std::vector<std::uint16_t>> copies_;
+  HostParamSink sink_{{}, DType::kBF16};  // over copies_
   std::vector<std::vector<std::byte>> grads_;
 };
 

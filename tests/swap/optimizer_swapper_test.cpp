@@ -4,9 +4,15 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include <gtest/gtest.h>
@@ -14,6 +20,7 @@
 #include "optimizer_test_util.h"
 #include "swap_test_util.h"
 #include "zinf/optim/half.h"
+#include "zinf/swap/param_sink.h"
 #include "zinf/swap/param_swapper.h"
 
 namespace zinf::swap {
@@ -45,6 +52,7 @@ struct Case {
   bool pipeline_read, pipeline_write, swap_gradients;
   DType grad_dtype;
   bool copies_to_swapper;
+  DType copy_dtype = DType::kBF16;  // fp32: the sink takes the master weights
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -69,22 +77,29 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
   OptimizerSwapper& sw = **created;
   EXPECT_LT(sw.tile_elements(), sw.layout().largest_subgroup());
   InMemory ref(sw.layout(), sw.optimizer());
+  ref.copy_dtype = c.copy_dtype;
   ASSERT_TRUE(sw.init_master(initial_source()).is_ok());
   expect_state_equal(sw, ref);
 
+  const std::size_t esize = dtype_size(c.copy_dtype);
   std::unique_ptr<ParamSwapper> params;
+  std::vector<std::vector<std::byte>> copies;
+  for (const SubGroup& g : sw.layout().subgroups) copies.emplace_back(g.numel * esize);
+  std::unique_ptr<ParamSink> sink = std::make_unique<HostParamSink>(host_sink(copies, c.copy_dtype));
   if (c.copies_to_swapper) {
     ParamSwapConfig pc;
-    pc.nvme_paths = {dir.sub("params")};
+    pc.store.nvme_paths = {dir.sub("params")};
+    pc.dtype = c.copy_dtype;
     pc.buffer_count = 2;
     pc.buffer_size = 16384;
     pc.max_in_cpu = 3000;  // a few partitions in the CPU tier, the rest on NVMe
     pc.pin_memory = false;
     params = std::move(ParamSwapper::create(pc, *h)).value();
     for (const ParamPartition& p : kParams) ASSERT_TRUE(params->add(p.key, p.numel).is_ok());
+    Result<SwapperParamSink> made = SwapperParamSink::create(sw.layout(), *params);
+    ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    sink = std::make_unique<SwapperParamSink>(std::move(made).value());
   }
-  std::vector<std::vector<std::uint16_t>> copies;
-  for (const SubGroup& g : sw.layout().subgroups) copies.emplace_back(g.numel, 0);
   for (int step = 1; step <= 4; ++step) {
     const auto grads = make_grads(sw.layout(), c.grad_dtype, 100 + step);
     StepInputs in;
@@ -114,11 +129,7 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
         EXPECT_GT(sw.read_ahead_tiles(), 0u);  // gradient writes keep the read-ahead
       }
     }
-    if (c.copies_to_swapper) {
-      in.param_swapper = params.get();
-    } else {
-      for (auto& v : copies) in.param_copies.push_back(v.data());
-    }
+    in.sink = sink.get();
     const Status st = sw.step(in);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     EXPECT_EQ(sw.committed_step(), step);
@@ -128,14 +139,16 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
   expect_state_equal(sw, ref);
   for (std::size_t p = 0; p < kParams.size(); ++p) {
     const std::size_t g = sw.layout().subgroup_of[p];
-    const std::uint16_t* want = ref.copies[g].data() + sw.layout().offset_in_subgroup[p];
-    std::vector<std::uint16_t> got(kParams[p].numel);
+    const std::uint64_t at = sw.layout().offset_in_subgroup[p];
+    const void* want = c.copy_dtype == DType::kF32 ? static_cast<const void*>(ref.master[g].data() + at)
+                                                   : static_cast<const void*>(ref.copies[g].data() + at);
+    std::vector<std::byte> got(kParams[p].numel * esize);
     if (c.copies_to_swapper) {
       ASSERT_TRUE(params->fetch_into(kParams[p].key, got.data()).wait().is_ok());
     } else {
-      std::memcpy(got.data(), copies[g].data() + sw.layout().offset_in_subgroup[p], got.size() * 2);
+      std::memcpy(got.data(), copies[g].data() + at * esize, got.size());
     }
-    EXPECT_EQ(std::memcmp(got.data(), want, got.size() * 2), 0) << kParams[p].key;
+    EXPECT_EQ(std::memcmp(got.data(), want, got.size()), 0) << kParams[p].key;
   }
   EXPECT_LE(sw.pool().high_water(), sw.pool().capacity());
 }
@@ -156,7 +169,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"adam_l2_swapped_grads", adam_l2(), true, true, true, DType::kBF16, true},
                       Case{"adagrad", optim::OptimizerConfig{optim::AdagradParams{}}, true, true, true, DType::kF32,
                            false},
-                      Case{"lion", optim::OptimizerConfig{optim::LionParams{}}, true, true, false, DType::kF16, true}),
+                      Case{"lion", optim::OptimizerConfig{optim::LionParams{}}, true, true, false, DType::kF16, true},
+                      Case{"adamw_fp16_copies", adamw(), true, true, false, DType::kF32, true, DType::kF16},
+                      Case{"adamw_fp32_copies_in_memory", adamw(), true, true, false, DType::kF32, false, DType::kF32},
+                      Case{"adamw_fp32_copies_to_swapper", adamw(), true, true, false, DType::kF32, true, DType::kF32},
+                      Case{"adamw_serial_fp32_copies_to_swapper", adamw(), false, false, false, DType::kF32, true,
+                           DType::kF32}),
                        ::testing::Bool()),
     [](const ::testing::TestParamInfo<std::tuple<Case, bool>>& info) {
       return std::string(std::get<0>(info.param).name) + (std::get<1>(info.param) ? "_read_ahead" : "");
@@ -176,11 +194,12 @@ TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
   ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
   std::vector<std::vector<std::uint16_t>> copies;
   for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
+  HostParamSink sink = host_sink(copies);
   auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
     StepInputs in;
     in.ctx.step = step;
     in.grads = views(grads, DType::kF32);
-    for (auto& v : copies) in.param_copies.push_back(v.data());
+    in.sink = &sink;
     return in;
   };
   for (int step = 1; step <= 2; ++step) {
@@ -204,7 +223,7 @@ TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
   expect_state_equal(*sw, ref);  // step 2's state, readable and intact
 
   // The 16-bit copies can be restored from the committed masters...
-  ASSERT_TRUE(sw->write_param_copies(inputs(1, grads3)).is_ok());
+  ASSERT_TRUE(sw->write_param_copies(sink).is_ok());
   for (std::size_t g = 0; g < copies.size(); ++g) {
     std::vector<std::uint16_t> want(ref.master[g].size());
     ASSERT_TRUE(optim::convert_from_f32(ref.master[g], want.data(), DType::kBF16).is_ok());
@@ -227,6 +246,123 @@ TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
 
 INSTANTIATE_TEST_SUITE_P(ReadOrWrite, OptimizerSwapperFault, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "write" : "read"; });
+
+// A sink that takes copies the way a device would: write() only queues the range; a worker
+// copies it into its own memory after a random delay and only then completes the ticket. An
+// optimizer that reused its buffer before the ticket was ready would hand over other values.
+class DeferredSink final : public ParamSink {
+ public:
+  DeferredSink(const OptimizerLayout& layout, DType dtype) : dtype_(dtype) {
+    for (const SubGroup& g : layout.subgroups) copies.emplace_back(g.numel * dtype_size(dtype));
+    worker_ = std::thread([this] { run(); });
+  }
+  ~DeferredSink() override {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  DType dtype() const override { return dtype_; }
+  void* host_subgroup(std::size_t) override { return nullptr; }
+  Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
+               std::vector<SwapTicket>& pending) override {
+    if (first % OptimizerLayout::kAlign != 0 || (first + count) % OptimizerLayout::kAlign != 0) ++misaligned;
+    SwapCompletion done;
+    pending.push_back(done.ticket());
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(Item{sg, first, count, src, done});
+    }
+    cv_.notify_one();
+    return Status::ok();
+  }
+
+  std::vector<std::vector<std::byte>> copies;  // per sub-group, padded layout
+  std::atomic<int> misaligned{0};
+
+ private:
+  struct Item {
+    std::size_t sg;
+    std::uint64_t first, count;
+    const void* src;
+    SwapCompletion done;
+  };
+  void run() {
+    std::mt19937 rng(7);
+    for (;;) {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      const Item item = queue_.front();
+      queue_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+      const std::size_t esize = dtype_size(dtype_);
+      std::memcpy(copies[item.sg].data() + item.first * esize, item.src, item.count * esize);
+      item.done.complete(Status::ok());
+    }
+  }
+  DType dtype_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+class OptimizerSwapperDeferredSink : public ::testing::TestWithParam<DType> {};
+
+// The pipelined step and write_param_copies keep each slot's copy area (16-bit) or master tile
+// (fp32) unchanged until the sink's tickets are ready: the copies equal the in-memory step's.
+TEST_P(OptimizerSwapperDeferredSink, WaitsForEveryTicketBeforeReusingItsBuffers) {
+  const DType dtype = GetParam();
+  TempDir dir;
+  auto h = testing::make_handle();
+  OptimizerSwapConfig cfg = base_config(dir);
+  cfg.pipeline_read = cfg.pipeline_write = true;
+  auto sw = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
+  ASSERT_GT(sw->layout().largest_subgroup(), 3 * sw->tile_elements()) << "every slot must be reused in a step";
+  InMemory ref(sw->layout(), sw->optimizer());
+  ref.copy_dtype = dtype;
+  ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
+  DeferredSink sink(sw->layout(), dtype);
+  const std::size_t esize = dtype_size(dtype);
+  auto expect_copies = [&](const char* when) {
+    for (std::size_t p = 0; p < kParams.size(); ++p) {
+      const std::size_t g = sw->layout().subgroup_of[p];
+      const std::uint64_t at = sw->layout().offset_in_subgroup[p];
+      const void* want = dtype == DType::kF32 ? static_cast<const void*>(ref.master[g].data() + at)
+                                              : static_cast<const void*>(ref.copies[g].data() + at);
+      EXPECT_EQ(std::memcmp(sink.copies[g].data() + at * esize, want, kParams[p].numel * esize), 0)
+          << kParams[p].key << " " << when;
+    }
+  };
+  ASSERT_TRUE(sw->write_param_copies(sink).is_ok());
+  if (dtype != DType::kF32) {
+    for (std::size_t g = 0; g < ref.master.size(); ++g) {
+      ASSERT_TRUE(optim::convert_from_f32(ref.master[g], ref.copies[g].data(), dtype).is_ok());
+    }
+  }
+  expect_copies("after write_param_copies");
+  for (int step = 1; step <= 3; ++step) {
+    const auto grads = make_grads(sw->layout(), DType::kF32, 70 + step);
+    StepInputs in;
+    in.ctx.step = step;
+    in.grads = views(grads, DType::kF32);
+    ref.step(in);
+    in.sink = &sink;
+    ASSERT_TRUE(sw->step(in).is_ok());
+    expect_copies(("after step " + std::to_string(step)).c_str());
+  }
+  EXPECT_EQ(sink.misaligned.load(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CopyDtypes, OptimizerSwapperDeferredSink, ::testing::Values(DType::kBF16, DType::kF32),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 TEST(OptimizerSwapper, LoadStateRestoresACheckpointAsAWhole) {
   TempDir dir_a, dir_b;
@@ -325,11 +461,12 @@ TEST(OptimizerSwapper, DamagedStateIsCorruptionNotNaN) {
   ASSERT_TRUE(sw->init_master(initial_source()).is_ok());
   std::vector<std::vector<std::uint16_t>> copies;
   for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
+  HostParamSink sink = host_sink(copies);
   auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
     StepInputs in;
     in.ctx.step = step;
     in.grads = views(grads, DType::kF32);
-    for (auto& v : copies) in.param_copies.push_back(v.data());
+    in.sink = &sink;
     return in;
   };
   const auto grads1 = make_grads(sw->layout(), DType::kF32, 1);

@@ -12,6 +12,7 @@
 #include "swap_test_util.h"
 #include "zinf/optim/half.h"
 #include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/param_sink.h"
 
 namespace zinf::swap::testing {
 
@@ -36,7 +37,8 @@ struct InMemory {
   optim::Optimizer opt;
   std::vector<std::vector<float>> master;
   std::vector<std::vector<std::vector<float>>> states;  // (sub-group, state)
-  std::vector<std::vector<std::uint16_t>> copies;
+  std::vector<std::vector<std::uint16_t>> copies;  // 16-bit copies of copy_dtype (fp32: none)
+  DType copy_dtype = DType::kBF16;
 
   InMemory(const OptimizerLayout& l, const optim::Optimizer& o) : layout(l), opt(o) {
     for (const SubGroup& g : layout.subgroups) {
@@ -55,10 +57,19 @@ struct InMemory {
       std::vector<std::span<float>> st(states[g].begin(), states[g].end());
       optim::GradView grad = in.grads[g];
       grad.scale = in.grad_scale;
-      ASSERT_TRUE(opt.step(in.ctx, master[g], st, grad, optim::HalfCopy{copies[g].data(), in.copy_dtype}).is_ok());
+      const optim::HalfCopy copy = copy_dtype == DType::kF32 ? optim::HalfCopy{} : optim::HalfCopy{copies[g].data(), copy_dtype};
+      ASSERT_TRUE(opt.step(in.ctx, master[g], st, grad, copy).is_ok());
     }
   }
 };
+
+// A sink over per-sub-group host copies (padded layout) of dtype.
+template <typename T>
+HostParamSink host_sink(std::vector<std::vector<T>>& copies, DType dtype = DType::kBF16) {
+  std::vector<void*> at;
+  for (auto& v : copies) at.push_back(v.data());
+  return HostParamSink(std::move(at), dtype);
+}
 
 // Gradients for one step: (sub-group,) buffers of dtype in the padded layout, zero in the padding.
 inline std::vector<std::vector<std::byte>> make_grads(const OptimizerLayout& l, DType dtype, std::uint64_t seed) {
@@ -108,12 +119,12 @@ inline void expect_state_equal(OptimizerSwapper& sw, const InMemory& ref) {
 
 inline OptimizerSwapConfig base_config(const TempDir& dir) {
   OptimizerSwapConfig c;
-  c.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
+  c.store.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
   c.buffer_count = 4;
   c.buffer_size = 8192;  // 128 KiB: tiles of 2048 elements with three stages, smaller than sub-groups
   c.sub_group_size = 8000;
   c.pin_memory = false;
-  c.stripe_unit = 8192;
+  c.store.stripe_unit = 8192;
   return c;
 }
 

@@ -14,12 +14,12 @@ using testing::TempDir;
 
 ParamSwapConfig small_config(const TempDir& dir) {
   ParamSwapConfig c;
-  c.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
+  c.store.nvme_paths = {dir.sub("nvme0"), dir.sub("nvme1")};
   c.buffer_count = 3;
   c.buffer_size = 16384;  // bf16: 32 KiB buffers, 96 KiB in all, 64 KiB for whole partitions
   c.max_in_cpu = 1500;
   c.pin_memory = false;
-  c.stripe_unit = 8192;
+  c.store.stripe_unit = 8192;
   return c;
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -94,8 +95,7 @@ class RecordingTier final : public ParamTier {
     std::fill(dst.begin(), dst.end(), static_cast<float>(p));
     return Status::ok();
   }
-  void set_outputs(swap::StepInputs&) override {}
-  Status write_f32_subgroup(std::size_t, std::span<const float>) override { return Status::ok(); }
+  swap::ParamSink& sink() override { return sink_; }
   Status flush() override { return Status::ok(); }
   double io_wait_seconds() const override { return 0; }
 
@@ -110,6 +110,37 @@ class RecordingTier final : public ParamTier {
 
  private:
   std::vector<bool> pending_;
+  swap::HostParamSink sink_{{}, swap::DType::kF32};  // never written: no optimizer here
+};
+
+// Host memory that counts what it has handed out: the coordinator's gather memory, as a device
+// target would hold it, must stay within the live budget and all come back.
+class CountingTarget final : public GatherTarget {
+ public:
+  ~CountingTarget() override { EXPECT_EQ(outstanding, 0u) << "gather blocks outlived the coordinator"; }
+  std::string_view name() const override { return "counting"; }
+  GatherBlock allocate(std::size_t n) override {
+    if (n == 0) return {};
+    outstanding += n;
+    high_water = std::max(high_water, outstanding);
+    ++allocations;
+    return adopt(static_cast<float*>(std::malloc(n * sizeof(float))), n);
+  }
+  Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
+                GatherBlock& block) override {
+    const std::span<float> mine = block.span().subspan(per_rank * static_cast<std::size_t>(comm.rank()), per_rank);
+    ZINF_RETURN_IF_ERROR(tier.read_f32(group, mine));
+    return comm.all_gather(mine, block.span());
+  }
+  std::uint64_t outstanding = 0;  // elements handed out and not yet freed
+  std::uint64_t high_water = 0;
+  int allocations = 0;
+
+ protected:
+  void free(float* data, std::size_t n) override {
+    outstanding -= n;
+    std::free(data);
+  }
 };
 
 struct Harness {
@@ -119,6 +150,7 @@ struct Harness {
   std::unique_ptr<Communicator> comm = make_local_communicator();
   std::vector<model::FloatBuffer> grad_acc;
   std::unique_ptr<RecordingTier> tier;
+  std::unique_ptr<CountingTarget> target = std::make_unique<CountingTarget>();
   std::unique_ptr<Coordinator> coordinator;
 
   Harness(int n, const CoordinatorOptions& options)
@@ -129,7 +161,7 @@ struct Harness {
       std::fill(grad_acc.back().span().begin(), grad_acc.back().span().end(), 0.0f);
     }
     tier = std::make_unique<RecordingTier>(plan.num_groups());
-    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *comm, options, grad_acc);
+    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, options, grad_acc);
   }
   // One training pass; the tier's log then holds this pass's reads and prefetches.
   void pass() {
@@ -218,6 +250,33 @@ TEST(CoordinatorTest, MaxLiveZeroHoldsOnlyTheModulesInUse) {
   EXPECT_EQ(h.tier->prefetches, 0);
   EXPECT_EQ(h.tier->reads.size(), 23u);  // 24 acquires; head's backward reuses forward's p0
   EXPECT_EQ(h.coordinator->stats().live_high_water, kSize);
+}
+
+// Gathered blocks in use, kept for reuse and spare together never exceed the live budget (a
+// device target's memory is that budget), and every block goes back to the target.
+TEST(CoordinatorTest, GatherMemoryStaysWithinTheLiveBudgetAndComesBack) {
+  CoordinatorOptions o = options();
+  o.max_live_parameters = 3 * kSize + 50;
+  o.max_reuse_distance = 1000000000;
+  Harness h(10, o);
+  for (int pass = 1; pass <= 3; ++pass) h.pass();
+  EXPECT_LE(h.target->high_water, o.max_live_parameters);
+  EXPECT_GE(h.target->high_water, 3 * kSize) << "the budget was never used: the test would prove nothing";
+  EXPECT_GT(h.target->outstanding, 0u) << "nothing kept between passes";
+  h.coordinator.reset();
+  EXPECT_EQ(h.target->outstanding, 0u);
+}
+
+// Under a budget that holds everything, a pass on the recorded trace gathers into the blocks
+// the pass before freed: no new memory from the target.
+TEST(CoordinatorTest, FreedGatherBlocksAreReused) {
+  Harness h(10, options());
+  h.pass();
+  h.pass();
+  const int allocations = h.target->allocations;
+  h.pass();
+  EXPECT_EQ(h.target->allocations, allocations);
+  EXPECT_GT(h.coordinator->stats().gathers, 0u);
 }
 
 TEST(CoordinatorTest, MaxReuseDistanceDecidesWhatAReleasedCopyKeeps) {

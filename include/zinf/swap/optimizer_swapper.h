@@ -9,7 +9,9 @@
 //
 // A step walks the sub-groups in tiles of tile_elements() (the pinned budget decides the tile,
 // not sub_group_size): read (master, states, gradients if swapped) -> optimizer kernel with the
-// 16-bit copy fused -> write the 16-bit copy -> write (master, states). With pipeline_read the
+// 16-bit copy fused -> hand the tile's copy to the parameter sink (param_sink.h: into host
+// memory, or written from the slot; an fp32 sink takes the master itself) -> write (master,
+// states). With pipeline_read the
 // next tile's read overlaps this tile's compute; with pipeline_write the previous tile's write
 // does. Each pipeline stage has its own pinned slot, carved from a pool of buffer_count x
 // buffer_size fp32 elements. read_ahead() fills the slots with the first tiles' master and
@@ -18,7 +20,7 @@
 // Failure safety: every state tensor has two slots in the store. A step reads the committed
 // slot and writes the other; only when every tile is written does it commit the manifest that
 // flips the slot. A step that fails (an I/O error, say) returns the error and leaves the
-// previous step's state committed, intact and readable; the step can be retried. The 16-bit
+// previous step's state committed, intact and readable; the step can be retried. The parameter
 // copies written by a failed step are not rolled back: write_param_copies() rewrites them from
 // the committed master weights.
 //
@@ -47,21 +49,19 @@
 
 namespace zinf::swap {
 
-class ParamSwapper;
+class ParamSink;
 
 // The offload_optimizer block and sub_group_size, resolved.
 struct OptimizerSwapConfig {
-  std::vector<std::string> nvme_paths;  // several: extents striped across them
-  int rank = 0;
+  // Where the state lives (nvme_paths: several stripe extents across them; rank, stripe unit,
+  // durability, checksums). The swapper sets store.kind itself.
+  StoreConfig store;
   std::size_t buffer_count = 4;
   std::size_t buffer_size = 0;  // fp32 elements per pinned buffer; 0: the largest sub-group (reference)
   bool pipeline_read = false;
   bool pipeline_write = false;
   std::uint64_t sub_group_size = 1000000000;
   bool pin_memory = false;
-  std::size_t stripe_unit = std::size_t{4} << 20;
-  bool durable = true;           // fdatasync before each commit
-  bool checksums = true;         // page checksums, verified on read (StoreConfig::checksums)
   bool swap_gradients = false;   // gradients come from a gradient store (write_gradients)
   DType gradient_dtype = DType::kF32;
   optim::ExecOptions exec;       // how the kernels run
@@ -104,12 +104,9 @@ struct StepInputs {
   // the padded layout (zero in the padding); their own scale is ignored. Empty when the
   // gradients are swapped (config.swap_gradients).
   std::vector<optim::GradView> grads;
-  // Where the updated 16-bit copies go: memory, one pointer per sub-group (padded layout,
-  // copy_dtype)...
-  std::vector<void*> param_copies;
-  DType copy_dtype = DType::kBF16;
-  // ... or the parameter swapper (its dtype), partition by partition. Neither: no copies.
-  ParamSwapper* param_swapper = nullptr;
+  // Where the updated parameter copies go (the parameter tier's sink; an output, not owned);
+  // nullptr: no copies.
+  ParamSink* sink = nullptr;
 };
 
 struct StepStats {
@@ -165,8 +162,8 @@ class OptimizerSwapper {
   std::size_t read_ahead_tiles() const { return ahead_; }
   // One optimizer step over every sub-group; commits on success (see failure safety above).
   Status step(const StepInputs& in);
-  // Rewrites the 16-bit copies (in.param_copies or in.param_swapper) from the committed master.
-  Status write_param_copies(const StepInputs& outputs);
+  // Rewrites the parameter copies in `sink` from the committed master weights.
+  Status write_param_copies(ParamSink& sink);
   // Reads committed state of a sub-group: which 0 is the master weights, 1 + i the
   // optimizer's state i (optimizer().state_name(i)). out holds subgroups[sg].numel elements.
   Status read_state(std::size_t subgroup, std::size_t which, std::span<float> out);
@@ -203,7 +200,8 @@ class OptimizerSwapper {
   Status wait_reads(Slot& s);
   Status compute(Slot& s, const Tile& t, const StepInputs& in);
   Status issue_writes(Slot& s, const Tile& t, const StepInputs& in, int slot);
-  Status write_copies(Slot& s, const Tile& t, const StepInputs& in, const void* copy);
+  // Hands tile t's updated copy (the slot's 16-bit copy, or its fp32 master) to the sink.
+  Status write_copies(Slot& s, const Tile& t, ParamSink& sink);
   Status wait_state_writes(Slot& s);  // before reading into the slot
   Status wait_copy_writes(Slot& s);   // before computing into the slot's 16-bit copy area
   Status wait_writes(Slot& s);        // both

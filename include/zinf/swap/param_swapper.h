@@ -28,17 +28,15 @@ namespace zinf::swap {
 
 // The offload_param block, resolved (the engine fills it from ds_config).
 struct ParamSwapConfig {
-  std::vector<std::string> nvme_paths;   // several: extents striped across them
-  int rank = 0;
+  // Where the partitions live (nvme_paths: several stripe extents across them; rank, stripe
+  // unit, durability, checksums). The swapper sets store.kind itself.
+  StoreConfig store;
   std::size_t buffer_count = 5;
   std::size_t buffer_size = 100000000;   // elements per pinned buffer
   std::uint64_t max_in_cpu = 1000000000; // elements kept in CPU memory
   bool pin_memory = false;
   DType dtype = DType::kBF16;            // the partitions' dtype
-  std::size_t stripe_unit = std::size_t{4} << 20;
   std::size_t io_threads = 2;
-  bool durable = true;                   // fdatasync before manifest commits
-  bool checksums = true;                 // page checksums, verified on read (StoreConfig::checksums)
 };
 
 class ParamSwapper {

@@ -51,7 +51,21 @@ class SwapTicket {
 
  private:
   friend class TensorSwapper;
+  friend class SwapCompletion;
   explicit SwapTicket(std::shared_ptr<detail::TicketState> state) : state_(std::move(state)) {}
+  std::shared_ptr<detail::TicketState> state_;
+};
+
+// The completing side of a SwapTicket, for asynchronous work done outside the tensor swapper (a
+// parameter sink's upload, say). Copyable; complete() once, from any thread; every ticket()
+// then returns that status.
+class SwapCompletion {
+ public:
+  SwapCompletion();
+  SwapTicket ticket() const { return SwapTicket(state_); }
+  void complete(Status status) const;
+
+ private:
   std::shared_ptr<detail::TicketState> state_;
 };
 

@@ -1,0 +1,38 @@
+// The host gather target: aligned host blocks, filled by the tier's fp32 read and a host all-gather.
+#include "zero3/gather_target.h"
+
+#include <cstdlib>
+
+namespace zinf::zero3 {
+namespace {
+
+class HostGatherTarget final : public GatherTarget {
+ public:
+  std::string_view name() const override { return "host"; }
+
+  GatherBlock allocate(std::size_t n) override {
+    if (n == 0) return {};
+    constexpr std::size_t kAlignment = 64;
+    const std::size_t bytes = (n * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
+    auto* p = static_cast<float*>(std::aligned_alloc(kAlignment, bytes));
+    if (p == nullptr) return {};
+    return adopt(p, n);
+  }
+
+  Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
+                GatherBlock& block) override {
+    const std::span<float> full = block.span();
+    const std::span<float> mine = full.subspan(per_rank * static_cast<std::size_t>(comm.rank()), per_rank);
+    ZINF_RETURN_IF_ERROR(tier.read_f32(group, mine));
+    return comm.all_gather(mine, full);
+  }
+
+ protected:
+  void free(float* data, std::size_t) override { std::free(data); }
+};
+
+}  // namespace
+
+std::unique_ptr<GatherTarget> make_host_gather_target() { return std::make_unique<HostGatherTarget>(); }
+
+}  // namespace zinf::zero3

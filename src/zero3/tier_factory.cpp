@@ -1,0 +1,93 @@
+// The tier factory: one switch per tier over the offload device, the config copied once.
+#include "zero3/tier_factory.h"
+
+#include <fmt/format.h>
+
+namespace zinf::zero3 {
+namespace {
+
+bool uses_nvme(const config::ZeroSection& zero) {
+  return zero.offload_param.device == config::OffloadDevice::kNvme ||
+         zero.offload_optimizer.device == config::OffloadDevice::kNvme;
+}
+
+Result<std::unique_ptr<aio::Handle>> make_handle(const config::AioSection& a,
+                                                 std::shared_ptr<aio::FaultInjector> faults) {
+  aio::AioConfig aio;
+  aio.block_size = static_cast<std::size_t>(a.block_size);
+  aio.queue_depth = static_cast<std::size_t>(a.queue_depth);
+  aio.intra_op_parallelism = static_cast<std::size_t>(a.intra_op_parallelism);
+  aio.single_submit = a.single_submit;
+  aio.overlap_events = a.overlap_events;
+  aio.request_timeout_s = a.request_timeout_s;
+  aio.faults = std::move(faults);
+  return aio::Handle::create(aio);
+}
+
+Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c, optim::Optimizer optimizer,
+                                                           aio::Handle* handle) {
+  const config::OffloadOptimizerSection& oo = c.ds.zero.offload_optimizer;
+  switch (oo.device) {
+    case config::OffloadDevice::kNone:
+    case config::OffloadDevice::kCpu:
+      return make_memory_optimizer_tier(c.layout, std::move(optimizer), {});
+    case config::OffloadDevice::kNvme: {
+      swap::OptimizerSwapConfig sc;
+      sc.store = swap_store_config(oo.nvme_path, c.rank);
+      sc.buffer_count = static_cast<std::size_t>(oo.buffer_count);
+      sc.pipeline_read = oo.pipeline_read;
+      sc.pipeline_write = oo.pipeline_write;
+      sc.sub_group_size = c.layout.sub_group_size;
+      sc.pin_memory = oo.pin_memory;
+      return make_nvme_optimizer_tier(sc, c.layout.params, std::move(optimizer), *handle, swap::OpenMode::kCreate);
+    }
+  }
+  return Status::internal(fmt::format("offload_optimizer.device {} has no tier",
+                                      config::offload_device_name(oo.device)));
+}
+
+Result<std::unique_ptr<ParamTier>> make_param_tier(const TierContext& c, OptimizerTier& optimizer,
+                                                   aio::Handle* handle) {
+  const config::OffloadParamSection& op = c.ds.zero.offload_param;
+  switch (op.device) {
+    case config::OffloadDevice::kNone:
+    case config::OffloadDevice::kCpu:
+      return make_memory_param_tier(c.layout, c.dtype, &optimizer);
+    case config::OffloadDevice::kNvme: {
+      swap::ParamSwapConfig pc;
+      pc.store = swap_store_config(op.nvme_path, c.rank);
+      pc.buffer_count = static_cast<std::size_t>(op.buffer_count);
+      pc.buffer_size = static_cast<std::size_t>(op.buffer_size);
+      pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
+      pc.pin_memory = op.pin_memory;
+      pc.dtype = c.dtype;
+      return make_nvme_param_tier(c.layout, pc, *handle);
+    }
+  }
+  return Status::internal(fmt::format("offload_param.device {} has no tier", config::offload_device_name(op.device)));
+}
+
+}  // namespace
+
+swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank) {
+  swap::StoreConfig sc;
+  sc.nvme_paths = {nvme_path};
+  sc.rank = rank;
+  // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so steps
+  // need not fdatasync (failure safety against I/O errors stays: the optimizer's two slots).
+  sc.durable = false;
+  return sc;
+}
+
+Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {
+  Tiers t;
+  if (uses_nvme(context.ds.zero)) {
+    ZINF_ASSIGN_OR_RETURN(t.handle, make_handle(context.ds.aio, context.aio_faults));
+  }
+  ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
+  ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
+  t.gather = make_host_gather_target();
+  return t;
+}
+
+}  // namespace zinf::zero3

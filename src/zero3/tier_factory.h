@@ -1,0 +1,47 @@
+// Internal: the one place that turns ds_config's offload sections into tiers.
+//
+// Each offload device maps to one tier class (tiers.h); make_tiers picks them in one switch per
+// tier. A new offload device, or a device-resident parameter tier, is one class and one case
+// there; the engine, the coordinator and the optimizer step do not change (they see the
+// interfaces and the parameter tier's sink). Where the coordinator gathers (host memory now,
+// device memory with a device-resident engine) is chosen here too (gather_target.h).
+#pragma once
+
+#include <memory>
+
+#include "zero3/gather_target.h"
+#include "zero3/tiers.h"
+#include "zinf/aio/fault.h"
+#include "zinf/aio/handle.h"
+#include "zinf/config/ds_config.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/swap/optimizer_swapper.h"
+
+namespace zinf::zero3 {
+
+// What the tiers are made from besides ds_config.
+struct TierContext {
+  const config::DsConfig& ds;
+  const swap::OptimizerLayout& layout;  // must outlive the tiers
+  int rank = 0;
+  swap::DType dtype = swap::DType::kF32;  // the parameters' compute dtype
+  std::shared_ptr<aio::FaultInjector> aio_faults;  // null: none (tests inject I/O faults here)
+};
+
+// The tiers and what they share. Members are destroyed in reverse order: the parameter tier
+// (which may read the optimizer tier's master weights in place) first, the aio handle (which
+// the swappers use) last.
+struct Tiers {
+  std::unique_ptr<aio::Handle> handle;  // null unless a tier is on nvme
+  std::unique_ptr<OptimizerTier> optimizer;
+  std::unique_ptr<ParamTier> params;
+  std::unique_ptr<GatherTarget> gather;
+};
+
+// The swap store settings every swap store of this rank shares (checksums, stripe unit, no
+// fdatasync), at nvme_path.
+swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank);
+
+Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer);
+
+}  // namespace zinf::zero3

@@ -1,0 +1,147 @@
+// The tier factory and the parameter tiers' sinks, tier by tier: for every offload device pair and
+// compute dtype, the copies the optimizer writes through the parameter tier's sink are the master
+// weights rounded to that dtype, after the initial publish and after a step. The engine tests
+// compare whole runs across devices; these name the tier pair that breaks.
+#include "zero3/tier_factory.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "temp_dir.h"
+#include "zinf/optim/half.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using config::OffloadDevice;
+using swap::DType;
+
+const std::vector<swap::ParamPartition> kPartitions = {{"a", 3000}, {"b", 1}, {"c", 4500}, {"d", 2048}, {"e", 7}};
+
+float initial(std::size_t p, std::uint64_t i) { return std::sin(0.37f * static_cast<float>(p * 10007 + i)) * 0.5f; }
+
+config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const testing::TempDir& dir) {
+  config::DsConfig ds;
+  ds.zero.sub_group_size = 5000;  // several sub-groups, each partition at a kAlign boundary
+  ds.zero.offload_param.device = param;
+  ds.zero.offload_param.nvme_path = dir.sub("params");
+  ds.zero.offload_param.buffer_count = 3;
+  ds.zero.offload_param.buffer_size = 8192;
+  ds.zero.offload_param.max_in_cpu = 0;
+  ds.zero.offload_optimizer.device = optimizer;
+  ds.zero.offload_optimizer.nvme_path = dir.sub("optimizer");
+  ds.zero.offload_optimizer.buffer_count = 4;
+  ds.zero.offload_optimizer.pipeline_read = ds.zero.offload_optimizer.pipeline_write = true;
+  ds.aio.block_size = 65536;
+  ds.aio.queue_depth = 4;
+  return ds;
+}
+
+// Every partition read back from the parameter tier equals the optimizer's master weights
+// rounded to the tier's dtype, bit for bit.
+void expect_params_are_rounded_master(Tiers& t, const swap::OptimizerLayout& layout) {
+  const DType dtype = t.params->dtype();
+  for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+    std::vector<float> master(layout.subgroups[sg].numel);
+    ASSERT_TRUE(t.optimizer->read_state(sg, 0, master).is_ok());
+    std::vector<float> want = master;
+    if (dtype != DType::kF32) {
+      std::vector<std::uint16_t> half(master.size());
+      ASSERT_TRUE(optim::convert_from_f32(master, half.data(), dtype).is_ok());
+      ASSERT_TRUE(optim::convert_to_f32(half.data(), dtype, want).is_ok());
+    }
+    const swap::SubGroup& g = layout.subgroups[sg];
+    for (std::size_t p = g.first_param; p < g.first_param + g.param_count; ++p) {
+      std::vector<float> got(layout.params[p].numel);
+      ASSERT_TRUE(t.params->read_f32(p, got).is_ok());
+      EXPECT_EQ(std::memcmp(got.data(), want.data() + layout.offset_in_subgroup[p], got.size() * 4), 0)
+          << "partition " << layout.params[p].key;
+    }
+  }
+}
+
+using Case = std::tuple<OffloadDevice, OffloadDevice, DType>;
+
+class TierFactoryTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
+  const auto [param_device, optimizer_device, dtype] = GetParam();
+  testing::TempDir dir;
+  const config::DsConfig ds = ds_for(param_device, optimizer_device, dir);
+  const swap::OptimizerLayout layout = swap::OptimizerLayout::build(kPartitions, 5000);
+  ASSERT_EQ(layout.subgroups.size(), 2u);
+  optim::AdamParams adam;
+  adam.lr = 1e-2;
+  adam.weight_decay = 0.01;
+  Result<Tiers> made = make_tiers(TierContext{ds, layout, 0, dtype, nullptr}, optim::Optimizer(optim::OptimizerConfig{adam}));
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  Tiers& t = *made;
+  const bool nvme = param_device == OffloadDevice::kNvme || optimizer_device == OffloadDevice::kNvme;
+  EXPECT_EQ(t.handle != nullptr, nvme);
+  ASSERT_NE(t.gather, nullptr);
+  EXPECT_EQ(t.params->dtype(), dtype);
+  EXPECT_EQ(t.params->sink().dtype(), dtype);
+  // fp32 parameters over memory master weights are those weights: nothing to copy, ever.
+  const bool aliased = dtype == DType::kF32 && param_device != OffloadDevice::kNvme &&
+                       optimizer_device != OffloadDevice::kNvme;
+  for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+    void* host = t.params->sink().host_subgroup(sg);
+    EXPECT_EQ(host != nullptr, param_device != OffloadDevice::kNvme) << "sub-group " << sg;
+    EXPECT_EQ(host != nullptr && host == t.optimizer->master_in_memory(sg), aliased) << "sub-group " << sg;
+  }
+
+  ASSERT_TRUE(t.optimizer->init_master([](std::size_t p, std::uint64_t offset, std::span<float> out) {
+                               for (std::size_t i = 0; i < out.size(); ++i) out[i] = initial(p, offset + i);
+                               return Status::ok();
+                             }).is_ok());
+  ASSERT_TRUE(t.optimizer->write_param_copies(t.params->sink()).is_ok());
+  ASSERT_TRUE(t.params->flush().is_ok());
+  expect_params_are_rounded_master(t, layout);
+
+  for (std::int64_t step = 1; step <= 2; ++step) {
+    std::vector<std::vector<float>> grads;
+    swap::StepInputs in;
+    in.ctx.step = step;
+    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+      grads.emplace_back(layout.subgroups[sg].numel, 0.0f);
+      for (std::size_t i = 0; i < grads.back().size(); ++i) grads.back()[i] = std::cos(0.1f * static_cast<float>(i + step));
+      in.grads.push_back(optim::GradView{grads.back().data(), DType::kF32, grads.back().size(), 1.0});
+    }
+    in.sink = &t.params->sink();
+    ASSERT_TRUE(t.optimizer->read_ahead().is_ok());
+    ASSERT_TRUE(t.optimizer->step(in).is_ok());
+    ASSERT_TRUE(t.params->flush().is_ok());
+    expect_params_are_rounded_master(t, layout);
+  }
+  std::vector<float> master(layout.subgroups[0].numel);
+  ASSERT_TRUE(t.optimizer->read_state(0, 0, master).is_ok());
+  EXPECT_NE(master[0], initial(0, 0)) << "the step changed nothing: the test would prove nothing";
+}
+
+std::string device(OffloadDevice d) { return std::string(config::offload_device_name(d)); }
+
+INSTANTIATE_TEST_SUITE_P(
+    AllDevices, TierFactoryTest,
+    ::testing::Combine(::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+                       ::testing::Values(OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme),
+                       ::testing::Values(DType::kBF16, DType::kF16, DType::kF32)),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      return "param_" + device(std::get<0>(info.param)) + "_optimizer_" + device(std::get<1>(info.param)) + "_" +
+             std::string(swap::dtype_name(std::get<2>(info.param)));
+    });
+
+TEST(TierFactory, OneStoreConfigForEverySwapStore) {
+  const swap::StoreConfig c = swap_store_config("/some/folder", 3);
+  EXPECT_EQ(c.nvme_paths, std::vector<std::string>{"/some/folder"});
+  EXPECT_EQ(c.rank, 3);
+  EXPECT_FALSE(c.durable) << "swap files are scratch space: a crash resumes from a checkpoint";
+  EXPECT_TRUE(c.checksums);
+}
+
+}  // namespace
+}  // namespace zinf::zero3
