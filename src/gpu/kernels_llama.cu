@@ -111,7 +111,9 @@ __global__ void rope_kernel(bf16* x, const float* cos, const float* sin, int T, 
 }
 
 __global__ void swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, std::size_t n) {
-  for (std::size_t i = grid_start(); i < n; i += grid_stride()) out[i] = to_bf16(swiglu(to_f32(gate[i]), to_f32(up[i])));
+  for (std::size_t i = grid_start(); i < n; i += grid_stride()) {
+    out[i] = to_bf16(swiglu(to_f32(gate[i]), to_f32(up[i])));
+  }
 }
 
 __global__ void swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate, const bf16* up,

@@ -69,8 +69,8 @@ Result<AttentionGeometry> attention_geometry(int B, int T, int C, int NH) {
   }
   const int hs = C / NH;
   if (hs > 32 * kAttnMaxPerLane) {
-    return Status::unsupported(
-        fmt::format("attention: head size {} (C {} / NH {}) is above the kernels' {}", hs, C, NH, 32 * kAttnMaxPerLane));
+    return Status::unsupported(fmt::format("attention: head size {} (C {} / NH {}) is above the kernels' {}", hs, C,
+                                           NH, 32 * kAttnMaxPerLane));
   }
   return tile_geometry(B, T, NH, NH, hs, "attention");
 }

@@ -247,8 +247,9 @@ TEST(GpuLlamaKernels, SummedRmsNormBackwardMatchesCpu) {
   for (int parts : {2, 3}) {
     SCOPED_TRACE(parts);
     std::vector<float> want_dinp = dinp0, want_dw = dw0;
-    cpu::summed_rmsnorm_backward(want_dinp.data(), want_dw.data(), d0.data(), d1.data(), parts == 3 ? d2.data() : nullptr,
-                                 inp.data(), w.data(), rstd.data(), N, C);
+    const float* want_d2 = parts == 3 ? d2.data() : nullptr;
+    cpu::summed_rmsnorm_backward(want_dinp.data(), want_dw.data(), d0.data(), d1.data(), want_d2, inp.data(), w.data(),
+                                 rstd.data(), N, C);
     TestBuffer<float> dinp(dinp0), dw(dw0);
     const Status st = summed_rmsnorm_backward(dinp.get(), dw.get(), scratch.get(), bf(d_d0), bf(d_d1),
                                               parts == 3 ? bf(d_d2) : nullptr, bf(d_inp), bf(d_w), d_rstd.get(), N, C,
