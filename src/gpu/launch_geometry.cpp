@@ -24,6 +24,8 @@ std::size_t column_sum_scratch_floats(int N, int C) {
 
 std::size_t layernorm_backward_scratch_floats(int N, int C) { return 2 * column_sum_scratch_floats(N, C); }
 
+std::size_t rmsnorm_backward_scratch_floats(int N, int C) { return column_sum_scratch_floats(N, C); }
+
 Status check_column_sum_shape(int N, int C, std::string_view what) {
   if (N < 1 || C < 1) return Status::invalid_argument(fmt::format("{}: N ({}) and C ({}) must be >= 1", what, N, C));
   if (column_chunks(N) > kMaxColumnChunks) {
@@ -35,31 +37,55 @@ Status check_column_sum_shape(int N, int C, std::string_view what) {
 
 int logits_ld(int V) { return V <= 0 ? 0 : (V + 7) / 8 * 8; }
 
+namespace {
+
+// Tiles and shared memory once the sizes are valid (B, T, NH, NKV >= 1, 1 <= hs <= 128).
+Result<AttentionGeometry> tile_geometry(int B, int T, int NH, int NKV, int hs, const char* what) {
+  const long long heads = static_cast<long long>(B) * NH;
+  if (heads > 65535) {
+    return Status::unsupported(fmt::format("{}: B * NH = {} heads is above grid.y's 65535", what, heads));
+  }
+  AttentionGeometry g;
+  g.hs = hs;
+  g.per_lane = (g.hs + 31) / 32;
+  g.q_tiles = static_cast<unsigned>((T + kAttnQTile - 1) / kAttnQTile);
+  g.k_tiles = static_cast<unsigned>((T + kAttnKTile - 1) / kAttnKTile);
+  g.heads = static_cast<unsigned>(heads);
+  g.kv_heads = static_cast<unsigned>(static_cast<long long>(B) * NKV);
+  const std::size_t h = static_cast<std::size_t>(g.hs);
+  const std::size_t f = sizeof(float);
+  g.forward_smem = f * (kAttnQTile * h + kAttnKTile * (h + 1) + kAttnKTile * h);
+  g.dq_smem = f * (2 * kAttnQTile * h + 2 * kAttnKTile * (h + 1));
+  g.dkv_smem = f * (2 * kAttnKTile * (h + 1) + 2 * kAttnKTile * h + 2 * kAttnKTile);
+  return g;
+}
+
+}  // namespace
+
 Result<AttentionGeometry> attention_geometry(int B, int T, int C, int NH) {
   if (B < 1 || T < 1 || C < 1 || NH < 1 || C % NH != 0) {
     return Status::invalid_argument(
         fmt::format("attention: B ({}), T ({}), C ({}), NH ({}) must be >= 1 with C divisible by NH", B, T, C, NH));
   }
-  AttentionGeometry g;
-  g.hs = C / NH;
-  if (g.hs > 32 * kAttnMaxPerLane) {
+  const int hs = C / NH;
+  if (hs > 32 * kAttnMaxPerLane) {
+    return Status::unsupported(fmt::format("attention: head size {} (C {} / NH {}) is above the kernels' {}", hs, C,
+                                           NH, 32 * kAttnMaxPerLane));
+  }
+  return tile_geometry(B, T, NH, NH, hs, "attention");
+}
+
+Result<AttentionGeometry> gqa_attention_geometry(int B, int T, int NH, int NKV, int hs) {
+  if (B < 1 || T < 1 || NH < 1 || NKV < 1 || hs < 1 || NH % NKV != 0) {
+    return Status::invalid_argument(fmt::format(
+        "gqa_attention: B ({}), T ({}), NH ({}), NKV ({}), hs ({}) must be >= 1 with NH divisible by NKV", B, T, NH,
+        NKV, hs));
+  }
+  if (hs > 32 * kAttnMaxPerLane) {
     return Status::unsupported(
-        fmt::format("attention: head size {} (C {} / NH {}) is above the kernels' {}", g.hs, C, NH, 32 * kAttnMaxPerLane));
+        fmt::format("gqa_attention: head size {} is above the kernels' {}", hs, 32 * kAttnMaxPerLane));
   }
-  const long long heads = static_cast<long long>(B) * NH;
-  if (heads > 65535) {
-    return Status::unsupported(fmt::format("attention: B * NH = {} heads is above grid.y's 65535", heads));
-  }
-  g.per_lane = (g.hs + 31) / 32;
-  g.q_tiles = static_cast<unsigned>((T + kAttnQTile - 1) / kAttnQTile);
-  g.k_tiles = static_cast<unsigned>((T + kAttnKTile - 1) / kAttnKTile);
-  g.heads = static_cast<unsigned>(heads);
-  const std::size_t hs = static_cast<std::size_t>(g.hs);
-  const std::size_t f = sizeof(float);
-  g.forward_smem = f * (kAttnQTile * hs + kAttnKTile * (hs + 1) + kAttnKTile * hs);
-  g.dq_smem = f * (2 * kAttnQTile * hs + 2 * kAttnKTile * (hs + 1));
-  g.dkv_smem = f * (2 * kAttnKTile * (hs + 1) + 2 * kAttnKTile * hs + 2 * kAttnKTile);
-  return g;
+  return tile_geometry(B, T, NH, NKV, hs, "gqa_attention");
 }
 
 std::size_t attention_backward_scratch_floats(int B, int T, int NH) {

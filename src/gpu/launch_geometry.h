@@ -31,6 +31,8 @@ int column_chunks(int N);  // ceil(N / kColumnChunkRows)
 std::size_t column_sum_scratch_floats(int N, int C);
 std::size_t layernorm_backward_scratch_floats(int N, int C);
 Status check_column_sum_shape(int N, int C, std::string_view what);
+// RMSNorm's backward: one column sum (the weight gradient).
+std::size_t rmsnorm_backward_scratch_floats(int N, int C);
 
 // LayerNorm: one warp per row, kLayerNormRowsPerBlock rows (warps) per block.
 inline constexpr int kLayerNormRowsPerBlock = 8;
@@ -56,7 +58,8 @@ struct AttentionGeometry {
   int per_lane = 0;      // ceil(hs / 32), 1..kAttnMaxPerLane: which kernel instance runs
   unsigned q_tiles = 0;  // grid.x of the forward and dQ kernels: ceil(T / kAttnQTile)
   unsigned k_tiles = 0;  // grid.x of the dK/dV kernel: ceil(T / kAttnKTile)
-  unsigned heads = 0;    // grid.y of all three: B * NH
+  unsigned heads = 0;    // grid.y of the forward and dQ kernels: B * NH
+  unsigned kv_heads = 0; // grid.y of the dK/dV kernel: B * NKV (B * NH without grouped queries)
   // Dynamic shared memory in bytes of each kernel (fp32 tiles; rows read one per lane are
   // padded to hs + 1 floats so the 32 lanes hit 32 different banks).
   std::size_t forward_smem = 0;
@@ -66,7 +69,11 @@ struct AttentionGeometry {
 // invalid_argument for bad dimensions (C not divisible by NH, ...); unsupported for hs > 128 or
 // B * NH > 65535 (grid.y).
 Result<AttentionGeometry> attention_geometry(int B, int T, int C, int NH);
-// Floats of attention_backward's scratch: D = rowsum(dO * O) per (b, h, t).
+// Grouped-query attention (Llama): NH query heads and NKV kv heads of hs each. invalid_argument
+// for a size below 1 or NH not divisible by NKV; unsupported for hs > 128 or B * NH > 65535.
+Result<AttentionGeometry> gqa_attention_geometry(int B, int T, int NH, int NKV, int hs);
+// Floats of attention_backward's (and gqa_attention_backward's) scratch: D = rowsum(dO * O) per
+// (b, h, t) of the NH query heads.
 std::size_t attention_backward_scratch_floats(int B, int T, int NH);
 
 // The largest power of two, at most 256, that divides the address (256 for nullptr). cuBLASLt

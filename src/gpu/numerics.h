@@ -1,5 +1,6 @@
 // Internal: arithmetic the GPU kernels share with host code, so that the host tests check the
-// very formulas the device runs: bf16 rounding, GELU and its derivative, IEEE-exact operations.
+// very formulas the device runs: bf16 rounding, GELU and its derivative, SwiGLU and its
+// derivatives, the RoPE rotation, IEEE-exact operations.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -109,6 +110,30 @@ ZINF_HD float gelu_tanh_grad(float x) {
   const float t = tanh_via_exp(kGeluScale * (x + cube));
   const float sech2 = 1.0f - t * t;
   return 0.5f * (1.0f + t) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
+}
+
+// Llama's SwiGLU as the CPU kernel (model/llama_kernels.cpp) writes it, operation for operation
+// and without FMA contraction, so that only exp_f can differ between host and device:
+// sigmoid(g) = 1 / (1 + e^-g), silu(g) = g * sigmoid(g), out = silu(g) * up.
+ZINF_HD float sigmoid(float g) { return div_rn(1.0f, add_rn(1.0f, exp_f(-g))); }
+ZINF_HD float swiglu(float g, float up) { return mul_rn(mul_rn(g, sigmoid(g)), up); }
+// d out / d up * dout = dout * silu(g).
+ZINF_HD float swiglu_dup(float g, float dout) { return mul_rn(dout, mul_rn(g, sigmoid(g))); }
+// d out / d g * dout = dout * up * silu'(g), silu'(g) = sig * (1 + g * (1 - sig)).
+ZINF_HD float swiglu_dgate(float g, float up, float dout) {
+  const float sig = sigmoid(g);
+  const float dsilu = mul_rn(sig, add_rn(1.0f, mul_rn(g, add_rn(1.0f, -sig))));
+  return mul_rn(mul_rn(dout, up), dsilu);
+}
+
+// One RoPE pair (a, b) = (x[i], x[i + hd/2]) rotated by the angle whose cosine is c and whose
+// sine is s (s negated for the backward), as the CPU kernel: a c - b s, b c + a s, each product
+// rounded separately.
+struct RotatedPair {
+  float lo, hi;
+};
+ZINF_HD RotatedPair rope_rotate(float a, float b, float c, float s) {
+  return RotatedPair{add_rn(mul_rn(a, c), -mul_rn(b, s)), add_rn(mul_rn(b, c), mul_rn(a, s))};
 }
 
 }  // namespace zinf::gpu
