@@ -326,17 +326,17 @@ alive) until ``wait()`` returns. One handle may be used from several threads.)do
            "Writes the buffer (or its first nbytes) to the file at file_offset (created if missing, mode 0644; "
            "truncate=True empties it first; fdatasync=True syncs it after). Returns 1; raises AioError on failure.")
       .def("read",
-           [](PyHandle& h, py::handle buffer, py::handle filename, bool validate) {
-             return h.sync_io(false, buffer, filename, 0, std::nullopt, validate, {});
+           [](PyHandle& h, py::handle buffer, py::handle filename, bool validate, std::int64_t file_offset) {
+             return h.sync_io(false, buffer, filename, file_offset, std::nullopt, validate, {});
            },
-           arg("buffer"), arg("filename"), arg("validate") = false,
-           "DeepNVMe's read: sync_pread at offset 0; validate=True compares with a plain read afterwards.")
+           arg("buffer"), arg("filename"), arg("validate") = false, arg("file_offset") = 0,
+           "DeepNVMe's read: sync_pread; validate=True compares with a plain read afterwards.")
       .def("write",
-           [](PyHandle& h, py::handle buffer, py::handle filename, bool validate) {
-             return h.sync_io(true, buffer, filename, 0, std::nullopt, validate, {});
+           [](PyHandle& h, py::handle buffer, py::handle filename, bool validate, std::int64_t file_offset) {
+             return h.sync_io(true, buffer, filename, file_offset, std::nullopt, validate, {});
            },
-           arg("buffer"), arg("filename"), arg("validate") = false,
-           "DeepNVMe's write: sync_pwrite at offset 0; validate=True reads the file back and compares.")
+           arg("buffer"), arg("filename"), arg("validate") = false, arg("file_offset") = 0,
+           "DeepNVMe's write: sync_pwrite; validate=True reads the file back and compares.")
       // Queued verbs.
       .def("async_pread",
            [](PyHandle& h, py::handle buffer, py::handle filename, std::int64_t file_offset,

@@ -81,3 +81,11 @@ class Handle(_native.Handle):
         for kept in self._locked.values():
             self.register_buffer(kept)
         return True
+
+    def is_pinned(self, buffer: Any) -> bool:
+        """DeepNVMe's check: whether ``buffer`` is page-locked memory (a torch-pinned tensor or
+        one from ``new_cpu_locked_tensor``). Any buffer works with the handle; pinned, aligned
+        ones avoid the engine's bounce copies."""
+        if hasattr(buffer, "data_ptr") and buffer.data_ptr() in self._locked:
+            return True
+        return bool(getattr(buffer, "is_pinned", lambda: False)())
