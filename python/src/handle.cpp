@@ -1,6 +1,8 @@
 // zinf.aio.Handle: the engine's Handle with DeepNVMe's knobs and verbs, GIL released during I/O.
 #include "handle.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -82,7 +84,7 @@ struct PyHandle::Pending {
   bool validate = false;
 };
 
-PyHandle::PyHandle(const aio::AioConfig& config) {
+PyHandle::PyHandle(const aio::AioConfig& config) : owner_pid_(::getpid()) {
   auto created = aio::Handle::create(config);
   if (!created.is_ok()) raise_status(created.status());
   handle_ = std::shared_ptr<aio::Handle>(std::move(created).value());
@@ -92,6 +94,14 @@ PyHandle::~PyHandle() { close(); }
 
 void PyHandle::close() {
   if (!handle_) return;
+  if (::getpid() != owner_pid_) {
+    // A copy made by fork(): its workers do not exist in this process, so destroying the engine
+    // handle would wait for them forever. It is leaked; the I/O it had queued is the parent's.
+    (void)new std::shared_ptr<aio::Handle>(std::move(handle_));
+    pending_.clear();
+    registered_.clear();
+    return;
+  }
   std::shared_ptr<aio::Handle> h = std::move(handle_);
   std::vector<Pending> batch;
   batch.swap(pending_);
@@ -109,6 +119,13 @@ void PyHandle::close() {
 
 std::shared_ptr<aio::Handle> PyHandle::handle(const char* verb) const {
   if (!handle_) throw py::value_error(fmt::format("{}: the handle is closed", verb));
+  if (::getpid() != owner_pid_) {
+    // fork() copies the handle but not its worker threads: a request would never finish.
+    throw std::runtime_error(fmt::format(
+        "{}: this zinf.aio.Handle was created in process {} and cannot be used after fork(); create "
+        "handles in the child process",
+        verb, owner_pid_));
+  }
   return handle_;
 }
 

@@ -1,6 +1,8 @@
 // zinf.aio.Handle: a Python owner of one aio::Handle and of the buffers its requests borrow.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -50,6 +52,7 @@ class PyHandle {
   std::shared_ptr<aio::Handle> handle(const char* verb) const;
 
   std::shared_ptr<aio::Handle> handle_;
+  pid_t owner_pid_;  // fork() leaves the workers behind: other processes may not use the handle
   std::vector<Pending> pending_;
   std::vector<HeldBuffer> registered_;
 };

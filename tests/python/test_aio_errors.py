@@ -120,6 +120,22 @@ class ErrorTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             zinf.aio.Handle(block_size="big")
 
+    @unittest.skipUnless(hasattr(os, "fork"), "needs fork()")
+    def test_a_handle_is_refused_after_fork(self):
+        pid = os.fork()
+        if pid == 0:  # child: must get a clear error, not a hang
+            code = 1
+            try:
+                self.h.sync_pread(bytearray(10), self.path)
+            except RuntimeError as e:
+                code = 0 if "fork" in str(e) else 2
+            except BaseException:
+                code = 3
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+        self.assertEqual(self.h.sync_pread(bytearray(10), self.path), 1)  # the parent's still works
+
 
 if __name__ == "__main__":
     unittest.main()
