@@ -45,7 +45,7 @@ def aio_bench_point(exe, folder, size, knobs, ramp_s, runtime_s):
                "--single-submit", "true" if knobs["single_submit"] else "false",
                "--overlap-events", "true" if knobs["overlap_events"] else "false",
                "--out-dir", os.path.join(out, "results"), "--json", os.path.join(out, "s.json")]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         best = json.load(open(os.path.join(out, "s.json")))["best"]
         return best["read_gbps"], best["write_gbps"]
 

@@ -1,6 +1,7 @@
 // The I/O half of zinf.save_file / zinf.load_file: a byte stream written through pinned double
 // buffers, and a data section read straight into aligned memory, both with O_DIRECT.
 #include <fcntl.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,6 +50,55 @@ struct Segment {
   std::size_t size;
 };
 
+// A handle with its registered pinned staging buffers, kept between save_file calls: the
+// buffers are pre-faulted and mlock'ed once, not per file.
+struct Stager {
+  FileKnobs knobs;
+  std::size_t staging = 0;
+  pid_t pid = 0;
+  std::vector<aio::PinnedBuffer> buffers;  // before handle: registered with it, so they outlive it
+  std::unique_ptr<aio::Handle> handle;
+};
+
+std::mutex g_stager_mutex;
+std::unique_ptr<Stager> g_stager;  // the idle one; a concurrent save_file makes its own
+
+bool same_knobs(const FileKnobs& a, const FileKnobs& b) {
+  return a.block_size == b.block_size && a.queue_depth == b.queue_depth &&
+         a.intra_op_parallelism == b.intra_op_parallelism && a.backend == b.backend;
+}
+
+Result<std::unique_ptr<Stager>> take_stager(const FileKnobs& knobs, std::size_t staging, std::size_t count) {
+  {
+    std::lock_guard lock(g_stager_mutex);
+    if (g_stager && g_stager->pid != ::getpid()) {
+      // Inherited through fork(): its handle's workers are not in this process; never touch it.
+      (void)g_stager.release();
+    }
+    if (g_stager && same_knobs(g_stager->knobs, knobs) && g_stager->staging == staging &&
+        g_stager->buffers.size() >= count) {
+      return std::move(g_stager);
+    }
+  }
+  auto stager = std::make_unique<Stager>();
+  stager->knobs = knobs;
+  stager->staging = staging;
+  stager->pid = ::getpid();
+  ZINF_ASSIGN_OR_RETURN(stager->handle, make_handle(knobs));
+  for (std::size_t i = 0; i < count; ++i) {
+    ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, aio::PinnedBuffer::allocate(staging, kAlign));
+    ZINF_RETURN_IF_ERROR(stager->handle->register_buffer(b.data(), b.size()));
+    stager->buffers.push_back(std::move(b));
+  }
+  return stager;
+}
+
+void return_stager(std::unique_ptr<Stager> stager) {
+  std::unique_ptr<Stager> old;
+  std::lock_guard lock(g_stager_mutex);
+  old = std::exchange(g_stager, std::move(stager));  // the latest knobs win
+}
+
 // Writes the concatenation of `segments` to `path` (created or truncated) through `count`
 // pinned staging buffers of `staging` bytes: while the engine writes one, the next is filled.
 // Every chunk but the last is a whole number of pages at a page-aligned offset (O_DIRECT); the
@@ -56,17 +107,18 @@ Status write_stream(const std::string& path, const std::vector<Segment>& segment
                     std::size_t staging, std::size_t count, bool fsync) {
   std::uint64_t total = 0;
   for (const Segment& s : segments) total += s.size;
-  std::vector<aio::PinnedBuffer> buffers;  // declared first: registered with the handle, so they outlive it
-  ZINF_ASSIGN_OR_RETURN(auto handle, make_handle(knobs));
   ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
                         fileio::open_direct_or_buffered(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, true, "save_file"));
+  // Allocate the whole file first: O_DIRECT writes past the end of a file are serialised by
+  // file systems such as ext4 (each extends it), writes inside it can run side by side. Where
+  // fallocate is not supported the writes still work, only slower.
+  const std::uint64_t padded = (total + kAlign - 1) / kAlign * kAlign;
+  (void)::fallocate(file.fd.get(), 0, 0, static_cast<off_t>(padded));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stager> stager, take_stager(knobs, staging, count));
+  aio::Handle* handle = stager->handle.get();
+  std::vector<aio::PinnedBuffer>& buffers = stager->buffers;
   const std::size_t chunks = static_cast<std::size_t>((total + staging - 1) / staging);
   count = std::max<std::size_t>(1, std::min(count, chunks));
-  for (std::size_t i = 0; i < count; ++i) {
-    ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer b, aio::PinnedBuffer::allocate(staging, kAlign));
-    ZINF_RETURN_IF_ERROR(handle->register_buffer(b.data(), b.size()));
-    buffers.push_back(std::move(b));
-  }
   std::vector<std::optional<aio::RequestId>> in_flight(count);
   Status first_error;
   auto settle = [&](std::size_t slot) {
@@ -109,6 +161,7 @@ Status write_stream(const std::string& path, const std::vector<Segment>& segment
     file_offset += filled;
   }
   for (std::size_t slot = 0; slot < count; ++slot) settle(slot);
+  if (first_error.is_ok()) return_stager(std::move(stager));  // after a failure: a fresh one next time
   ZINF_RETURN_IF_ERROR(first_error);
   if (::ftruncate(file.fd.get(), static_cast<off_t>(total)) != 0) {
     return Status::io_error("ftruncate", path, 0, total, errno);
