@@ -1,8 +1,6 @@
 // Borrowing memory from Python objects; pinned and aligned buffers as Python objects.
 #include "buffers.h"
 
-#include <sys/mman.h>
-
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -14,8 +12,6 @@
 
 namespace zinf::python {
 namespace {
-
-constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 std::string type_name(py::handle obj) { return Py_TYPE(obj.ptr())->tp_name; }
 
@@ -122,20 +118,6 @@ void HeldBuffer::release() {
   size_ = 0;
 }
 
-AlignedMemory::AlignedMemory(std::size_t bytes) {
-  const std::size_t alignment = bytes >= kHugePage ? kHugePage : 4096;
-  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + alignment - 1) / alignment * alignment;
-  void* ptr = nullptr;
-  if (posix_memalign(&ptr, alignment, rounded) != 0) {
-    raise_status(Status::resource_exhausted(fmt::format("cannot allocate {} bytes aligned to {}", bytes, alignment)));
-  }
-  if (alignment == kHugePage) (void)madvise(ptr, rounded, MADV_HUGEPAGE);
-  data_ = static_cast<std::byte*>(ptr);
-  size_ = bytes;
-}
-
-AlignedMemory::~AlignedMemory() { std::free(data_); }
-
 namespace {
 
 std::size_t checked_size(std::int64_t n, const char* what) {
@@ -192,16 +174,6 @@ Reads and writes of pinned, aligned memory take the engine's fast path: O_DIRECT
 from/to the buffer, and io_uring fixed buffers when the buffer is registered with a handle
 (``Handle.register_buffer``). See ``pinned_array`` / ``pinned_tensor`` for shaped views.)doc");
 
-  py::class_<AlignedMemory>(aio, "_AlignedMemory", py::buffer_protocol())
-      .def(py::init([](std::int64_t nbytes) {
-        return std::make_unique<AlignedMemory>(checked_size(nbytes, "aligned memory"));
-      }))
-      .def_buffer([](AlignedMemory& m) {
-        return py::buffer_info(m.data(), 1, py::format_descriptor<std::uint8_t>::format(), 1,
-                               {static_cast<py::ssize_t>(m.size())}, {1}, false);
-      })
-      .def_property_readonly("nbytes", &AlignedMemory::size)
-      .def("__len__", &AlignedMemory::size);
 }
 
 }  // namespace zinf::python

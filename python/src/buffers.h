@@ -1,5 +1,5 @@
-// Memory that Python objects expose to zinf.aio: the buffer protocol, torch CPU tensors, pinned
-// and aligned buffers zinf allocates.
+// Memory that Python objects expose to zinf.aio: the buffer protocol, torch CPU tensors, and the
+// pinned buffers zinf allocates.
 #pragma once
 
 #include <cstddef>
@@ -46,23 +46,6 @@ class HeldBuffer {
 struct PyPinnedBuffer {
   aio::PinnedBuffer buffer;
   std::size_t alignment = 4096;
-};
-
-// Memory aligned to 4096 (2 MiB for large sizes, with transparent huge pages asked for), not
-// locked and not pre-faulted: what load_file returns tensors in. Exposed as a writable 1-D
-// byte buffer.
-class AlignedMemory {
- public:
-  explicit AlignedMemory(std::size_t bytes);  // raises MemoryError
-  ~AlignedMemory();
-  AlignedMemory(const AlignedMemory&) = delete;
-  AlignedMemory& operator=(const AlignedMemory&) = delete;
-  std::byte* data() const { return data_; }
-  std::size_t size() const { return size_; }
-
- private:
-  std::byte* data_ = nullptr;
-  std::size_t size_ = 0;
 };
 
 void bind_buffers(py::module_& aio);

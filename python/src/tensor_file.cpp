@@ -1,5 +1,5 @@
-// The I/O half of zinf.save_file / zinf.load_file: a byte stream written through pinned double
-// buffers, and a data section read straight into aligned memory, both with O_DIRECT.
+// The I/O half of zinf.save_file / zinf.load_file: byte streams between tensors and a file through
+// pinned staging buffers and the aio engine, with O_DIRECT.
 #include <fcntl.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -46,7 +46,7 @@ Result<std::unique_ptr<aio::Handle>> make_handle(const FileKnobs& k) {
 }
 
 struct Segment {
-  const std::byte* data;
+  std::byte* data;  // read from by save_file, written to by load_file
   std::size_t size;
 };
 
@@ -172,6 +172,72 @@ Status write_stream(const std::string& path, const std::vector<Segment>& segment
   return Status::ok();
 }
 
+// Reads the bytes of `path` from `offset` on into `segments`, back to back: O_DIRECT reads into
+// `count` pinned staging buffers (up to `count` in flight), each copied out to the segments as it
+// arrives. Reading into the destinations directly was several times slower on fresh memory
+// (every request faults its pages inside the kernel) and would tie all tensors of a file to one
+// allocation (docs/python.md).
+Status read_stream(const std::string& path, std::uint64_t offset, const std::vector<Segment>& segments,
+                   const FileKnobs& knobs, std::size_t staging, std::size_t count) {
+  std::uint64_t total = 0;
+  for (const Segment& s : segments) total += s.size;
+  if (total == 0) return Status::ok();
+  const std::uint64_t head = offset % kAlign;  // reads start on a page, as O_DIRECT wants
+  const std::uint64_t begin = offset - head;
+  const std::uint64_t span = head + total;
+  const std::size_t chunks = static_cast<std::size_t>((span + staging - 1) / staging);
+  ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
+                        fileio::open_direct_or_buffered(path, O_RDONLY, 0, true, "load_file"));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Stager> stager, take_stager(knobs, staging, count));
+  aio::Handle* handle = stager->handle.get();
+  count = std::max<std::size_t>(1, std::min(count, chunks));
+  std::vector<std::optional<aio::RequestId>> in_flight(count);
+  Status first_error;
+  auto submit = [&](std::size_t chunk) {
+    const std::uint64_t at = static_cast<std::uint64_t>(chunk) * staging;
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(staging, span - at));
+    auto id = handle->async_pread(stager->buffers[chunk % count].data(), n, file.fd.get(), begin + at);
+    if (id.is_ok()) {
+      in_flight[chunk % count] = id.value();
+    } else if (first_error.is_ok()) {
+      first_error = id.status();
+    }
+  };
+  for (std::size_t c = 0; c < count; ++c) submit(c);
+  std::size_t seg = 0;
+  std::size_t seg_pos = 0;
+  for (std::size_t chunk = 0; chunk < chunks && first_error.is_ok(); ++chunk) {
+    const std::size_t slot = chunk % count;
+    if (!in_flight[slot]) break;
+    Status st = handle->wait(*in_flight[slot]);
+    in_flight[slot].reset();
+    if (!st.is_ok()) {
+      first_error = std::move(st);
+      break;
+    }
+    const std::uint64_t at = static_cast<std::uint64_t>(chunk) * staging;
+    std::size_t pos = chunk == 0 ? static_cast<std::size_t>(head) : 0;
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(staging, span - at));
+    const std::byte* in = stager->buffers[slot].bytes();
+    while (pos < n && seg < segments.size()) {
+      const std::size_t m = std::min(n - pos, segments[seg].size - seg_pos);
+      if (m > 0) std::memcpy(segments[seg].data + seg_pos, in + pos, m);
+      pos += m;
+      seg_pos += m;
+      if (seg_pos == segments[seg].size) {
+        ++seg;
+        seg_pos = 0;
+      }
+    }
+    if (chunk + count < chunks) submit(chunk + count);
+  }
+  for (auto& id : in_flight) {
+    if (id) (void)handle->wait(*id);  // only after a failure: finish before the buffers go back
+  }
+  if (first_error.is_ok()) return_stager(std::move(stager));
+  return first_error;
+}
+
 }  // namespace
 
 void bind_tensor_file(py::module_& m) {
@@ -202,27 +268,31 @@ void bind_tensor_file(py::module_& m) {
       py::arg("intra_op_parallelism"), py::arg("backend"), py::arg("staging"), py::arg("count"), py::arg("fsync"));
 
   m.def(
-      "_read_range",
-      [](const std::string& path, std::uint64_t offset, std::uint64_t nbytes, std::size_t block_size,
-         std::size_t queue_depth, std::size_t intra_op_parallelism, const std::string& backend) {
-        // The range is read from the page that holds its first byte, so the memory (aligned) and
-        // the file offset agree modulo the page size and O_DIRECT covers all but the last page.
-        const std::uint64_t head = offset % kAlign;
-        auto memory = std::make_unique<AlignedMemory>(static_cast<std::size_t>(head + nbytes));
+      "_read_stream",
+      [](const std::string& path, std::uint64_t offset, const py::list& parts, std::size_t block_size,
+         std::size_t queue_depth, std::size_t intra_op_parallelism, const std::string& backend, std::size_t staging,
+         std::size_t count) {
+        if (staging == 0 || staging % kAlign != 0) {
+          throw py::value_error(fmt::format("staging buffers must be a positive multiple of {} bytes", kAlign));
+        }
+        std::vector<HeldBuffer> held;
+        std::vector<Segment> segments;
+        held.reserve(parts.size());
+        for (py::handle part : parts) {
+          held.push_back(HeldBuffer::acquire(part, true, "load_file"));
+          segments.push_back(Segment{held.back().data(), held.back().size()});
+        }
         Status st;
         {
           py::gil_scoped_release unlocked;
-          auto handle = make_handle(FileKnobs{block_size, queue_depth, intra_op_parallelism, backend});
-          st = handle.is_ok() ? handle.value()->sync_pread(memory->data(), memory->size(), path, offset - head)
-                              : handle.status();
+          st = read_stream(path, offset, segments, FileKnobs{block_size, queue_depth, intra_op_parallelism, backend},
+                           staging, count);
         }
         if (!st.is_ok()) raise_status(st, path, offset);
-        return py::make_tuple(py::cast(std::move(memory)), head);
       },
-      py::arg("path"), py::arg("offset"), py::arg("nbytes"), py::arg("block_size"), py::arg("queue_depth"),
-      py::arg("intra_op_parallelism"), py::arg("backend"),
-      "Reads nbytes of path at offset into new aligned memory; returns (memory, start) where the range "
-      "begins at memory[start].");
+      py::arg("path"), py::arg("offset"), py::arg("parts"), py::arg("block_size"), py::arg("queue_depth"),
+      py::arg("intra_op_parallelism"), py::arg("backend"), py::arg("staging"), py::arg("count"),
+      "Reads the file from offset on into the writable buffers `parts`, back to back.");
 }
 
 }  // namespace zinf::python

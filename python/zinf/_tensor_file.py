@@ -8,7 +8,7 @@ import os
 import struct
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from zinf._zinf import _read_range, _write_stream
+from zinf._zinf import _read_stream, _write_stream
 
 PathLike = Union[str, bytes, "os.PathLike[str]"]
 
@@ -28,7 +28,7 @@ _MAX_HEADER = 100_000_000  # the safetensors reader's own limit
 
 # Engine knobs for whole-file transfers (docs/python.md: how they were chosen).
 _KNOBS = {"block_size": 4 << 20, "queue_depth": 16, "intra_op_parallelism": 2, "backend": "auto"}
-_STAGING = 64 << 20  # bytes per pinned staging buffer of save_file
+_STAGING = 64 << 20  # bytes per pinned staging buffer (kept between calls)
 _STAGING_COUNT = 2
 
 
@@ -164,19 +164,21 @@ def load_file(path: PathLike, framework: str = "numpy") -> Dict[str, Any]:
     """Reads a safetensors file: name -> numpy array (``framework="numpy"``) or torch CPU tensor
     (``framework="pt"``), in file order.
 
-    The data section is read with one O_DIRECT request straight into one aligned allocation,
-    and every returned tensor is a view of it: the memory is freed when the last tensor from
-    the file goes. Tensors are writable. numpy has no bfloat16 or float8: such a file needs
+    Each tensor is its own allocation (``numpy.empty`` / ``torch.empty``), filled from pinned
+    staging buffers that the aio engine reads the file into with O_DIRECT, several reads in
+    flight while earlier ones are copied out. numpy has no bfloat16 or float8: such a file needs
     framework="pt".
     """
     if framework in ("np", "numpy"):
         import numpy as np
 
         types = {k: np.dtype(v) for k, v in _NUMPY.items()}
+        empty = lambda shape, dt: np.empty(shape, dtype=dt)  # noqa: E731
     elif framework in ("pt", "torch"):
         import torch
 
         types = {k: getattr(torch, v) for k, v in _TORCH.items() if hasattr(torch, v)}
+        empty = lambda shape, dt: torch.empty(shape, dtype=dt)  # noqa: E731
     else:
         raise ValueError(f"load_file: framework must be 'numpy' or 'pt', got {framework!r}")
     p = os.fsdecode(os.fspath(path))
@@ -185,25 +187,9 @@ def load_file(path: PathLike, framework: str = "numpy") -> Dict[str, Any]:
         if info["dtype"] not in types:
             raise TypeError(f"load_file {p}: tensor {name!r} is {info['dtype']}, which {framework} cannot hold"
                             + (" (use framework='pt')" if framework in ("np", "numpy") else ""))
-    total = max((info["data_offsets"][1] for info in entries.values()), default=0)
-    out: Dict[str, Any] = {}
-    if total == 0:
-        memory, head = None, 0
-    else:
-        memory, head = _read_range(p, start, total, _KNOBS["block_size"], _KNOBS["queue_depth"],
-                                   _KNOBS["intra_op_parallelism"], _KNOBS["backend"])
-    for name, info in entries.items():
-        dt, shape = types[info["dtype"]], info["shape"]
-        begin, end = info["data_offsets"]
-        count = math.prod(shape)
-        if framework in ("np", "numpy"):
-            import numpy as np
-
-            out[name] = (np.frombuffer(memory, dtype=dt, count=count, offset=head + begin).reshape(shape)
-                         if count else np.empty(shape, dtype=dt))
-        else:
-            import torch
-
-            out[name] = (torch.frombuffer(memory, dtype=dt, count=count, offset=head + begin).reshape(shape)
-                         if count else torch.empty(shape, dtype=dt))
+    out = {name: empty(info["shape"], types[info["dtype"]]) for name, info in entries.items()}
+    parts = [t for t in out.values() if math.prod(t.shape) > 0]
+    if parts:
+        _read_stream(p, start, parts, _KNOBS["block_size"], _KNOBS["queue_depth"], _KNOBS["intra_op_parallelism"],
+                     _KNOBS["backend"], _STAGING, _STAGING_COUNT)
     return out
