@@ -123,6 +123,33 @@ class TensorFileTest(unittest.TestCase):
                 np.testing.assert_array_equal(zinf.load_file(path)["a"], a)
                 self.assertEqual(os.path.getsize(path), 8 + tf.read_header(path)[0] - 8 + n)
 
+    def test_threads_save_and_load_at_once(self):
+        import threading
+
+        self.small_staging()
+        errors = []
+
+        def work(i):
+            try:
+                rng = np.random.default_rng(i)
+                t = {f"t{j}": rng.standard_normal(1000 + 777 * j).astype(np.float32) for j in range(5)}
+                path = os.path.join(self.dir, f"thread{i}.safetensors")
+                for _ in range(3):
+                    zinf.save_file(t, path)
+                    back = zinf.load_file(path)
+                    for k in t:
+                        np.testing.assert_array_equal(back[k], t[k])
+            except BaseException as e:  # re-raised in the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if errors:
+            raise errors[0]
+
     def test_save_errors(self):
         path = os.path.join(self.dir, "bad.safetensors")
         with self.assertRaisesRegex(ValueError, "not C-contiguous"):
