@@ -36,28 +36,28 @@ def _is_torch(t: Any) -> bool:
     return type(t).__module__.startswith("torch") and hasattr(t, "data_ptr")
 
 
-def _describe(name: str, t: Any) -> Tuple[str, List[int], int]:
+def _describe(name: str, t: Any, verb: str = "save_file") -> Tuple[str, List[int], int]:
     """(safetensors dtype, shape, nbytes) of a tensor, or a clear error."""
     if _is_torch(t):
         dtype = _TORCH_BACK.get(str(t.dtype).replace("torch.", ""))
         if dtype is None:
-            raise TypeError(f"save_file: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
+            raise TypeError(f"{verb}: tensor {name!r} has dtype {t.dtype}, which safetensors cannot store")
         if t.device.type != "cpu":
-            raise ValueError(f"save_file: tensor {name!r} is on {t.device}; move it to the CPU first")
+            raise ValueError(f"{verb}: tensor {name!r} is on {t.device}; move it to the CPU first")
         if not t.is_contiguous():
-            raise ValueError(f"save_file: tensor {name!r} is not contiguous; pass tensor.contiguous()")
+            raise ValueError(f"{verb}: tensor {name!r} is not contiguous; pass tensor.contiguous()")
         return dtype, list(t.shape), t.numel() * t.element_size()
     import numpy as np
 
     if not isinstance(t, np.ndarray):
-        raise TypeError(f"save_file: {name!r} is a {type(t).__name__}, not a numpy array or torch tensor")
+        raise TypeError(f"{verb}: {name!r} is a {type(t).__name__}, not a numpy array or torch tensor")
     if not t.flags.c_contiguous:
-        raise ValueError(f"save_file: array {name!r} is not C-contiguous; pass numpy.ascontiguousarray(a)")
+        raise ValueError(f"{verb}: array {name!r} is not C-contiguous; pass numpy.ascontiguousarray(a)")
     if t.dtype.byteorder == ">" or (t.dtype.byteorder == "=" and struct.pack("=H", 1) != b"\x01\x00"):
-        raise ValueError(f"save_file: array {name!r} is big-endian; safetensors stores little-endian")
+        raise ValueError(f"{verb}: array {name!r} is big-endian; safetensors stores little-endian")
     dtype = _NUMPY_BACK.get(t.dtype.name)
     if dtype is None:
-        raise TypeError(f"save_file: array {name!r} has dtype {t.dtype}, which safetensors cannot store")
+        raise TypeError(f"{verb}: array {name!r} has dtype {t.dtype}, which safetensors cannot store")
     return dtype, list(t.shape), t.nbytes
 
 
@@ -160,7 +160,7 @@ def read_header(path: PathLike) -> Tuple[int, Dict[str, Any], Dict[str, str]]:
     return 8 + n, {name: info for _, _, name, info in items}, dict(metadata)
 
 
-def load_file(path: PathLike, framework: str = "numpy") -> Dict[str, Any]:
+def load_file(path: PathLike, framework: str = "numpy", *, out: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Reads a safetensors file: name -> numpy array (``framework="numpy"``) or torch CPU tensor
     (``framework="pt"``), in file order.
 
@@ -168,7 +168,13 @@ def load_file(path: PathLike, framework: str = "numpy") -> Dict[str, Any]:
     staging buffers that the aio engine reads the file into with O_DIRECT, several reads in
     flight while earlier ones are copied out. numpy has no bfloat16 or float8: such a file needs
     framework="pt".
+
+    ``out``: existing tensors or arrays (e.g. a model's state dict) to fill in place instead,
+    one per tensor of the file with the same name, dtype and shape (contiguous, writable);
+    returned as a dict in file order. No new memory is allocated.
     """
+    if out is not None:
+        return _load_into(path, out)
     if framework in ("np", "numpy"):
         import numpy as np
 
@@ -193,3 +199,26 @@ def load_file(path: PathLike, framework: str = "numpy") -> Dict[str, Any]:
         _read_stream(p, start, parts, _KNOBS["block_size"], _KNOBS["queue_depth"], _KNOBS["intra_op_parallelism"],
                      _KNOBS["backend"], _STAGING, _STAGING_COUNT)
     return out
+
+
+def _load_into(path: PathLike, out: Mapping[str, Any]) -> Dict[str, Any]:
+    p = os.fsdecode(os.fspath(path))
+    start, entries, _ = read_header(p)
+    missing = [name for name in entries if name not in out]
+    extra = [name for name in out if name not in entries]
+    if missing or extra:
+        raise ValueError(f"load_file {p}: out= must hold exactly the file's tensors; "
+                         f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+                         f"not in the file {extra[:5]}{'...' if len(extra) > 5 else ''}")
+    parts = []
+    for name, info in entries.items():
+        dtype, shape, nbytes = _describe(name, out[name], "load_file out=")
+        if (dtype, shape) != (info["dtype"], info["shape"]):
+            raise ValueError(f"load_file {p}: tensor {name!r} is {info['dtype']} {info['shape']} in the file, "
+                             f"but out[{name!r}] is {dtype} {shape}")
+        if nbytes:
+            parts.append(out[name])
+    if parts:
+        _read_stream(p, start, parts, _KNOBS["block_size"], _KNOBS["queue_depth"], _KNOBS["intra_op_parallelism"],
+                     _KNOBS["backend"], _STAGING, _STAGING_COUNT)
+    return {name: out[name] for name in entries}

@@ -150,6 +150,32 @@ class TensorFileTest(unittest.TestCase):
         if errors:
             raise errors[0]
 
+    def test_load_into_existing_arrays(self):
+        self.small_staging()
+        rng = np.random.default_rng(4)
+        t = {"w": rng.standard_normal((40, 50)).astype(np.float32), "i": np.arange(7, dtype=np.int64),
+             "e": np.zeros((0,), np.float32)}
+        path = os.path.join(self.dir, "into.safetensors")
+        zinf.save_file(t, path)
+        out = {k: np.zeros_like(v) for k, v in t.items()}
+        ids = {k: id(v) for k, v in out.items()}
+        back = zinf.load_file(path, out=out)
+        self.assertEqual({k: id(v) for k, v in back.items()}, ids)  # filled in place
+        for k in t:
+            np.testing.assert_array_equal(out[k], t[k])
+        with self.assertRaisesRegex(ValueError, "missing"):
+            zinf.load_file(path, out={"w": out["w"], "i": out["i"]})
+        with self.assertRaisesRegex(ValueError, "not in the file"):
+            zinf.load_file(path, out=dict(out, x=np.zeros(1)))
+        with self.assertRaisesRegex(ValueError, "in the file"):
+            zinf.load_file(path, out=dict(out, w=np.zeros((50, 40), np.float32)))
+        with self.assertRaisesRegex(ValueError, "in the file"):
+            zinf.load_file(path, out=dict(out, i=np.zeros(7, np.int32)))
+        ro = np.zeros(7, np.int64)
+        ro.flags.writeable = False
+        with self.assertRaisesRegex(TypeError, "read-only"):
+            zinf.load_file(path, out=dict(out, i=ro))
+
     def test_save_errors(self):
         path = os.path.join(self.dir, "bad.safetensors")
         with self.assertRaisesRegex(ValueError, "not C-contiguous"):
