@@ -4,7 +4,7 @@
 A benchmark, not a test (safetensors and torch from PyPI, bench/python/run.sh). Interleaved
 rounds, the order of the tools alternating; medians and median per-round ratios. Before every
 load the file's pages are dropped from the page cache (fsync, posix_fadvise DONTNEED), so each
-loader reads from the disk. Saves are timed twice: as the call returns (safetensors and
+loader reads from the disk; loading into existing tensors is timed too. Saves are timed twice: as the call returns (safetensors and
 torch.save then leave the data in the page cache, zinf has written it with O_DIRECT) and until
 the data is durable (the call plus os.fsync of the file).
 """
@@ -86,6 +86,15 @@ def main():
         "zinf": lambda p: zinf.load_file(p, framework="pt"),
         "safetensors": lambda p: st.load_file(p),
     }
+    # Restoring into tensors that exist (a model's state dict): zinf fills them in place,
+    # safetensors loads then copies (what load_state_dict does with its result).
+    warm = {k: torch.empty_like(v) for k, v in tensors.items()}
+
+    def st_into(p):
+        for k, v in st.load_file(p).items():
+            warm[k].copy_(v)
+
+    into = {"zinf": lambda p: zinf.load_file(p, out=warm), "safetensors": st_into}
 
     # Correctness first: same bytes, and each reads the other's file to equal tensors.
     for f in savers.values():
@@ -100,6 +109,7 @@ def main():
     save_call = {k: [] for k in savers}
     save_durable = {k: [] for k in savers}
     load = {k: [] for k in loaders}
+    load_into = {k: [] for k in into}
     for rnd in range(args.rounds):
         names = list(savers) if rnd % 2 == 0 else list(reversed(savers))
         for name in names:
@@ -118,6 +128,11 @@ def main():
             out = loaders[name](path["safetensors"])
             load[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
             del out
+        for name in names:
+            drop_cache(path["safetensors"])
+            t0 = time.perf_counter()
+            into[name](path["safetensors"])
+            load_into[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
 
     print(f"state dict: {len(tensors)} fp32 tensors, {nbytes / 1e9:.2f} GB; torch {torch.__version__}, "
           f"safetensors {safetensors.__version__}; {args.rounds} rounds, interleaved; folder {work.name}")
@@ -134,6 +149,9 @@ def main():
         print(f"zinf.save_file / {other}: {ratio(save_call, 'zinf', other):.2f}x as called, "
               f"{ratio(save_durable, 'zinf', other):.2f}x durable")
     print(f"zinf.load_file / safetensors.load_file: {ratio(load, 'zinf', 'safetensors'):.2f}x (cold)")
+    print(f"into existing tensors (cold file): zinf.load_file(out=) {statistics.median(load_into['zinf']):.2f} GB/s, "
+          f"safetensors.load_file + copy_ {statistics.median(load_into['safetensors']):.2f} GB/s: "
+          f"{ratio(load_into, 'zinf', 'safetensors'):.2f}x")
     work.cleanup()
 
 
