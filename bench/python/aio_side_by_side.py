@@ -12,7 +12,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -63,6 +62,7 @@ def main():
     ap.add_argument("--ramp", type=float, default=0.1)
     ap.add_argument("--runtime", type=float, default=0.5)
     ap.add_argument("--aio-bench", default=None, help="path of zinf's aio_bench (C++) to run at the same point")
+    ap.add_argument("--json", default=None, help="also write every measurement and ratio here")
     args = ap.parse_args()
 
     size = parse_size(args.size)
@@ -125,7 +125,9 @@ def main():
             print(f"zinf / {other} {op}: {ratio:.2f}x (median of per-round ratios)")
     stats = handles["zinf"].stats()
     print(f"zinf handle stats: {stats}")
-    json.dump(summary, sys.stderr if os.environ.get("ZINF_BENCH_JSON") == "-" else open(os.devnull, "w"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
     for h in handles.values():
         if hasattr(h, "close"):
             h.close()
