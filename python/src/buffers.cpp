@@ -143,6 +143,9 @@ reference (including numpy/torch views) goes away.)doc")
       .def_property_readonly("nbytes", [](const PyPinnedBuffer& b) { return b.buffer.size(); })
       .def_property_readonly("locked", [](const PyPinnedBuffer& b) { return b.buffer.locked(); },
                              "Whether mlock succeeded (RLIMIT_MEMLOCK permitting).")
+      .def_property_readonly("cuda_registered", [](const PyPinnedBuffer& b) { return b.buffer.cuda_registered(); },
+                             "Whether the memory is registered with CUDA (cudaHostRegister: fast GPU copies); "
+                             "only in a build with CUDA on a machine with a GPU.")
       .def_property_readonly("address", [](const PyPinnedBuffer& b) {
         return reinterpret_cast<std::uintptr_t>(b.buffer.data());
       })
