@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""zinf.aio.Handle against DeepNVMe's aio_handle and zinf's C++ aio_bench: same knobs, same file.
+
+A benchmark, not a test: DeepSpeed and torch come from PyPI in the benchmark's own environment
+(bench/python/run.sh makes it). Run interleaved (the order alternates every round), each
+measurement a ramp then a timed window of back-to-back whole-file requests, as aio_bench does;
+medians over the rounds and the median of the per-round ratios are printed.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+
+import torch
+import zinf
+
+
+def parse_size(text):
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def timed_gbps(op, nbytes, ramp_s, runtime_s):
+    """Bytes per second of back-to-back calls of op() (each moving nbytes) over runtime_s after ramp_s."""
+    start = time.perf_counter()
+    while time.perf_counter() - start < ramp_s:
+        op()
+    moved, start = 0, time.perf_counter()
+    while moved == 0 or time.perf_counter() - start < runtime_s:
+        op()
+        moved += nbytes
+    return moved / (time.perf_counter() - start) / 1e9
+
+
+def aio_bench_point(exe, folder, size, knobs, ramp_s, runtime_s):
+    with tempfile.TemporaryDirectory(dir=folder) as out:
+        cmd = [exe, "--dir", out, "--size", str(size), "--repeats", "1", "--ramp", str(ramp_s),
+               "--runtime", str(runtime_s), "--block-sizes", str(knobs["block_size"]),
+               "--queue-depths", str(knobs["queue_depth"]), "--parallelism", str(knobs["intra_op_parallelism"]),
+               "--single-submit", "true" if knobs["single_submit"] else "false",
+               "--overlap-events", "true" if knobs["overlap_events"] else "false",
+               "--out-dir", os.path.join(out, "results"), "--json", os.path.join(out, "s.json")]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        best = json.load(open(os.path.join(out, "s.json")))["best"]
+        return best["read_gbps"], best["write_gbps"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default=None, help="folder for the test files (default: a temporary one)")
+    ap.add_argument("--size", default="256M", help="bytes per request and file")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--block-size", default="1M")
+    ap.add_argument("--queue-depth", type=int, default=32)
+    ap.add_argument("--parallelism", type=int, default=2)
+    ap.add_argument("--single-submit", action="store_true")
+    ap.add_argument("--no-overlap-events", action="store_true")
+    ap.add_argument("--ramp", type=float, default=0.1)
+    ap.add_argument("--runtime", type=float, default=0.5)
+    ap.add_argument("--aio-bench", default=None, help="path of zinf's aio_bench (C++) to run at the same point")
+    ap.add_argument("--json", default=None, help="also write every measurement and ratio here")
+    args = ap.parse_args()
+
+    size = parse_size(args.size)
+    knobs = {"block_size": parse_size(args.block_size), "queue_depth": args.queue_depth,
+             "single_submit": args.single_submit, "overlap_events": not args.no_overlap_events,
+             "intra_op_parallelism": args.parallelism}
+    from deepspeed.ops.op_builder import AsyncIOBuilder
+
+    ds_module = AsyncIOBuilder().load()
+    order = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
+    handles = {
+        "zinf": zinf.aio.Handle(*(knobs[k] for k in order)),
+        "deepnvme": ds_module.aio_handle(*(knobs[k] for k in order)),
+    }
+    work = tempfile.TemporaryDirectory(dir=args.dir, prefix="zinf-py-aio-")
+    folder = work.name
+    example = torch.empty(0, dtype=torch.uint8)
+    buffers, reads, writes = {}, {}, {}
+    src = os.path.join(folder, "read.bin")
+    pattern = torch.randint(0, 256, (size,), dtype=torch.uint8)
+    for name, h in handles.items():
+        buf = h.new_cpu_locked_tensor(size, example)
+        buf.copy_(pattern)  # touched: no first-touch faults in the timed part
+        buffers[name] = buf
+    handles["zinf"].sync_pwrite(buffers["zinf"], src, 0)
+    for name, h in handles.items():
+        dst = os.path.join(folder, f"write-{name}.bin")
+        buf = buffers[name]
+        reads[name] = (lambda h=h, buf=buf: h.sync_pread(buf, src, 0))
+        writes[name] = (lambda h=h, buf=buf, dst=dst: h.sync_pwrite(buf, dst, 0))
+        writes[name]()  # the written file exists at full size before timing, for both
+        buf.zero_()
+        reads[name]()
+        assert torch.equal(buf, pattern), f"{name}: the bytes read differ from the file"
+
+    results = {n: {"read": [], "write": []} for n in list(handles) + (["aio_bench"] if args.aio_bench else [])}
+    for rnd in range(args.rounds):
+        names = list(handles) if rnd % 2 == 0 else list(reversed(handles))
+        for op, table in (("read", reads), ("write", writes)):
+            for name in names:
+                results[name][op].append(timed_gbps(table[name], size, args.ramp, args.runtime))
+        if args.aio_bench:
+            r, w = aio_bench_point(args.aio_bench, folder, size, knobs, args.ramp, args.runtime)
+            results["aio_bench"]["read"].append(r)
+            results["aio_bench"]["write"].append(w)
+
+    print(f"zinf.aio.Handle vs DeepNVMe aio_handle (DeepSpeed {__import__('deepspeed').__version__}, "
+          f"torch {torch.__version__}); zinf backend {handles['zinf'].backend}")
+    print(f"file {size >> 20} MiB in {folder}; knobs {json.dumps(knobs)}; {args.rounds} rounds, "
+          f"ramp {args.ramp} s + {args.runtime} s per measurement; pinned buffers from each handle's "
+          f"new_cpu_locked_tensor")
+    print(f"{'':10} {'read GB/s':>10} {'write GB/s':>11}   (median over rounds)")
+    for name, r in results.items():
+        print(f"{name:10} {statistics.median(r['read']):10.2f} {statistics.median(r['write']):11.2f}")
+    summary = {"knobs": knobs, "size": size, "rounds": args.rounds, "results": results}
+    for other in [n for n in results if n != "zinf"]:
+        for op in ("read", "write"):
+            ratio = statistics.median(a / b for a, b in zip(results["zinf"][op], results[other][op]))
+            summary[f"zinf/{other} {op}"] = ratio
+            print(f"zinf / {other} {op}: {ratio:.2f}x (median of per-round ratios)")
+    stats = handles["zinf"].stats()
+    print(f"zinf handle stats: {stats}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    for h in handles.values():
+        if hasattr(h, "close"):
+            h.close()
+    work.cleanup()
+
+
+if __name__ == "__main__":
+    main()
