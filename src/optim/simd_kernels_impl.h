@@ -145,31 +145,9 @@ void lion_range(const LionScalars& s, const StepArrays& a, std::size_t begin, st
   });
 }
 
-// Calls body.template operator()<G, C>() for the grad dtype and the copy dtype (kF32 = no copy).
-template <typename Body>
-void with_dtypes(const StepArrays& a, Body&& body) {
-  const DType c = a.copy == nullptr ? DType::kF32 : a.copy_dtype;
-  auto with_copy = [&]<DType G>() {
-    switch (c) {
-      case DType::kF32: body.template operator()<G, DType::kF32>(); break;
-      case DType::kBF16: body.template operator()<G, DType::kBF16>(); break;
-      case DType::kF16: body.template operator()<G, DType::kF16>(); break;
-    }
-  };
-  switch (a.grad_dtype) {
-    case DType::kF32: with_copy.template operator()<DType::kF32>(); break;
-    case DType::kBF16: with_copy.template operator()<DType::kBF16>(); break;
-    case DType::kF16: with_copy.template operator()<DType::kF16>(); break;
-  }
-}
-
 void adam(const AdamScalars& s, const StepArrays& a, std::size_t begin, std::size_t end) {
   with_dtypes(a, [&]<DType G, DType C>() {
-    switch (s.decay) {
-      case Decay::kNone: adam_range<G, C, Decay::kNone>(s, a, begin, end); break;
-      case Decay::kL2: adam_range<G, C, Decay::kL2>(s, a, begin, end); break;
-      case Decay::kDecoupled: adam_range<G, C, Decay::kDecoupled>(s, a, begin, end); break;
-    }
+    with_decay(s.decay, [&]<Decay D>() { adam_range<G, C, D>(s, a, begin, end); });
   });
 }
 
