@@ -48,10 +48,11 @@ using detail::ModelLayout;
 using detail::SavedLayout;
 using detail::SavedRankFile;
 
-constexpr int kFormatVersion = 2;  // 2: partition groups per module
+using detail::kCheckpointFormat;
+using detail::kOldestCheckpointFormat;
 
-// Rank files are checksummed with XXH3-64 (common/checksum.h); engine.json keeps its top 53
-// bits (exact in the double that carries it to rank 0) and names the algorithm.
+// Rank files are checksummed with XXH3-64 (common/checksum.h); engine.json keeps the whole
+// value (format 2 kept its top 53 bits) and names the algorithm.
 constexpr const char* kChecksumAlgo = "xxh3-64";
 
 // The model's architecture as engine.json records it ("model"): its config_json() object. Older
@@ -149,19 +150,20 @@ std::string rank_file(const std::string& folder, int rank) { return fmt::format(
 // Checkpoint folders are private (0700), as their files are (0600).
 Status make_dir(const std::string& path) { return fileio::make_dir(path, fileio::kPrivateDirMode); }
 
-Status check_format(const nlohmann::json& j, const std::string& folder) {
+// The format version of engine.json `j`: one this zinf reads, else Unsupported.
+Result<int> check_format(const nlohmann::json& j, const std::string& folder) {
   if (!j.is_object() || !j.contains("model")) {
     return Status::corruption(fmt::format("{}/engine.json: not a zinf checkpoint", folder));
   }
   const nlohmann::json* format = jsonck::member(j, "format");
-  const bool current = format != nullptr && format->is_number_integer() && format->get<std::int64_t>() == kFormatVersion;
-  if (!current) {
-    return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads format {} (format 1 "
-                                           "partitioned each parameter on its own)",
+  const std::int64_t version = format != nullptr && format->is_number_integer() ? format->get<std::int64_t>() : 0;
+  if (version < kOldestCheckpointFormat || version > kCheckpointFormat) {
+    return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads formats {} to {} "
+                                           "(format 1 partitioned each parameter on its own)",
                                            folder, format == nullptr ? "(none)" : jsonck::describe(*format),
-                                           kFormatVersion));
+                                           kOldestCheckpointFormat, kCheckpointFormat));
   }
-  return Status::ok();
+  return static_cast<int>(version);
 }
 
 Result<SavedLayout> saved_layout(const ModelLayout& model, const nlohmann::json& j, const std::string& folder) {
@@ -232,7 +234,9 @@ Status verify_rank_file(const EngineJson& e, const std::string& folder, int r) {
     ZINF_RETURN_IF_ERROR(read_exact(path, off, chunk.data(), n));
     sum.add(chunk.data(), n);
   }
-  if ((sum.value() >> 11) != info.checksum) {
+  // Format 2 recorded the top 53 bits (then carried to rank 0 in a double).
+  const std::uint64_t got = e.format == 2 ? sum.value() >> 11 : sum.value();
+  if (got != info.checksum) {
     if (e.checksum_algo != kChecksumAlgo) {
       return Status::corruption(fmt::format(
           "{}: checksum mismatch: {}/engine.json records {}, and this build checks {}; a checkpoint without "
@@ -245,7 +249,10 @@ Status verify_rank_file(const EngineJson& e, const std::string& folder, int r) {
   return Status::ok();
 }
 
-Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, const SavedLayout& saved, const std::string& file) {
+Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, int format, const SavedLayout& saved,
+                                               const std::string& file) {
+  const std::uint64_t max_checksum =
+      format == 2 ? (std::uint64_t{1} << 53) - 1 : std::numeric_limits<std::uint64_t>::max();
   const nlohmann::json* ranks = jsonck::member(j, "ranks");
   const std::size_t world = static_cast<std::size_t>(saved.plan.world_size());
   if (ranks == nullptr || !ranks->is_array() || ranks->size() != world) {
@@ -257,7 +264,7 @@ Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, const Sa
     const jsonck::Where w{file, path};
     SavedRankFile f;
     ZINF_ASSIGN_OR_RETURN(f.bytes, jsonck::uint_key((*ranks)[r], "bytes", 0, std::numeric_limits<std::uint64_t>::max(), w));
-    ZINF_ASSIGN_OR_RETURN(f.checksum, jsonck::uint_key((*ranks)[r], "checksum", 0, (std::uint64_t{1} << 53) - 1, w));
+    ZINF_ASSIGN_OR_RETURN(f.checksum, jsonck::uint_key((*ranks)[r], "checksum", 0, max_checksum, w));
     if (f.bytes != saved.rank_file_bytes) {
       return Status::corruption(fmt::format("{}: {}.bytes = {}, but the recorded layout makes every rank file {} bytes",
                                             file, path, f.bytes, saved.rank_file_bytes));
@@ -332,9 +339,9 @@ namespace detail {
 Result<EngineJson> parse_engine_json(std::string_view text, const std::string& folder) {
   const std::string file = folder + "/engine.json";
   ZINF_ASSIGN_OR_RETURN(const nlohmann::json j, jsonck::parse<nlohmann::json>(text, file));
-  ZINF_RETURN_IF_ERROR(check_format(j, folder));
   const jsonck::Where w{file, ""};
   EngineJson e;
+  ZINF_ASSIGN_OR_RETURN(e.format, check_format(j, folder));
   e.model = normalized_model_json(*jsonck::member(j, "model"));  // check_format made sure it is there
   ZINF_ASSIGN_OR_RETURN(e.model_layout, saved_model_layout(j, folder));
   ZINF_ASSIGN_OR_RETURN(e.saved, saved_layout(e.model_layout, j, folder));
@@ -342,7 +349,7 @@ Result<EngineJson> parse_engine_json(std::string_view text, const std::string& f
   ZINF_ASSIGN_OR_RETURN(e.optimizer, jsonck::string_key(j, "optimizer", w));
   ZINF_ASSIGN_OR_RETURN(e.checksum_algo, jsonck::string_key_or(j, "checksum_algo", "", w));
   ZINF_ASSIGN_OR_RETURN(e.node_local, jsonck::bool_key_or(j, "node_local", false, w));
-  ZINF_ASSIGN_OR_RETURN(e.ranks, saved_ranks(j, e.saved, file));
+  ZINF_ASSIGN_OR_RETURN(e.ranks, saved_ranks(j, e.format, e.saved, file));
   ZINF_ASSIGN_OR_RETURN(e.counters, saved_counters(j, file));
   ZINF_ASSIGN_OR_RETURN(e.client_state, jsonck::string_key_or(j, "client_state", "", w));
   return e;
@@ -437,8 +444,8 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     }();
   }
   // Every rank learns whether the folder is ready (a refused writer must not leave the others waiting).
-  std::vector<double> not_ready = {prepared.is_ok() ? 0.0 : 1.0};
-  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(not_ready));
+  std::array<std::uint64_t, 1> not_ready = {prepared.is_ok() ? 0u : 1u};
+  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum_u64(not_ready));
   ZINF_RETURN_IF_ERROR(prepared);
   if (not_ready[0] > 0) {
     return Status::aborted(fmt::format("checkpoint save into {}: the writing rank could not prepare the folder", dir));
@@ -461,13 +468,12 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   ZINF_RETURN_IF_ERROR(file.commit());
   save_phase("rank file written");
   // Every rank's size and checksum reach rank 0 for engine.json.
-  std::vector<double> sizes(static_cast<std::size_t>(m.comm.world_size()) * 2, 0.0);
-  sizes[static_cast<std::size_t>(rank) * 2] = static_cast<double>(bytes);
-  sizes[static_cast<std::size_t>(rank) * 2 + 1] = static_cast<double>(sum.value() >> 11);  // exact in a double
-  ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum(sizes));
+  const std::array<std::uint64_t, 2> mine = {bytes, sum.value()};
+  std::vector<std::uint64_t> sizes(static_cast<std::size_t>(m.comm.world_size()) * mine.size());
+  ZINF_RETURN_IF_ERROR(m.comm.all_gather_u64(mine, sizes));
   if (writer) {
     nlohmann::json j;
-    j["format"] = kFormatVersion;
+    j["format"] = kCheckpointFormat;
     j["tag"] = tag;
     j["model"] = model_json(*m.model);
     j.update(layout_json(*m.model));
@@ -489,8 +495,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
                      {"scaler_hysteresis_left", m.counters.scaler_hysteresis_left}};
     nlohmann::json ranks = nlohmann::json::array();
     for (int r = 0; r < m.comm.world_size(); ++r) {
-      ranks.push_back({{"bytes", static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(r) * 2])},
-                       {"checksum", static_cast<std::uint64_t>(sizes[static_cast<std::size_t>(r) * 2 + 1])}});
+      ranks.push_back({{"bytes", sizes[static_cast<std::size_t>(r) * 2]}, {"checksum", sizes[static_cast<std::size_t>(r) * 2 + 1]}});
     }
     j["ranks"] = ranks;
     j["checksum_algo"] = kChecksumAlgo;

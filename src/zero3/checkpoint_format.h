@@ -39,11 +39,12 @@ struct SavedLayout {
 
 struct SavedRankFile {
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0;  // top 53 bits of the XXH3-64 of the file
+  std::uint64_t checksum = 0;  // the XXH3-64 of the file (format 2: its top 53 bits)
 };
 
 // Everything a load needs from engine.json, each value checked for type and range.
 struct EngineJson {
+  int format = 0;        // kCheckpointFormat, or kOldestCheckpointFormat .. it
   nlohmann::json model;  // the architecture, normalized (a GPT without "type" gets it)
   ModelLayout model_layout;
   SavedLayout saved;
@@ -55,6 +56,11 @@ struct EngineJson {
   EngineCounters counters;
   std::string client_state;
 };
+
+// The engine.json format a save writes, and the oldest a load reads. 3: each rank file's whole
+// XXH3-64 (format 2 kept its top 53 bits; 1 partitioned each parameter on its own).
+inline constexpr int kCheckpointFormat = 3;
+inline constexpr int kOldestCheckpointFormat = 2;
 
 // Largest world size a checkpoint may record (ranks are ints; the ranks array must match it).
 inline constexpr std::int64_t kMaxCheckpointWorld = std::int64_t{1} << 20;

@@ -86,6 +86,15 @@ class MpiCommunicator final : public Communicator {
     return Status::ok();
   }
 
+  Status all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    const std::size_t n = send.size();
+    ZINF_RETURN_IF_ERROR(check("all_gather_bytes", n, recv.size(), n * static_cast<std::size_t>(world_)));
+    MPI_Request req;
+    const int rc = MPI_Iallgather(send.data(), static_cast<int>(n), MPI_BYTE, recv.data(), static_cast<int>(n), MPI_BYTE,
+                                  MPI_COMM_WORLD, &req);
+    return finish("all_gather_bytes", rc, req);
+  }
+
   Status broadcast(std::span<std::byte> data, int root) override {
     if (root < 0 || root >= world_) {
       return Status::invalid_argument(fmt::format("broadcast root {} with world size {}", root, world_));

@@ -109,7 +109,7 @@ class Coordinator final : public model::ParamAccess {
   // The distinct groups module's parameters belong to, in parameter order.
   const std::vector<int>& groups_of(int module) const { return module_groups_[static_cast<std::size_t>(module)]; }
   std::size_t gathered_size(std::size_t group) const;  // W * ceil(n / W)
-  Status check_agreement(double code, const char* what);
+  Status check_agreement(std::uint64_t module, std::uint64_t phase, const char* what);
   Status check_trace_hash(const Trace& t);
   Status ensure_gathered(int g);
   Status make_room(std::uint64_t need, int module);
