@@ -363,7 +363,10 @@ Status check_checkpoint_tag(std::string_view tag, std::string_view where) {
                                                 why));
   };
   if (tag.empty()) return bad("empty");
-  if (tag.size() > 255) return bad(fmt::format("{} bytes, more than a file name may have (255)", tag.size()));
+  if (tag.size() > kMaxTagLength) {
+    return bad(fmt::format("{} bytes, more than the {} zinf accepts (a save adds \".tmp\" or \".old\" to it, and a file "
+                           "name has at most 255)", tag.size(), kMaxTagLength));
+  }
   if (tag == "." || tag == "..") return bad("refers to a folder itself");
   if (tag == "latest") return bad("'latest' is the name of the file that points at the newest tag");
   for (char c : tag) {
@@ -386,13 +389,7 @@ Result<std::string> parse_latest_tag(std::string_view text, const std::string& d
 
 }  // namespace detail
 
-Status check_tag_name(const std::string& tag) {
-  if (tag.size() > kMaxTagLength) {
-    return Status::invalid_argument(fmt::format("checkpoint tag '{}...': {} bytes, more than the {} zinf accepts",
-                                                tag.substr(0, 64), tag.size(), kMaxTagLength));
-  }
-  return detail::check_checkpoint_tag(tag, "checkpoint");
-}
+Status check_tag_name(const std::string& tag) { return detail::check_checkpoint_tag(tag, "checkpoint"); }
 
 Result<std::string> checkpoint_tag_folder(const std::string& dir, const std::string& tag) {
   ZINF_RETURN_IF_ERROR(check_tag_name(tag));
@@ -412,7 +409,6 @@ Result<std::string> read_latest_tag(const std::string& dir) {
   auto text = read_small_file(dir + "/latest", kMaxTagLength + 64);
   if (!text.is_ok()) return text.status().with_context(fmt::format("{}: no readable 'latest' tag", dir));
   ZINF_ASSIGN_OR_RETURN(std::string tag, detail::parse_latest_tag(text.value(), dir));
-  if (tag.size() > kMaxTagLength) return Status::corruption(fmt::format("{}/latest: a tag of {} bytes", dir, tag.size()));
   auto folder = checkpoint_tag_folder(dir, tag);
   if (!folder.is_ok()) return Status::corruption(fmt::format("{}/latest names '{}': {}", dir, tag, folder.status().message()));
   return tag;

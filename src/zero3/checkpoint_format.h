@@ -70,7 +70,7 @@ inline constexpr std::int64_t kMaxCheckpointWorld = std::int64_t{1} << 20;
 Result<EngineJson> parse_engine_json(std::string_view text, const std::string& folder);
 
 // A checkpoint tag must name a folder directly inside the checkpoint folder: non-empty, at most
-// 255 bytes, no '/', not "." or "..", no NUL or control characters, not "latest" and not
+// kMaxTagLength bytes, no '/', not "." or "..", no NUL or control characters, not "latest" and not
 // ending in ".tmp" or ".old" (the save's own temporary names). InvalidArgument naming `where`.
 // The one check for tags given to save, given to load, and read from `latest`.
 Status check_checkpoint_tag(std::string_view tag, std::string_view where);
