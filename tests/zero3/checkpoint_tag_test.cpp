@@ -6,7 +6,6 @@
 
 #include "common/file_io.h"
 #include "temp_dir.h"
-#include "zero3/checkpoint_format.h"
 #include "zinf/zero3/checkpoint.h"
 
 namespace zinf::zero3 {
