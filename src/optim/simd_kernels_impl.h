@@ -62,10 +62,9 @@ void run_tail(const StepArrays& a, std::size_t i, std::size_t n, Body&& body) {
   if (a.copy != nullptr) std::memcpy(static_cast<unsigned char*>(a.copy) + i * cb, c, n * cb);
 }
 
-// Streams are prefetched this far ahead. With 4-5 streams the hardware prefetcher alone left
-// the kernels short of memory bandwidth on the build machines (AVX2, 2 threads, 32M params:
-// about 24 -> 32 GB/s in one comparison; 512 and 2048 bytes were not clearly better).
-// Prefetching changes no result.
+// Streams are prefetched this far ahead: with 4-5 streams the hardware prefetcher alone leaves
+// the kernels short of memory bandwidth (figures: docs/benchmarks.md, "Figures behind choices in
+// the code"). Prefetching changes no result.
 constexpr std::size_t kPrefetchBytes = 1024;
 constexpr std::size_t kAhead = kPrefetchBytes / 4;  // in fp32 elements
 

@@ -123,9 +123,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Polls the request until it completes or the deadline passes. OpenMPI progresses a
-  // non-blocking collective only inside MPI calls, so the first ~2 ms spin on MPI_Test (with a
-  // yield): a sleeping poller stalls the transfer and notices completion late (measured: +0.1 ms
-  // on every 1 MB all-gather). After that, short sleeps keep a waiting rank off the CPU.
+  // non-blocking collective only inside MPI calls, so the first 2 ms spin on MPI_Test (with a
+  // yield): a sleeping poller stalls the transfer and notices completion late (figures:
+  // docs/benchmarks.md, "Figures behind choices in the code"). After that, short sleeps keep a
+  // waiting rank off the CPU.
   Status finish(const char* op, int rc, MPI_Request& req) {
     if (rc != MPI_SUCCESS) return Status(ErrorCode::kIoError, fmt::format("MPI {} failed: {}", op, mpi_error_text(rc)));
     const auto start = std::chrono::steady_clock::now();

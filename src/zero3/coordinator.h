@@ -113,10 +113,10 @@ class Coordinator final : public model::ParamAccess {
   Status check_trace_hash(const Trace& t);
   Status ensure_gathered(int g);
   Status make_room(std::uint64_t need, int module);
-  void drop(int p);
+  void drop(int g);  // releases partition group g's gathered copy (its buffer kept for reuse or freed)
   void prefetch_after(std::size_t event);
   void finish_trace(Trace& t);
-  std::uint64_t next_use_distance(int p) const;
+  std::uint64_t next_use_distance(int g) const;
   void give_buffer(model::FloatBuffer b);
   Status flush_bucket();
   Trace& trace() { return train_ ? train_trace_ : eval_trace_; }

@@ -90,7 +90,7 @@ struct TensorRecord {
 class IoBatch {
  public:
   std::vector<aio::RequestId> ids;
-  std::string what;  // "read optim/sg0/master.s1 bytes [0, 65536)", for error context
+  std::string what;  // "read 'sg0/master.s1' bytes [0, 65536) in <folder>", for error context
   std::uint64_t bytes = 0;  // bytes transferred when it succeeds (padding included)
   bool write = false;
   bool empty() const { return ids.empty(); }
