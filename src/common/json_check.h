@@ -54,7 +54,8 @@ const Json* member(const Json& obj, std::string_view key) {
   return it == obj.end() ? nullptr : &*it;
 }
 
-// `v` as an integer in [lo, hi]; a float is accepted only when it is whole and exact.
+// `v` as an integer in [lo, hi]. A float is refused, whole or not: files zinf writes store
+// integers as integers.
 template <typename Json>
 Result<std::int64_t> int_value(const Json& v, std::int64_t lo, std::int64_t hi, Where w) {
   std::int64_t out = 0;

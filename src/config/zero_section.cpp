@@ -189,23 +189,24 @@ Status parse_zero_object(ParseState& st, const Json* obj, ZeroSection* z, const 
   take_or_default(st, r.key_path("contiguous_gradients"), contiguous, &z->contiguous_gradients);
 
   std::optional<std::int64_t> h = st.ctx().hidden_size;
-  std::optional<std::int64_t> hh, hh09, h10;
+  // DeepSpeed's "auto" values for stage 3, from the model's hidden size.
+  std::optional<std::int64_t> auto_reduce_bucket, auto_prefetch_bucket, auto_persistence_threshold;
   if (h) {
-    hh = *h * *h;
-    hh09 = static_cast<std::int64_t>(std::floor(0.9 * double(*h) * double(*h)));
-    h10 = 10 * *h;
+    auto_reduce_bucket = *h * *h;
+    auto_prefetch_bucket = static_cast<std::int64_t>(std::floor(0.9 * double(*h) * double(*h)));
+    auto_persistence_threshold = 10 * *h;
   }
   ZINF_ASSIGN_OR_RETURN(auto reduce, r.integer("reduce_bucket_size", kNonNegative));
   if (reduce.is_auto && z->stage == 3) {
-    if (!hh) {
+    if (!auto_reduce_bucket) {
       st.need_option(r.key_path("reduce_bucket_size"),
                      fmt::format("{} (or --model)", cli_option::kHiddenSize),
                      fmt::format("is \"auto\", which is hidden_size * hidden_size from the model; "
                                  "pass {} (or --model)",
                                  cli_option::kHiddenSize));
     } else {
-      z->reduce_bucket_size = *hh;
-      st.note_auto(r.key_path("reduce_bucket_size"), value_text(*hh), "hidden_size * hidden_size");
+      z->reduce_bucket_size = *auto_reduce_bucket;
+      st.note_auto(r.key_path("reduce_bucket_size"), value_text(*auto_reduce_bucket), "hidden_size * hidden_size");
     }
   } else {
     take_or_default(st, r.key_path("reduce_bucket_size"), reduce, &z->reduce_bucket_size);
@@ -214,10 +215,11 @@ Status parse_zero_object(ParseState& st, const Json* obj, ZeroSection* z, const 
   ZINF_ASSIGN_OR_RETURN(auto sub_group, r.integer("sub_group_size", kNonNegative));
   take_or_default(st, r.key_path("sub_group_size"), sub_group, &z->sub_group_size);
 
-  ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "prefetch_bucket_size", z->stage, hh09,
+  ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "prefetch_bucket_size", z->stage, auto_prefetch_bucket,
                                          "floor(0.9 * hidden_size * hidden_size)",
                                          &z->prefetch_bucket_size));
-  ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "param_persistence_threshold", z->stage, h10,
+  ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "param_persistence_threshold", z->stage,
+                                         auto_persistence_threshold,
                                          "10 * hidden_size", &z->param_persistence_threshold));
   ZINF_RETURN_IF_ERROR(read_stage3_count(st, r, "model_persistence_threshold", z->stage, {}, "",
                                          &z->model_persistence_threshold));

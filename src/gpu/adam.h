@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "gpu/numerics.h"
+#include "optim/dtype_dispatch.h"
 #include "optim/kernels.h"
 #include "zinf/optim/dtype.h"
 #include "zinf/optim/half.h"
@@ -93,26 +94,9 @@ template <typename Fn>
 void with_adam_types(const AdamArrays& a, optim::detail::Decay decay, Fn&& fn) {
   using optim::DType;
   using optim::detail::Decay;
-  const DType c = a.copy == nullptr ? DType::kF32 : a.copy_dtype;
-  auto with_decay = [&]<DType G, DType Cp>() {
-    switch (decay) {
-      case Decay::kNone: fn.template operator()<G, Cp, Decay::kNone>(); break;
-      case Decay::kL2: fn.template operator()<G, Cp, Decay::kL2>(); break;
-      case Decay::kDecoupled: fn.template operator()<G, Cp, Decay::kDecoupled>(); break;
-    }
-  };
-  auto with_copy = [&]<DType G>() {
-    switch (c) {
-      case DType::kF32: with_decay.template operator()<G, DType::kF32>(); break;
-      case DType::kBF16: with_decay.template operator()<G, DType::kBF16>(); break;
-      case DType::kF16: with_decay.template operator()<G, DType::kF16>(); break;
-    }
-  };
-  switch (a.grad_dtype) {
-    case DType::kF32: with_copy.template operator()<DType::kF32>(); break;
-    case DType::kBF16: with_copy.template operator()<DType::kBF16>(); break;
-    case DType::kF16: with_copy.template operator()<DType::kF16>(); break;
-  }
+  optim::detail::with_dtypes(a, [&]<DType G, DType C>() {
+    optim::detail::with_decay(decay, [&]<Decay D>() { fn.template operator()<G, C, D>(); });
+  });
 }
 
 }  // namespace detail

@@ -13,16 +13,15 @@ namespace zinf::model::kernels::detail {
 
 // Query and key blocks are attention_block(hs) rows, at most kAttnBlock. Equal sizes put the
 // causal diagonal inside the diagonal blocks only: block (i, j) is full for j < i, masked for
-// j == i, skipped for j > i. Every block product is block x block x hs; OpenBLAS 0.3.21 runs
-// products of up to 262144 multiply-adds on the calling thread and splits larger ones over its
-// own threads, which fight the pool's tasks (128-row blocks at hs 64 measured 8x slower than 64),
-// so the block shrinks as hs grows. 32 and 64 measured alike at hs 64 (docs/model.md).
+// j == i, skipped for j > i. Every block product is block x block x hs; OpenBLAS runs products
+// of up to 262144 multiply-adds on the calling thread and splits larger ones over its own
+// threads, which fight the pool's tasks, so the block shrinks as hs grows (figures: docs/model.md).
 constexpr int kAttnBlock = 64;
 inline int attention_block(int hs) { return hs <= 64 ? 64 : hs <= 256 ? 32 : 16; }
 
 // The block products run on block_gemm (block_gemm.h: AVX-512 or AVX2, the same bits on either
 // and whatever the BLAS build) unless the CPU lacks AVX2 + FMA, ZINF_ATTN_BLAS=1 was set at start, or
-// set_attention_blas(true) was called: then on OpenBLAS sgemm, the old path, kept for benchmarks
+// set_attention_blas(true) was called: then on OpenBLAS sgemm, kept as the benchmarks' reference
 // (attention_bench interleaves the two). Switch only between calls, never while attention runs.
 void set_attention_blas(bool on);
 bool attention_blas();

@@ -101,8 +101,8 @@ __attribute__((target("avx512f"))) void block_gemm_avx512(bool trans_a, int M, i
                                C + static_cast<size_t>(i0) * ldc + j0, ldc, last);
     }
   }
-  // The callers are SSE code; GCC adds no vzeroupper to target("...") functions, and SSE after
-  // dirty upper halves ran the reference ~30x slower in the tests.
+  // The callers are SSE code; GCC adds no vzeroupper to target("...") functions, and SSE code
+  // after dirty upper halves pays a state-transition penalty on every instruction.
   _mm256_zeroupper();
 }
 
@@ -207,7 +207,8 @@ __attribute__((target("avx512f"))) inline void transpose16(__m512 r[16]) {
 }
 
 // bt (K, N) rows of ldp = B^T for B (N rows of ldb, K columns): 16 x 16 tiles in registers, the
-// edges element by element. A scalar transpose was 30% of the NT product's time.
+// edges element by element, because a scalar transpose costs a large share of the NT product
+// (docs/benchmarks.md, "Figures behind choices in the code").
 __attribute__((target("avx512f"))) void pack_transposed(const float* B, size_t ldb, int N, int K, float* bt,
                                                          size_t ldp) {
   const int n16 = N / 16 * 16, k16 = K / 16 * 16;

@@ -151,8 +151,9 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCubic = 0.044715f;
 
-// tanh through one expf: 1 - 2 / (e^(2u) + 1). About 3x faster than tanhf (which goes through
-// expm1f); absolute error ~1e-7, and tanh only enters GELU as 1 + tanh. Saturates to +-1.
+// tanh through one expf: 1 - 2 / (e^(2u) + 1), cheaper than tanhf (which goes through expm1f;
+// figures: docs/benchmarks.md, "Figures behind choices in the code"); absolute error ~1e-7, and
+// tanh only enters GELU as 1 + tanh. Saturates to +-1.
 inline float tanh_via_exp(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
 }  // namespace
 

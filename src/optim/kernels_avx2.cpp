@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "optim/dtype_dispatch.h"
 #include "optim/kernels.h"
 
 namespace zinf::optim::detail {

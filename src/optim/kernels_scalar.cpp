@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "optim/dtype_dispatch.h"
 #include "optim/kernels.h"
 #include "zinf/optim/half.h"
 
@@ -25,24 +26,6 @@ template <DType T>
 void store_half(void* base, std::size_t i, float f) {
   const std::uint16_t h = T == DType::kBF16 ? f32_to_bf16_bits(f) : f32_to_f16_bits(f);
   std::memcpy(static_cast<char*>(base) + 2 * i, &h, 2);
-}
-
-// Calls body.template operator()<G, C>() with the grad dtype G and the copy dtype C (kF32 = no copy).
-template <typename Body>
-void with_dtypes(const StepArrays& a, Body&& body) {
-  const DType c = a.copy == nullptr ? DType::kF32 : a.copy_dtype;
-  auto with_copy = [&]<DType G>() {
-    switch (c) {
-      case DType::kF32: body.template operator()<G, DType::kF32>(); break;
-      case DType::kBF16: body.template operator()<G, DType::kBF16>(); break;
-      case DType::kF16: body.template operator()<G, DType::kF16>(); break;
-    }
-  };
-  switch (a.grad_dtype) {
-    case DType::kF32: with_copy.template operator()<DType::kF32>(); break;
-    case DType::kBF16: with_copy.template operator()<DType::kBF16>(); break;
-    case DType::kF16: with_copy.template operator()<DType::kF16>(); break;
-  }
 }
 
 template <DType G, DType C, Decay D>
@@ -68,11 +51,7 @@ void adam_loop(const AdamScalars& s, const StepArrays& a, std::size_t begin, std
 
 void adam(const AdamScalars& s, const StepArrays& a, std::size_t begin, std::size_t end) {
   with_dtypes(a, [&]<DType G, DType C>() {
-    switch (s.decay) {
-      case Decay::kNone: adam_loop<G, C, Decay::kNone>(s, a, begin, end); break;
-      case Decay::kL2: adam_loop<G, C, Decay::kL2>(s, a, begin, end); break;
-      case Decay::kDecoupled: adam_loop<G, C, Decay::kDecoupled>(s, a, begin, end); break;
-    }
+    with_decay(s.decay, [&]<Decay D>() { adam_loop<G, C, D>(s, a, begin, end); });
   });
 }
 

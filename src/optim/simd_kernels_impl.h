@@ -62,10 +62,9 @@ void run_tail(const StepArrays& a, std::size_t i, std::size_t n, Body&& body) {
   if (a.copy != nullptr) std::memcpy(static_cast<unsigned char*>(a.copy) + i * cb, c, n * cb);
 }
 
-// Streams are prefetched this far ahead. With 4-5 streams the hardware prefetcher alone left
-// the kernels short of memory bandwidth on the build machines (AVX2, 2 threads, 32M params:
-// about 24 -> 32 GB/s in one comparison; 512 and 2048 bytes were not clearly better).
-// Prefetching changes no result.
+// Streams are prefetched this far ahead: with 4-5 streams the hardware prefetcher alone leaves
+// the kernels short of memory bandwidth (figures: docs/benchmarks.md, "Figures behind choices in
+// the code"). Prefetching changes no result.
 constexpr std::size_t kPrefetchBytes = 1024;
 constexpr std::size_t kAhead = kPrefetchBytes / 4;  // in fp32 elements
 
@@ -145,31 +144,9 @@ void lion_range(const LionScalars& s, const StepArrays& a, std::size_t begin, st
   });
 }
 
-// Calls body.template operator()<G, C>() for the grad dtype and the copy dtype (kF32 = no copy).
-template <typename Body>
-void with_dtypes(const StepArrays& a, Body&& body) {
-  const DType c = a.copy == nullptr ? DType::kF32 : a.copy_dtype;
-  auto with_copy = [&]<DType G>() {
-    switch (c) {
-      case DType::kF32: body.template operator()<G, DType::kF32>(); break;
-      case DType::kBF16: body.template operator()<G, DType::kBF16>(); break;
-      case DType::kF16: body.template operator()<G, DType::kF16>(); break;
-    }
-  };
-  switch (a.grad_dtype) {
-    case DType::kF32: with_copy.template operator()<DType::kF32>(); break;
-    case DType::kBF16: with_copy.template operator()<DType::kBF16>(); break;
-    case DType::kF16: with_copy.template operator()<DType::kF16>(); break;
-  }
-}
-
 void adam(const AdamScalars& s, const StepArrays& a, std::size_t begin, std::size_t end) {
   with_dtypes(a, [&]<DType G, DType C>() {
-    switch (s.decay) {
-      case Decay::kNone: adam_range<G, C, Decay::kNone>(s, a, begin, end); break;
-      case Decay::kL2: adam_range<G, C, Decay::kL2>(s, a, begin, end); break;
-      case Decay::kDecoupled: adam_range<G, C, Decay::kDecoupled>(s, a, begin, end); break;
-    }
+    with_decay(s.decay, [&]<Decay D>() { adam_range<G, C, D>(s, a, begin, end); });
   });
 }
 

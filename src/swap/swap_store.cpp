@@ -17,11 +17,10 @@
 
 #include <fmt/format.h>
 
-#include "common/checksum.h"
 #include "common/file_io.h"
-#include "swap/free_list.h"
-#include "swap/host_buffer.h"
+#include "swap/page_sums.h"
 #include "swap/store_manifest.h"
+#include "swap/swap_store_state.h"
 #include "zinf/log.h"
 
 namespace zinf::swap {
@@ -29,14 +28,8 @@ namespace zinf::swap {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct DataFile {
-  std::string path;
-  std::string name;
-  fileio::UniqueFd fd;
-  std::uint64_t end = 0;  // bytes allocated (the logical end of the file)
-  detail::FreeList free;
-};
+using detail::DataFile;
+using detail::Piece;
 
 std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind) {
   return (fs::path(nvme_path) / "zinf_swap" / fmt::format("rank{}", rank) / std::string(store_kind_name(kind)))
@@ -74,7 +67,10 @@ Status grow_file(const DataFile& f, std::uint64_t old_end, std::uint64_t new_end
   return Status::ok();
 }
 
-// `length` bytes of file f: the best free gap, else the file grows (its free tail reused).
+}  // namespace
+
+namespace detail {
+
 Result<std::uint64_t> take_space(DataFile& f, std::uint64_t length) {
   if (std::optional<std::uint64_t> offset = f.free.take(length)) return *offset;
   const std::uint64_t start = f.free.take_tail(f.end).value_or(f.end);
@@ -88,16 +84,6 @@ Result<std::uint64_t> take_space(DataFile& f, std::uint64_t length) {
   return start;
 }
 
-// One transfer between a buffer range and a file range.
-struct Piece {
-  std::uint32_t file;
-  std::uint64_t file_offset;
-  std::uint64_t buffer_offset;
-  std::uint64_t length;
-};
-
-// Splits bytes [offset, offset + length) of a tensor into per-file transfers (see the layout
-// in swap_store.h), merging neighbours that are contiguous in the file and the buffer.
 std::vector<Piece> map_range(const TensorRecord& r, std::uint64_t offset, std::uint64_t length,
                              std::uint64_t files, std::uint64_t unit) {
   std::vector<Piece> pieces;
@@ -120,48 +106,7 @@ std::vector<Piece> map_range(const TensorRecord& r, std::uint64_t offset, std::u
   return pieces;
 }
 
-constexpr std::uint64_t kUnwrittenPage = 0;  // a page checksum never computed
-constexpr std::uint64_t kCheckedPiece = std::uint64_t{8} << 20;  // read request size with checksums
-
-// The checksum of one 4 KiB page; 0 is kept for "never written", so a real 0 is stored as 1.
-std::uint64_t page_sum(const std::byte* page) {
-  const std::uint64_t h = checksum64(page, kSwapAlignment);
-  return h == kUnwrittenPage ? 1 : h;
-}
-
-std::uint64_t page_count(std::uint64_t nbytes) { return align_up(nbytes, kSwapAlignment) / kSwapAlignment; }
-// Bytes of one half of a tensor's checksum extent: 8 per page, padded to 4 KiB.
-std::uint64_t sums_half_bytes(std::uint64_t nbytes) { return align_up(page_count(nbytes) * 8, kSwapAlignment); }
-
-static_assert(std::endian::native == std::endian::little, "checksum extents are stored little-endian");
-
-// A tensor's page checksums in memory.
-struct PageSums {
-  std::vector<std::uint64_t> pages;  // per 4 KiB page; kUnwrittenPage until written
-  bool dirty = false;                // changed since stored in the checksum extent
-  std::uint64_t stored_check = 0;    // XXH3 of the array as last stored (for the manifest)
-};
-
-}  // namespace
-
-struct SwapStore::State {
-  mutable std::mutex mutex;
-  std::mutex commit_mutex;  // one commit at a time
-  std::vector<fileio::FileLock> locks;  // one per folder, held for the store's life
-  std::vector<DataFile> files;
-  std::map<std::string, TensorRecord> tensors;
-  std::map<std::string, std::string> metadata;
-  // With checksums, per tensor. Map entries are stable, and wait() touches them only under `mutex`.
-  std::map<std::string, PageSums> sums;
-  std::uint64_t generation = 0;
-  std::atomic<std::uint64_t> bytes_read{0};
-  std::atomic<std::uint64_t> bytes_written{0};
-
-  void free_extents(const TensorRecord& r) {
-    for (const Extent& e : r.extents) files[e.file].free.add(e.offset, e.length);
-    if (r.sums.length != 0) files[r.sums.file].free.add(r.sums.offset, r.sums.length);
-  }
-};
+}  // namespace detail
 
 SwapStore::SwapStore() : state_(std::make_unique<State>()) {}
 
@@ -292,101 +237,6 @@ Status SwapStore::load_manifest() {
   return config_.checksums ? load_sums(m.sums_check) : Status::ok();
 }
 
-Status SwapStore::load_sums(const std::map<std::string, std::uint64_t>& sums_check) {
-  State& s = *state_;
-  for (auto& [key, r] : s.tensors) {
-    PageSums& ps = s.sums[key];
-    ps.pages.assign(page_count(r.nbytes), kUnwrittenPage);
-    auto check = sums_check.find(key);
-    if (r.sums.length == 0 || check == sums_check.end()) {
-      // Written before checksums or without them: nothing to check until rewritten.
-      if (r.nbytes == 0) continue;
-      ZINF_ASSIGN_OR_RETURN(std::uint64_t offset, take_space(s.files[0], 2 * sums_half_bytes(r.nbytes)));
-      r.sums = Extent{0, offset, 2 * sums_half_bytes(r.nbytes)};
-      r.sums_half = 0;
-      ps.dirty = true;
-      continue;
-    }
-    const DataFile& f = s.files[r.sums.file];
-    const std::uint64_t half = r.sums.length / 2;
-    const std::uint64_t at = r.sums.offset + r.sums_half * half;
-    ZINF_ASSIGN_OR_RETURN(detail::HostBuffer buf, detail::HostBuffer::allocate(half, false));
-    ZINF_ASSIGN_OR_RETURN(aio::RequestId id, handle_->async_pread(buf.data(), half, f.fd.get(), at));
-    ZINF_RETURN_IF_ERROR(handle_->wait(id).with_context(fmt::format("reading the page checksums of '{}'", key)));
-    const std::size_t bytes = ps.pages.size() * 8;
-    if (checksum64(buf.data(), bytes) != check->second) {
-      return Status::corruption(fmt::format(
-          "{}: the page checksums of '{}' ({} offset {}) do not match the manifest: the swap data was damaged or "
-          "changed outside zinf",
-          manifest_path(), key, f.path, at));
-    }
-    std::memcpy(ps.pages.data(), buf.data(), bytes);
-    ps.stored_check = check->second;
-  }
-  return Status::ok();
-}
-
-Status SwapStore::store_sums(std::vector<StoredSums>* stored) {
-  State& s = *state_;
-  struct Pending {
-    StoredSums what;
-    std::uint64_t file_offset = 0;
-    std::uint32_t file = 0;
-    detail::HostBuffer buf;
-    std::size_t bytes = 0;
-  };
-  std::vector<Pending> pending;
-  Status first;
-  {
-    std::lock_guard lock(s.mutex);
-    for (auto& [key, ps] : s.sums) {
-      auto r = s.tensors.find(key);
-      if (!ps.dirty || r == s.tensors.end() || r->second.sums.length == 0) continue;
-      const Extent& e = r->second.sums;
-      const std::uint32_t spare = 1 - r->second.sums_half;  // the committed half stays intact
-      Pending p{StoredSums{key, e.offset, spare, 0}, e.offset + spare * (e.length / 2), e.file, {}, ps.pages.size() * 8};
-      Result<detail::HostBuffer> buf = detail::HostBuffer::allocate(e.length / 2, false);
-      if (!buf.is_ok()) {
-        first = buf.status();
-        break;
-      }
-      p.buf = std::move(buf).value();
-      std::memcpy(p.buf.data(), ps.pages.data(), p.bytes);
-      ps.dirty = false;
-      pending.push_back(std::move(p));
-    }
-  }
-  std::vector<aio::RequestId> ids;
-  for (Pending& p : pending) {
-    if (!first.is_ok()) break;
-    p.what.check = checksum64(p.buf.data(), p.bytes);
-    Result<aio::RequestId> id = handle_->async_pwrite(p.buf.data(), p.buf.size(), s.files[p.file].fd.get(), p.file_offset);
-    if (!id.is_ok()) {
-      first = id.status();
-      break;
-    }
-    ids.push_back(*id);
-  }
-  for (aio::RequestId id : ids) {
-    Status st = handle_->wait(id);
-    if (!st.is_ok() && first.is_ok()) first = std::move(st);
-  }
-  for (Pending& p : pending) stored->push_back(std::move(p.what));
-  if (!first.is_ok()) {
-    sums_not_committed(*stored);
-    return first.with_context("storing the page checksums");
-  }
-  return Status::ok();
-}
-
-void SwapStore::sums_not_committed(const std::vector<StoredSums>& stored) {
-  std::lock_guard lock(state_->mutex);
-  for (const StoredSums& st : stored) {
-    auto it = state_->sums.find(st.key);
-    if (it != state_->sums.end()) it->second.dirty = true;  // stored again by the next commit
-  }
-}
-
 bool SwapStore::contains(const std::string& key) const {
   std::lock_guard lock(state_->mutex);
   return state_->tensors.count(key) != 0;
@@ -434,8 +284,8 @@ Result<TensorRecord> SwapStore::allocate(const std::string& key, DType dtype, st
   for (std::uint32_t i = 0; i <= lengths.size(); ++i) {
     const bool sums = i == lengths.size();  // last: the checksum extent, in file 0
     if (sums && (!config_.checksums || padded == 0)) break;
-    const std::uint64_t length = sums ? 2 * sums_half_bytes(nbytes) : lengths[i];
-    Result<std::uint64_t> offset = take_space(s.files[sums ? 0 : i], length);
+    const std::uint64_t length = sums ? 2 * detail::sums_half_bytes(nbytes) : lengths[i];
+    Result<std::uint64_t> offset = detail::take_space(s.files[sums ? 0 : i], length);
     if (!offset.is_ok()) {
       s.free_extents(r);
       return offset.status().with_context(fmt::format("allocating swap space for '{}'", key));
@@ -443,7 +293,9 @@ Result<TensorRecord> SwapStore::allocate(const std::string& key, DType dtype, st
     (sums ? r.sums : r.extents.emplace_back()) = Extent{sums ? 0 : i, *offset, length};
   }
   s.tensors.emplace(key, r);
-  if (config_.checksums) s.sums[key] = PageSums{std::vector<std::uint64_t>(page_count(nbytes), kUnwrittenPage), true, 0};
+  if (config_.checksums) {
+    s.sums[key] = detail::PageSums{std::vector<std::uint64_t>(detail::page_count(nbytes), detail::kUnwrittenPage), true, 0};
+  }
   return r;
 }
 
@@ -476,14 +328,13 @@ Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, 
   const std::uint64_t length = align_up(nbytes, kSwapAlignment);
   auto* bytes = static_cast<std::byte*>(buffer);
   if (config_.checksums) {
-    batch.key = key;
-    batch.buffer = bytes;
-    batch.offset = offset;
+    batch.sums_key_ = key;
+    batch.buffer_ = bytes;
+    batch.offset_ = offset;
   }
-  // With checksums, reads go in pieces of at most kCheckedPiece bytes, so that wait() checks
-  // each piece while the later ones are still being read.
-  const std::uint64_t most = config_.checksums && !write ? kCheckedPiece : length;
-  for (const Piece& whole : map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
+  // With checksums, reads go in pieces of at most kCheckedPiece bytes (see page_sums.h).
+  const std::uint64_t most = config_.checksums && !write ? detail::kCheckedPiece : length;
+  for (const Piece& whole : detail::map_range(r, offset, length, state_->files.size(), config_.stripe_unit)) {
     for (std::uint64_t done = 0; done < whole.length; done += most) {
       const Piece p{whole.file, whole.file_offset + done, whole.buffer_offset + done,
                     std::min(most, whole.length - done)};
@@ -493,21 +344,18 @@ Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, 
                 : handle_->async_pread(bytes + p.buffer_offset, p.length, fd, p.file_offset);
       if (!id.is_ok()) {
         const Status failed = id.status().with_context(batch.what);
-        batch.key.clear();  // a part was never transferred: record and check no checksums
+        batch.sums_key_.clear();  // a part was never transferred: record and check no checksums
         (void)wait(batch);  // the pieces already submitted must finish before the buffer is released
         return failed;
       }
       batch.ids.push_back(*id);
-      batch.piece_ends.push_back(p.buffer_offset + p.length);
+      batch.piece_ends_.push_back(p.buffer_offset + p.length);
       batch.bytes += p.length;
     }
   }
   // Checksums of what the caller handed over, taken while the write is in flight (the buffer
   // must not change until wait(), so this is what the write stores).
-  if (config_.checksums && write) {
-    batch.page_sums.resize(length / kSwapAlignment);
-    for (std::size_t i = 0; i < batch.page_sums.size(); ++i) batch.page_sums[i] = page_sum(bytes + i * kSwapAlignment);
-  }
+  if (config_.checksums && write) batch.page_sums_ = detail::page_sums_of(bytes, length);
   return batch;
 }
 
@@ -522,77 +370,32 @@ Result<IoBatch> SwapStore::write_async(const std::string& key, std::uint64_t off
 }
 
 Status SwapStore::wait(IoBatch& batch) {
-  const bool check = !batch.key.empty() && !batch.write;
+  const bool check = !batch.sums_key_.empty() && !batch.write;
   std::vector<std::uint64_t> expected;
   if (check) expected = expected_sums(batch);
-  PageCheck found;
+  detail::PageCheck found;
   Status first;
   std::uint64_t piece_begin = 0;
   for (std::size_t i = 0; i < batch.ids.size(); ++i) {
     Status st = handle_->wait(batch.ids[i]);
     if (!st.is_ok() && first.is_ok()) first = std::move(st);
     // Each piece is checked as soon as it is in, while the later ones are still being read.
-    if (first.is_ok() && !expected.empty()) check_pages(batch, expected, piece_begin, batch.piece_ends[i], found);
-    piece_begin = batch.piece_ends[i];
+    if (first.is_ok() && !expected.empty()) {
+      detail::check_pages(batch.buffer_, expected, piece_begin, batch.piece_ends_[i], found);
+    }
+    piece_begin = batch.piece_ends_[i];
   }
   if (first.is_ok() && !batch.ids.empty()) {
     (batch.write ? state_->bytes_written : state_->bytes_read).fetch_add(batch.bytes);
-    if (!batch.key.empty() && batch.write) record_sums(batch);
+    if (!batch.sums_key_.empty() && batch.write) record_sums(batch);
     if (found.bad > 0) first = checksum_error(batch, expected, found);
   }
   batch.ids.clear();
-  batch.piece_ends.clear();
+  batch.piece_ends_.clear();
   batch.bytes = 0;
-  batch.key.clear();
-  batch.page_sums.clear();
+  batch.sums_key_.clear();
+  batch.page_sums_.clear();
   return first.with_context(batch.what);
-}
-
-void SwapStore::record_sums(const IoBatch& batch) {
-  std::lock_guard lock(state_->mutex);
-  auto it = state_->sums.find(batch.key);
-  const std::uint64_t first = batch.offset / kSwapAlignment;
-  // Gone or reallocated meanwhile (I/O racing erase/allocate is a caller error): nothing to record.
-  if (it == state_->sums.end() || first + batch.page_sums.size() > it->second.pages.size()) return;
-  std::copy(batch.page_sums.begin(), batch.page_sums.end(),
-            it->second.pages.begin() + static_cast<std::ptrdiff_t>(first));
-  it->second.dirty = true;
-}
-
-std::vector<std::uint64_t> SwapStore::expected_sums(const IoBatch& batch) const {
-  const std::uint64_t first = batch.offset / kSwapAlignment;
-  const std::uint64_t pages = batch.bytes / kSwapAlignment;
-  std::lock_guard lock(state_->mutex);
-  auto it = state_->sums.find(batch.key);
-  if (it == state_->sums.end() || first + pages > it->second.pages.size()) return {};
-  return std::vector<std::uint64_t>(it->second.pages.begin() + static_cast<std::ptrdiff_t>(first),
-                                    it->second.pages.begin() + static_cast<std::ptrdiff_t>(first + pages));
-}
-
-void SwapStore::check_pages(const IoBatch& batch, const std::vector<std::uint64_t>& expected, std::uint64_t begin,
-                            std::uint64_t end, PageCheck& found) const {
-  for (std::uint64_t i = begin / kSwapAlignment; i < end / kSwapAlignment; ++i) {
-    if (expected[i] == kUnwrittenPage) continue;
-    const std::uint64_t sum = page_sum(batch.buffer + i * kSwapAlignment);
-    if (sum != expected[i] && found.bad++ == 0) {
-      found.first_bad = i;
-      found.got = sum;
-    }
-  }
-}
-
-Status SwapStore::checksum_error(const IoBatch& batch, const std::vector<std::uint64_t>& expected,
-                                 const PageCheck& found) const {
-  const std::uint64_t at = batch.offset + found.first_bad * kSwapAlignment;
-  std::string where = "its data file";
-  if (Result<TensorRecord> r = find(batch.key); r.is_ok()) {
-    const Piece p = map_range(*r, at, kSwapAlignment, state_->files.size(), config_.stripe_unit).front();
-    where = fmt::format("{} offset {}", state_->files[p.file].path, p.file_offset);
-  }
-  return Status::corruption(fmt::format(
-      "checksum mismatch in tensor '{}' bytes [{}, {}) read from {} (xxh3 {:016x}, written as {:016x}; {} of {} "
-      "pages differ): the swap data was damaged or changed outside zinf",
-      batch.key, at, at + kSwapAlignment, where, found.got, expected[found.first_bad], found.bad, expected.size()));
 }
 
 Status SwapStore::read(const std::string& key, std::uint64_t offset, void* buffer, std::size_t nbytes) {

@@ -1,5 +1,6 @@
-// Internal: a checkpoint's engine.json and `latest` read into plain structs, with no I/O, so that
-// resume, consolidation and the fuzz targets share one reader that never throws.
+// Internal: a checkpoint's engine.json written from and read into plain structs, with no I/O, so
+// that save, resume, consolidation and the fuzz targets share one writer and one reader that
+// never throws. The tag rule and `latest` are in checkpoint_folder.h.
 #pragma once
 
 #include <cstdint>
@@ -39,11 +40,12 @@ struct SavedLayout {
 
 struct SavedRankFile {
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0;  // top 53 bits of the XXH3-64 of the file
+  std::uint64_t checksum = 0;  // the XXH3-64 of the file (format 2: its top 53 bits)
 };
 
 // Everything a load needs from engine.json, each value checked for type and range.
 struct EngineJson {
+  int format = 0;        // kCheckpointFormat, or kOldestCheckpointFormat .. it
   nlohmann::json model;  // the architecture, normalized (a GPT without "type" gets it)
   ModelLayout model_layout;
   SavedLayout saved;
@@ -56,20 +58,39 @@ struct EngineJson {
   std::string client_state;
 };
 
+// The engine.json format a save writes, and the oldest a load reads. 3: each rank file's whole
+// XXH3-64 (format 2 kept its top 53 bits; 1 partitioned each parameter on its own).
+inline constexpr int kCheckpointFormat = 3;
+inline constexpr int kOldestCheckpointFormat = 2;
+
+// The checksum of each rank file, named in engine.json ("checksum_algo").
+inline constexpr const char* kChecksumAlgo = "xxh3-64";
+
 // Largest world size a checkpoint may record (ranks are ints; the ranks array must match it).
 inline constexpr std::int64_t kMaxCheckpointWorld = std::int64_t{1} << 20;
+
+// The model's architecture as engine.json records it ("model"): its config_json() object.
+nlohmann::json model_json(const model::Model& m);
+
+// What a save records in engine.json besides the model's own description and lists.
+struct SaveRecord {
+  std::string tag;
+  std::string precision;
+  std::string optimizer;
+  const swap::OptimizerLayout* layout = nullptr;
+  int world_size = 1;
+  bool node_local = false;
+  std::size_t arrays = 1;  // the master copy and the optimizer's states
+  EngineCounters counters;
+  std::vector<SavedRankFile> ranks;  // per rank, in rank order
+  std::string client_state;
+};
+
+// The text of engine.json (format kCheckpointFormat) for `model` and `r`.
+std::string engine_json_text(const model::Model& model, const SaveRecord& r);
 
 // Parses the text of `folder`/engine.json. Corruption naming the file and the key for anything
 // missing, mistyped or out of range; Unsupported for another format version. Never throws.
 Result<EngineJson> parse_engine_json(std::string_view text, const std::string& folder);
-
-// A checkpoint tag must name a folder directly inside the checkpoint folder: non-empty, at most
-// 255 bytes, no '/', not "." or "..", no NUL or control characters, not "latest" and not
-// ending in ".tmp" or ".old" (the save's own temporary names). InvalidArgument naming `where`.
-// The one check for tags given to save, given to load, and read from `latest`.
-Status check_checkpoint_tag(std::string_view tag, std::string_view where);
-
-// The tag in the text of `dir`/latest (trailing whitespace dropped), checked as above.
-Result<std::string> parse_latest_tag(std::string_view text, const std::string& dir);
 
 }  // namespace zinf::zero3::detail

@@ -86,6 +86,15 @@ class MpiCommunicator final : public Communicator {
     return Status::ok();
   }
 
+  Status all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    const std::size_t n = send.size();
+    ZINF_RETURN_IF_ERROR(check("all_gather_bytes", n, recv.size(), n * static_cast<std::size_t>(world_)));
+    MPI_Request req;
+    const int rc = MPI_Iallgather(send.data(), static_cast<int>(n), MPI_BYTE, recv.data(), static_cast<int>(n), MPI_BYTE,
+                                  MPI_COMM_WORLD, &req);
+    return finish("all_gather_bytes", rc, req);
+  }
+
   Status broadcast(std::span<std::byte> data, int root) override {
     if (root < 0 || root >= world_) {
       return Status::invalid_argument(fmt::format("broadcast root {} with world size {}", root, world_));
@@ -114,9 +123,10 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Polls the request until it completes or the deadline passes. OpenMPI progresses a
-  // non-blocking collective only inside MPI calls, so the first ~2 ms spin on MPI_Test (with a
-  // yield): a sleeping poller stalls the transfer and notices completion late (measured: +0.1 ms
-  // on every 1 MB all-gather). After that, short sleeps keep a waiting rank off the CPU.
+  // non-blocking collective only inside MPI calls, so the first 2 ms spin on MPI_Test (with a
+  // yield): a sleeping poller stalls the transfer and notices completion late (figures:
+  // docs/benchmarks.md, "Figures behind choices in the code"). After that, short sleeps keep a
+  // waiting rank off the CPU.
   Status finish(const char* op, int rc, MPI_Request& req) {
     if (rc != MPI_SUCCESS) return Status(ErrorCode::kIoError, fmt::format("MPI {} failed: {}", op, mpi_error_text(rc)));
     const auto start = std::chrono::steady_clock::now();

@@ -146,6 +146,20 @@ class NcclCommunicator final : public Communicator, public NcclDeviceCollectives
     return Status::ok();
   }
 
+  // As all_gather, in bytes.
+  Status all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) override {
+    const std::size_t n = send.size();
+    ZINF_RETURN_IF_ERROR(check("all_gather_bytes", n, recv.size(), n * world(), 1));
+    if (n == 0) return Status::ok();
+    ZINF_RETURN_IF_ERROR(begin("all_gather_bytes", recv.size(), 0));
+    std::uint8_t* dev = a_.as<std::uint8_t>();
+    std::uint8_t* mine = dev + n * static_cast<std::size_t>(rank_);
+    ZINF_RETURN_IF_ERROR(to_device("all_gather_bytes", mine, send.data(), n));
+    ZINF_RETURN_IF_ERROR(nccl_check("ncclAllGather (all_gather_bytes)",
+                                    ncclAllGather(mine, dev, n, ncclUint8, comm_.get(), stream_.get())));
+    return to_host("all_gather_bytes", recv.data(), dev, recv.size());
+  }
+
   Status broadcast(std::span<std::byte> data, int root) override {
     if (root < 0 || root >= world_) {
       return Status::invalid_argument(fmt::format("broadcast root {} with world size {}", root, world_));

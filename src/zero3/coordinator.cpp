@@ -3,6 +3,7 @@
 #include "zero3/coordinator.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <limits>
 
@@ -13,7 +14,8 @@
 namespace zinf::zero3 {
 namespace {
 constexpr std::uint64_t kFar = std::numeric_limits<std::uint64_t>::max();
-constexpr double kEndOfPass = -1.0;  // the trace check's code for "this rank's pass ended"
+// The trace check's module for "this rank's pass ended".
+constexpr std::uint64_t kEndOfPass = std::numeric_limits<std::uint64_t>::max();
 }  // namespace
 
 Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
@@ -73,7 +75,7 @@ void Coordinator::begin_pass(bool train) {
 Status Coordinator::end_pass() {
   Trace& t = trace();
   if (t.recording) {
-    ZINF_RETURN_IF_ERROR(check_agreement(kEndOfPass, "ends its pass"));
+    ZINF_RETURN_IF_ERROR(check_agreement(kEndOfPass, 0, "ends its pass"));
     finish_trace(t);
     ZINF_RETURN_IF_ERROR(check_trace_hash(t));
     if (train_) stats_.train_trace_hash = t.hash;
@@ -95,20 +97,22 @@ Status Coordinator::end_pass() {
   return Status::ok();
 }
 
-// Every rank contributes `code` (the event it is at); all equal <=> sum = W*code and
-// sum of squares = W*code^2. Run only while recording, which every rank does on the same passes.
-Status Coordinator::check_agreement(double code, const char* what) {
-  const double w = comm_.world_size();
-  if (w == 1) return Status::ok();
-  std::vector<double> v = {code, code * code};
-  ZINF_RETURN_IF_ERROR(comm_.all_reduce_sum(v));
-  if (v[0] == w * code && v[1] == w * code * code) return Status::ok();
+// Every rank contributes the event it is at (module and phase, or kEndOfPass), gathered whole.
+// Run only while recording, which every rank does on the same passes.
+Status Coordinator::check_agreement(std::uint64_t module, std::uint64_t phase, const char* what) {
+  const auto world = static_cast<std::size_t>(comm_.world_size());
+  if (world == 1) return Status::ok();
+  const std::array<std::uint64_t, 2> event = {module, phase};
+  std::vector<std::uint64_t> all(world * event.size());
+  ZINF_RETURN_IF_ERROR(comm_.all_gather_u64(event, all));
+  bool agree = true;
+  for (std::size_t r = 0; r < world; ++r) agree = agree && all[r * 2] == module && all[r * 2 + 1] == phase;
+  if (agree) return Status::ok();
   const Trace& t = trace();
   std::string here = "ends its pass";
-  if (code != kEndOfPass) {
-    const auto module = static_cast<std::size_t>(code) / 4;
+  if (module != kEndOfPass) {
     here = fmt::format("acquires {} for {}", model_.modules()[module].name,
-                       model::phase_name(static_cast<model::Phase>(static_cast<int>(code) % 4)));
+                       model::phase_name(static_cast<model::Phase>(phase)));
   }
   return Status::aborted(fmt::format(
       "ranks disagree on the module trace at event {} of the recorded {} pass: rank {} {} ({}), another rank does "
@@ -120,9 +124,9 @@ Status Coordinator::check_trace_hash(const Trace& t) {
   if (comm_.world_size() == 1) return Status::ok();
   std::uint64_t root_hash = t.hash;
   ZINF_RETURN_IF_ERROR(comm_.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root_hash, 1)), 0));
-  std::vector<double> differ = {root_hash != t.hash ? 1.0 : 0.0};
-  ZINF_RETURN_IF_ERROR(comm_.all_reduce_sum(differ));
-  if (differ[0] == 0.0) return Status::ok();
+  std::array<std::uint64_t, 1> differ = {root_hash != t.hash ? 1u : 0u};
+  ZINF_RETURN_IF_ERROR(comm_.all_reduce_sum_u64(differ));
+  if (differ[0] == 0) return Status::ok();
   return Status::aborted(fmt::format(
       "ranks recorded different module traces: rank {} has hash {:016x}, rank 0 {:016x} ({} rank(s) differ); every "
       "rank must run the same model, config and code path",
@@ -260,8 +264,8 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   const std::vector<int>& groups = groups_of(module);
   Trace& t = trace();
   if (t.recording) {
-    const int code = module * 4 + static_cast<int>(phase);
-    ZINF_RETURN_IF_ERROR(check_agreement(code, "records it"));
+    ZINF_RETURN_IF_ERROR(check_agreement(static_cast<std::uint64_t>(module), static_cast<std::uint64_t>(phase),
+                                         "records it"));
     // Chained XXH3 over (module, phase) per event: the same on every rank for the same order.
     const std::uint64_t link[3] = {t.hash, static_cast<std::uint64_t>(module), static_cast<std::uint64_t>(phase)};
     t.hash = checksum64(link, sizeof(link));

@@ -131,14 +131,14 @@ class Coordinator final : public model::ParamAccess {
   // The distinct groups module's parameters belong to, in parameter order.
   const std::vector<int>& groups_of(int module) const { return module_groups_[static_cast<std::size_t>(module)]; }
   std::size_t gathered_size(std::size_t group) const;  // W * ceil(n / W)
-  Status check_agreement(double code, const char* what);
+  Status check_agreement(std::uint64_t module, std::uint64_t phase, const char* what);
   Status check_trace_hash(const Trace& t);
   Status ensure_gathered(int g);
   Status make_room(std::uint64_t need, int module);
-  void drop(int g);
+  void drop(int g);  // releases partition group g's gathered copy (its buffer kept for reuse or freed)
   void prefetch_after(std::size_t event);
   void finish_trace(Trace& t);
-  std::uint64_t next_use_distance(int p) const;
+  std::uint64_t next_use_distance(int g) const;
   void give_buffer(GatherBlock b);
   Status flush_bucket();
   Trace& trace() { return train_ ? train_trace_ : eval_trace_; }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -272,17 +273,18 @@ TEST_P(ErrorTest, WaitAllAndDestructorKeepTheDeadline) {
 
 TEST_P(ErrorTest, PermissionDenied) {
   // Tests run as root, which bypasses permission bits: drop to an unprivileged user in a
-  // child process and open a root-only file there.
-  const std::string path = dir_.file("root_only");
+  // child process and open a root-only file there, in a folder that user can reach (so the
+  // refusal is the file's, not that of a folder above the checkout).
+  std::string why;
+  const std::unique_ptr<TempDir> dir = testing::temp_dir_nobody_can_reach(&why);
+  if (!dir) GTEST_SKIP() << why;
+  const std::string path = dir->file("root_only");
   testing::write_plain(path, std::vector<std::byte>(8192));
   ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
-  ASSERT_EQ(::chmod(dir_.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(dir->path().c_str(), 0755), 0);
   const Backend backend = GetParam();
   const std::string result = run_in_child([&]() -> std::string {
-    if (::geteuid() != 0) return "SKIP: needs root to create a file another user cannot read";
-    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) {
-      return std::string("SKIP: cannot switch to uid 65534: ") + std::strerror(errno);
-    }
+    if (std::string failed = testing::drop_to_nobody(); !failed.empty()) return "SKIP: " + failed;
     auto handle = make_handle(backend);
     if (!handle) return "handle creation failed as an unprivileged user";
     std::vector<std::byte> buf(8192);
@@ -304,14 +306,16 @@ TEST_P(ErrorTest, PermissionDenied) {
 TEST_P(ErrorTest, RefusedFixedBufferRegistrationFallsBack) {
   // An unprivileged user may lock only RLIMIT_MEMLOCK bytes, so io_uring refuses to register
   // a larger buffer: register_buffer still succeeds, says so once, and I/O stays byte-exact.
-  ASSERT_EQ(::chmod(dir_.path().c_str(), 0777), 0);
-  const std::string path = dir_.file("fixed_fallback");
+  // Root is needed to switch to a user without CAP_IPC_LOCK; that user works in a folder it can
+  // reach wherever the checkout lives.
+  std::string why;
+  const std::unique_ptr<TempDir> dir = testing::temp_dir_nobody_can_reach(&why);
+  if (!dir) GTEST_SKIP() << why;
+  ASSERT_EQ(::chmod(dir->path().c_str(), 0777), 0);
+  const std::string path = dir->file("fixed_fallback");
   const Backend backend = GetParam();
   const std::string result = run_in_child([&]() -> std::string {
-    if (::geteuid() != 0) return "SKIP: needs root to switch to a user without CAP_IPC_LOCK";
-    if (::setresgid(65534, 65534, 65534) != 0 || ::setresuid(65534, 65534, 65534) != 0) {
-      return std::string("SKIP: cannot switch to uid 65534: ") + std::strerror(errno);
-    }
+    if (std::string failed = testing::drop_to_nobody(); !failed.empty()) return "SKIP: " + failed;
     rlimit limit{};
     ::getrlimit(RLIMIT_MEMLOCK, &limit);
     const std::size_t n = 32 << 20;

@@ -14,6 +14,8 @@ namespace zinf::aio::testing {
 
 // Per-test folders: the shared helper.
 using TempDir = zinf::testing::TempDir;
+using zinf::testing::drop_to_nobody;
+using zinf::testing::temp_dir_nobody_can_reach;
 
 // The byte that position `pos` of a file written with `seed` holds: every position differs
 // from its neighbours, so shifted, dropped or duplicated bytes are caught.

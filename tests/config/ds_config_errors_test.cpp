@@ -263,25 +263,39 @@ TEST(ConfigErrorTest, MultiLineErrorPointsAtTheLine) {
                "integer, got -1");
 }
 
-TEST(ConfigErrorTest, NvmePathNotWritable) {
-  TempDir dir;
-  const std::string locked = dir.path() + "/locked";
-  const std::string config = testing::replace_all(
+std::string nvme_path_config(const std::string& nvme_path) {
+  return testing::replace_all(
       R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "DIR"}}})",
-      "DIR", locked);
-  const std::string expected = "zero_optimization.offload_param.nvme_path: \"" + locked + "\" is not writable";
-  ASSERT_EQ(::mkdir(locked.c_str(), 0555), 0);
+      "DIR", nvme_path);
+}
+
+std::string not_writable_error(const std::string& nvme_path) {
+  return "zero_optimization.offload_param.nvme_path: \"" + nvme_path + "\" is not writable";
+}
+
+TEST(ConfigErrorTest, NvmePathNotWritable) {
   if (::geteuid() != 0) {
-    const std::string m = error_of(config);
-    EXPECT_NE(m.find(expected), std::string::npos) << m;
+    TempDir dir;
+    const std::string locked = dir.path() + "/locked";
+    ASSERT_EQ(::mkdir(locked.c_str(), 0555), 0);
+    const std::string m = error_of(nvme_path_config(locked));
+    EXPECT_NE(m.find(not_writable_error(locked)), std::string::npos) << m;
     return;
   }
-  // Root passes permission checks: check in a child that drops to nobody (uid 65534).
-  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  // Root passes permission checks: check in a child that drops to nobody (uid 65534), in a
+  // folder that user can reach wherever the checkout lives.
+  std::string why;
+  const std::unique_ptr<TempDir> dir = zinf::testing::temp_dir_nobody_can_reach(&why);
+  if (!dir) GTEST_SKIP() << why;
+  const std::string locked = dir->path() + "/locked";
+  ASSERT_EQ(::mkdir(locked.c_str(), 0555), 0);
+  ASSERT_EQ(::chmod(dir->path().c_str(), 0755), 0);
+  const std::string config = nvme_path_config(locked);
+  const std::string expected = not_writable_error(locked);
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
-    if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(3);
+    if (!zinf::testing::drop_to_nobody().empty()) ::_exit(3);
     ::_exit(error_of(config).find(expected) != std::string::npos ? 0 : 1);
   }
   int status = 0;

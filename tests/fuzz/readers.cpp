@@ -9,6 +9,7 @@
 #include <string>
 
 #include "swap/store_manifest.h"
+#include "zero3/checkpoint_folder.h"
 #include "zero3/checkpoint_format.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/model/data.h"

@@ -65,6 +65,31 @@ TEST(MpiCommTest, AllReduceAndBroadcast) {
   EXPECT_TRUE(comm().barrier().is_ok());
 }
 
+// Bytes and 64-bit integers pass whole: no value goes through a double.
+TEST(MpiCommTest, ByteAndIntegerCollectivesAreExact) {
+  const int w = comm().world_size(), r = comm().rank();
+  std::vector<std::byte> send(3), recv(3 * static_cast<std::size_t>(w));
+  for (std::size_t i = 0; i < send.size(); ++i) send[i] = static_cast<std::byte>(r * 16 + static_cast<int>(i));
+  ASSERT_TRUE(comm().all_gather_bytes(send, recv).is_ok());
+  for (int k = 0; k < w; ++k) {
+    for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(recv[k * 3 + i], static_cast<std::byte>(k * 16 + static_cast<int>(i)));
+  }
+  const std::uint64_t big = 0xFFFF'FFFF'FFFF'FFF0u;  // not exact in a double
+  const std::vector<std::uint64_t> mine = {big + static_cast<std::uint64_t>(r), static_cast<std::uint64_t>(r)};
+  std::vector<std::uint64_t> all(2 * static_cast<std::size_t>(w));
+  ASSERT_TRUE(comm().all_gather_u64(mine, all).is_ok());
+  for (int k = 0; k < w; ++k) {
+    EXPECT_EQ(all[k * 2], big + static_cast<std::uint64_t>(k));
+    EXPECT_EQ(all[k * 2 + 1], static_cast<std::uint64_t>(k));
+  }
+  std::vector<std::uint64_t> sum = {std::uint64_t{1} << 62, (std::uint64_t{1} << 53) + 1};
+  ASSERT_TRUE(comm().all_reduce_sum_u64(sum).is_ok());
+  EXPECT_EQ(sum[0], static_cast<std::uint64_t>(w) << 62);  // modulo 2^64
+  EXPECT_EQ(sum[1], static_cast<std::uint64_t>(w) * ((std::uint64_t{1} << 53) + 1));
+  std::vector<std::uint64_t> short_recv(1);
+  EXPECT_EQ(comm().all_gather_u64(mine, short_recv).code(), ErrorCode::kInternal);
+}
+
 TEST(MpiCommTest, AMissingRankIsAnErrorNotAHang) {
   auto impatient = make_mpi_communicator(std::chrono::seconds(2));
   ASSERT_TRUE(impatient.is_ok());

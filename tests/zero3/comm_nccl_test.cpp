@@ -66,6 +66,19 @@ TEST_F(NcclCommTest, ReduceScatterAndAllReduceAtWorldSizeOne) {
   EXPECT_EQ(v, before);
 }
 
+TEST_F(NcclCommTest, ByteAndIntegerCollectivesAtWorldSizeOne) {
+  std::vector<std::byte> send(37, std::byte{0x3C}), recv(37);
+  ASSERT_TRUE(comm_->all_gather_bytes(send, recv).is_ok());
+  EXPECT_EQ(recv, send);
+  const std::vector<std::uint64_t> mine = {0xFFFF'FFFF'FFFF'FFF1u, 7};
+  std::vector<std::uint64_t> all(2);
+  ASSERT_TRUE(comm_->all_gather_u64(mine, all).is_ok());
+  EXPECT_EQ(all, mine);
+  std::vector<std::uint64_t> sum = mine;
+  ASSERT_TRUE(comm_->all_reduce_sum_u64(sum).is_ok());
+  EXPECT_EQ(sum, mine);
+}
+
 TEST_F(NcclCommTest, BroadcastAndBarrier) {
   std::vector<std::byte> bytes(37, std::byte{0x5A});
   ASSERT_TRUE(comm_->broadcast(bytes, 0).is_ok());

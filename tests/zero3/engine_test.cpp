@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "common/checksum.h"
 #include "common/file_io.h"
 #include "temp_dir.h"
 #include "zinf/aio/fault.h"
@@ -492,6 +493,44 @@ TEST(EngineTest, CheckpointWithoutChecksumAlgoSaysSo) {
   ASSERT_FALSE(loaded.is_ok());
   EXPECT_EQ(loaded.status().code(), ErrorCode::kCorruption);
   EXPECT_NE(loaded.status().message().find("older zinf"), std::string::npos) << loaded.status().message();
+}
+
+// Format 3 keeps each rank file's whole XXH3-64 (gathered as integers, not through a double); a
+// format-2 checkpoint, which kept the top 53 bits, still loads.
+TEST(EngineTest, CheckpointKeepsTheWholeChecksumAndReadsFormat2) {
+  TempDir nvme, ckpt;
+  Trainer t(RunSetup{}, nvme.path());
+  ASSERT_TRUE(t.status().is_ok());
+  RunResult r;
+  ASSERT_TRUE(t.run(0, 1, &r).is_ok());
+  ASSERT_TRUE(t.engine().save_checkpoint(ckpt.path(), "a", "{}").is_ok());
+  const std::string json_path = ckpt.path() + "/a/engine.json";
+  auto j = nlohmann::json::parse(std::ifstream(json_path));
+  EXPECT_EQ(j.value("format", 0), 3);
+  std::ifstream rank_file(ckpt.path() + "/a/rank0.state", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(rank_file)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(bytes.empty());
+  const std::uint64_t whole = checksum64(bytes.data(), bytes.size());
+  EXPECT_EQ(j["ranks"][0]["checksum"].get<std::uint64_t>(), whole);
+  ASSERT_TRUE(t.engine().load_checkpoint(ckpt.path(), "a").is_ok());
+  // The same checkpoint as format 2 wrote it: top 53 bits.
+  j["format"] = 2;
+  j["ranks"][0]["checksum"] = whole >> 11;
+  std::ofstream(json_path) << j.dump(2);
+  auto format2 = t.engine().load_checkpoint(ckpt.path(), "a");
+  EXPECT_TRUE(format2.is_ok()) << format2.status().to_string();
+  // Format 2 with one bit of the kept 53 flipped is damaged; format 4 is not read.
+  j["ranks"][0]["checksum"] = (whole >> 11) ^ 1;
+  std::ofstream(json_path) << j.dump(2);
+  auto damaged = t.engine().load_checkpoint(ckpt.path(), "a");
+  ASSERT_FALSE(damaged.is_ok());
+  EXPECT_EQ(damaged.status().code(), ErrorCode::kCorruption) << damaged.status().to_string();
+  j["format"] = 4;
+  std::ofstream(json_path) << j.dump(2);
+  auto future = t.engine().load_checkpoint(ckpt.path(), "a");
+  ASSERT_FALSE(future.is_ok());
+  EXPECT_EQ(future.status().code(), ErrorCode::kUnsupported) << future.status().to_string();
+  EXPECT_NE(future.status().message().find("reads formats 2 to 3"), std::string::npos) << future.status().message();
 }
 
 // engine.json is untrusted: a missing key, a wrong type or a tag that leaves the folder is a

@@ -68,7 +68,7 @@ struct OptimizerSwapConfig {
 };
 
 struct ParamPartition {
-  std::string key;  // e.g. "h.3.attn.c_attn.weight"; the parameter swapper's key for it
+  std::string key;  // the parameter swapper's key for it: the partition group's module, e.g. "h.3.attn"
   std::uint64_t numel = 0;
 };
 

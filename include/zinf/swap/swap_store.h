@@ -43,6 +43,9 @@
 #include "zinf/swap/types.h"
 
 namespace zinf::swap {
+namespace detail {
+struct PageCheck;
+}  // namespace detail
 
 struct StoreConfig {
   std::vector<std::string> nvme_paths;  // one data file per path; at least one
@@ -84,18 +87,23 @@ struct TensorRecord {
 };
 
 // Requests of one read or write; wait for it with SwapStore::wait().
-struct IoBatch {
+class IoBatch {
+ public:
   std::vector<aio::RequestId> ids;
-  std::string what;  // "read optim/sg0/master.s1 bytes [0, 65536)", for error context
+  std::string what;  // "read 'sg0/master.s1' bytes [0, 65536) in <folder>", for error context
   std::uint64_t bytes = 0;  // bytes transferred when it succeeds (padding included)
   bool write = false;
-  // For the page checksums (StoreConfig::checksums), set by read_async/write_async for wait().
-  std::string key;
-  std::byte* buffer = nullptr;
-  std::uint64_t offset = 0;               // byte of the tensor at buffer[0] (a multiple of 4 KiB)
-  std::vector<std::uint64_t> page_sums;   // writes: the checksums of the pages being written
-  std::vector<std::uint64_t> piece_ends;  // per request in ids: where its bytes end in buffer
   bool empty() const { return ids.empty(); }
+
+ private:
+  friend class SwapStore;
+  // Set by read_async/write_async for wait(): where each request's bytes end in the buffer and,
+  // with the page checksums (StoreConfig::checksums), what wait() checks or records.
+  std::vector<std::uint64_t> piece_ends_;  // per request in ids
+  std::string sums_key_;                   // the tensor; empty: no checksums for this batch
+  std::byte* buffer_ = nullptr;
+  std::uint64_t offset_ = 0;               // byte of the tensor at buffer_[0] (a multiple of 4 KiB)
+  std::vector<std::uint64_t> page_sums_;   // writes: the checksums of the pages being written
 };
 
 struct StoreStats {
@@ -161,7 +169,7 @@ class SwapStore {
   Status load_manifest();
   Result<IoBatch> submit(const std::string& key, std::uint64_t offset, void* buffer,
                          std::size_t nbytes, bool write);
-  // Page checksums (see StoreConfig::checksums).
+  // Page checksums (see StoreConfig::checksums); defined in page_sums.cpp.
   struct StoredSums {
     std::string key;
     std::uint64_t extent_offset = 0;  // identifies the extent the half belongs to
@@ -171,17 +179,10 @@ class SwapStore {
   Status load_sums(const std::map<std::string, std::uint64_t>& sums_check);
   Status store_sums(std::vector<StoredSums>* stored);
   void sums_not_committed(const std::vector<StoredSums>& stored);
-  struct PageCheck {
-    std::size_t bad = 0;         // pages that differ
-    std::uint64_t first_bad = 0;  // index of the first, in the batch
-    std::uint64_t got = 0;        // its checksum as read
-  };
   void record_sums(const IoBatch& batch);
   std::vector<std::uint64_t> expected_sums(const IoBatch& batch) const;
-  void check_pages(const IoBatch& batch, const std::vector<std::uint64_t>& expected, std::uint64_t begin,
-                   std::uint64_t end, PageCheck& found) const;
   Status checksum_error(const IoBatch& batch, const std::vector<std::uint64_t>& expected,
-                        const PageCheck& found) const;
+                        const detail::PageCheck& found) const;
 
   StoreConfig config_;
   aio::Handle* handle_ = nullptr;

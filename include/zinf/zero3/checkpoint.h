@@ -16,7 +16,9 @@ namespace zinf::zero3 {
 inline constexpr std::size_t kMaxTagLength = 200;
 
 // Whether `tag` may name a checkpoint folder: not empty, at most kMaxTagLength bytes, no '/' and no
-// NUL, not "." or "..". InvalidArgument naming the tag and the rule otherwise.
+// control character (NUL included), not "." or "..", not "latest", not ending in ".tmp" or ".old"
+// (a save's temporaries). InvalidArgument naming the tag and the rule otherwise. The one rule for
+// tags given to a save or a load and read from `latest`.
 Status check_tag_name(const std::string& tag);
 
 // The folder that holds checkpoint `tag` of `dir`: <dir>/<tag>, or <dir>/<tag>.old when a re-save of

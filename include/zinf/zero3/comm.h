@@ -1,11 +1,13 @@
 // The communicator the ZeRO-3 engine runs on: collectives over W ranks (local, MPI, NCCL).
 //
-// All buffers are host fp32 (or double for all_reduce_sum) and contiguous. Every rank calls the
-// same collectives in the same order; a rank that fails or disagrees must turn into an error on
+// All buffers are host memory and contiguous: fp32 tensors, doubles for all_reduce_sum, bytes
+// and 64-bit integers (exact, for sizes, checksums and codes). Every rank calls the same
+// collectives in the same order; a rank that fails or disagrees must turn into an error on
 // every rank, not a hang (implementations bound their waits).
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -33,6 +35,8 @@ class Communicator {
   virtual Status reduce_scatter(std::span<const float> send, std::span<float> recv) = 0;
   // data = elementwise sum over ranks (rank order).
   virtual Status all_reduce_sum(std::span<double> data) = 0;
+  // recv (W * send.size() bytes) = every rank's send, in rank order. send and recv must not overlap.
+  virtual Status all_gather_bytes(std::span<const std::byte> send, std::span<std::byte> recv) = 0;
   // data = root's data.
   virtual Status broadcast(std::span<std::byte> data, int root) = 0;
   virtual Status barrier() = 0;
@@ -41,6 +45,13 @@ class Communicator {
   // that the other ranks stop at once instead of at their collective deadline. Library code
   // never calls it. World size 1: returns (the caller exits as it would anyway).
   virtual void abort(int exit_code) noexcept = 0;
+
+  // Built on all_gather_bytes, so every implementation has them. Exact: no value passes
+  // through a double.
+  // recv (W * send.size() values) = every rank's send, in rank order.
+  Status all_gather_u64(std::span<const std::uint64_t> send, std::span<std::uint64_t> recv);
+  // data = elementwise sum over ranks, modulo 2^64.
+  Status all_reduce_sum_u64(std::span<std::uint64_t> data);
 };
 
 // World size 1: every collective is a copy (or nothing).
