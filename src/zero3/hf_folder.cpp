@@ -496,6 +496,20 @@ Status HfFolder::read_param(std::size_t index, std::span<float> out) const {
   return Status::ok();
 }
 
+Result<std::string> model_config_from_hf(const std::string& config_text, const std::string& source) {
+  auto j = jsonck::parse<json>(config_text, source);
+  if (!j.is_ok()) return Status::invalid_argument(j.status().message());
+  const json& config = j.value();
+  if (!config.is_object() || !config.contains("model_type") || !config["model_type"].is_string()) {
+    return Status::invalid_argument(fmt::format("{}: \"model_type\" is missing (zinf reads {})", source, known_hf_types()));
+  }
+  for (const Architecture& a : kArchitectures) {
+    if (a.hf_type == config["model_type"].get<std::string>()) return a.config_from_hf(config, source);
+  }
+  return Status::unsupported(fmt::format("{}: model_type {} is not one zinf builds (zinf reads {})", source,
+                                         config["model_type"].dump(), known_hf_types()));
+}
+
 Status write_hf_folder(const CheckpointReader& checkpoint, const std::string& out_dir, std::uint64_t max_shard_bytes,
                        const std::string& torch_dtype) {
   ZINF_ASSIGN_OR_RETURN(const std::string st_dtype, safetensors_dtype_of_hf(torch_dtype));

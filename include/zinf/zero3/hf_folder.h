@@ -45,6 +45,10 @@ class HfFolder {
   std::unique_ptr<Impl> impl_;
 };
 
+// The built-in model's config_json() for an HF config.json's text, with HfFolder::open's checks
+// (errors name `source` and the key). For tools and tests that build the model without weights.
+Result<std::string> model_config_from_hf(const std::string& config_text, const std::string& source);
+
 // Writes a checkpoint's fp32 weights, rounded to `torch_dtype` ("float32", "bfloat16" or
 // "float16", to nearest even; config.json's torch_dtype and dtype say it), as an HF folder
 // `out_dir` (created if missing) that
