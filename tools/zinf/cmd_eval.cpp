@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "device_choice.h"
 #include "zinf/model/data.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/local_params.h"
 #include "zinf/model/registry.h"
 #include "zinf/zero3/checkpoint.h"
@@ -110,7 +111,12 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
     if (!d.is_ok()) return d.status().with_context("--data");
     data = std::move(d).value();
   }
-  const int T = o.seq > 0 ? o.seq : loaded.trained_seq > 0 ? loaded.trained_seq : std::min(m.max_seq(), 2048);
+  // Default: the trained window, else min(max positions, a sliding window, 2048) as zinf train's.
+  int fallback = std::min(m.max_seq(), 2048);
+  if (const auto* llama = dynamic_cast<const model::LlamaModel*>(&m); llama && llama->config().sliding_window > 0) {
+    fallback = std::min(fallback, llama->config().sliding_window);
+  }
+  const int T = o.seq > 0 ? o.seq : loaded.trained_seq > 0 ? loaded.trained_seq : fallback;
   if (T > m.max_seq()) {
     return Status::invalid_argument(fmt::format("--seq {} is longer than the model's max positions {}", T, m.max_seq()));
   }

@@ -33,6 +33,7 @@
 #include "zinf/log.h"
 #include "zinf/model/data.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 #include "zinf/zero3/comm.h"
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/comm_nccl.h"
@@ -321,8 +322,17 @@ constexpr int kDefaultWindow = 2048;
 Result<int> training_window(const TrainOptions& o, const std::optional<SavedRun>& saved, const RunModel& run_model,
                             const model::Model& m, std::ostream& out) {
   const int max_positions = m.max_seq();
+  // A sliding window (Mistral v0.1) bounds the windows zinf's fully causal attention computes alike.
+  const auto* llama = dynamic_cast<const model::LlamaModel*>(&m);
+  const int sliding = llama != nullptr ? llama->config().sliding_window : 0;
   if (o.seq_given) {
     const int seq = o.model.seq.value_or(0);
+    if (sliding > 0 && seq > sliding && seq <= max_positions) {
+      return Status::invalid_argument(fmt::format(
+          "--seq {} is above the model's sliding_window ({}): zinf's attention is fully causal, so it trains windows "
+          "of at most {} tokens",
+          seq, sliding, sliding));
+    }
     if (seq < 1 || seq > max_positions) {
       return Status::invalid_argument(fmt::format("--seq {} must be between 1 and the model's max positions ({}{})",
                                                   seq, max_positions,
@@ -341,9 +351,10 @@ Result<int> training_window(const TrainOptions& o, const std::optional<SavedRun>
     return *saved->seq();
   }
   if (run_model.window_is_positions) return max_positions;
-  const int window = std::min(max_positions, kDefaultWindow);
-  out << fmt::format("window: {} tokens per row (--seq; default min(max positions {}, {}))\n", window, max_positions,
-                     kDefaultWindow);
+  int window = std::min(max_positions, kDefaultWindow);
+  if (sliding > 0) window = std::min(window, sliding);
+  out << fmt::format("window: {} tokens per row (--seq; default min(max positions {}{}, {}))\n", window, max_positions,
+                     sliding > 0 ? fmt::format(", sliding window {}", sliding) : "", kDefaultWindow);
   return window;
 }
 
