@@ -51,7 +51,7 @@ struct TrainOptions {
   std::string data;
   std::string data_format = "auto";  // --data-format: auto | text | llmc | uint16 | uint32
   bool data_format_given = false;    // a resume reads the checkpoint's data with its format unless given
-  int steps = 50;
+  int steps = kTrainDefaultSteps;
   std::string save_dir;
   int save_interval = 0;
   std::string resume_dir;
