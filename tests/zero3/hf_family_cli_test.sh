@@ -38,7 +38,7 @@ expect_error() {  # expect_error CODE MESSAGE ARGS...
   fi
 }
 
-for f in llama32_tiny qwen2_tiny qwen3_tiny mistral_tiny; do
+for f in llama32_tiny qwen2_tiny qwen3_tiny mistral_tiny mistral_nemo_tiny; do
   dir=$fixtures/$f
   # (a)
   "$zinf" train --config "$tmp/lr0.json" --model-dir "$dir" "${data[@]}" --steps 1 --save "$tmp/$f.ck" \

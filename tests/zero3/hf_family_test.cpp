@@ -100,7 +100,7 @@ TEST_P(HfFamilyTest, LogitsLossAndGradientsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfFamilyTest,
-                         ::testing::Values("llama32_tiny", "qwen2_tiny", "qwen3_tiny", "mistral_tiny"),
+                         ::testing::Values("llama32_tiny", "qwen2_tiny", "qwen3_tiny", "mistral_tiny", "mistral_nemo_tiny"),
                          [](const auto& info) { return info.param; });
 
 // ---- real width: formula weights -----------------------------------------------------------------
