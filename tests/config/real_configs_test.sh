@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every real-world config users would expect to run does: each file under data/real (copied
-# unchanged from LLaMA-Factory, LLaVA, axolotl, FastChat; see data/real/SOURCES.md) and the
+# unchanged from LLaMA-Factory, LLaVA, axolotl, FastChat, accelerate, BigScience, Stanford Alpaca;
+# see data/real/SOURCES.md) and the
 # Hugging Face test configs pass `zinf config check` (with --steps and without, as zinf train's
 # default --steps fills an "auto" total_num_steps) and train two steps of a tiny model, their
 # "auto" values filled by the Hugging Face Trainer's defaults (one note line each). With
