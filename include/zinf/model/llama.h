@@ -119,13 +119,15 @@ struct LlamaActivations;  // internal: the model's activation and scratch buffer
 // Token embedding; n_layer pre-norm blocks
 //   x = x + o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = input_layernorm(x)
 //   x = x + down_proj(silu(gate_proj(h)) * up_proj(h)),                      h = post_attention_layernorm(x)
-// with causal grouped-query attention and no biases; final RMSNorm (model.norm); LM head
+// with causal grouped-query attention (biases on the projections and q_norm/k_norm before RoPE as
+// the configuration says: Qwen2, Qwen3, Llama's attention_bias); final RMSNorm (model.norm); LM head
 // (lm_head.weight, or embed_tokens.weight when tied); mean cross-entropy loss.
 //
 // Parameter names, shapes ([out, in], as torch Linear stores them) and order follow HF
 // LlamaForCausalLM, so HF weights load by name with no transpose. Modules, in forward order:
-// "model.embed_tokens"; per layer i "model.layers.i.input_layernorm", ".self_attn" (q, k, v,
-// o), ".post_attention_layernorm", ".mlp" (gate, up, down); "model.norm"; "lm_head" (owns
+// "model.embed_tokens"; per layer i "model.layers.i.input_layernorm", ".self_attn" (q, k, v
+// (each weight then bias when present), o (weight, bias), q_norm, k_norm), ".post_attention_layernorm",
+// ".mlp" (gate, up, down); "model.norm"; "lm_head" (owns
 // lm_head.weight, or lists embed_tokens.weight again when tied; the embedding module owns it
 // and its backward reads no values). The ParamAccess trace is GptModel's (gpt.h), module for
 // module.
