@@ -102,8 +102,53 @@ std::string describe_value(const Json& value) {
   }
 }
 
+namespace {
+
+std::vector<std::string> words_of(std::string_view s) {
+  std::vector<std::string> words;
+  std::string w;
+  for (char c : lower(s)) {
+    if (c == '_' || c == '-' || c == '.') {
+      if (!w.empty()) words.push_back(std::move(w));
+      w.clear();
+    } else {
+      w += c;
+    }
+  }
+  if (!w.empty()) words.push_back(std::move(w));
+  return words;
+}
+
+// Extra words of `candidate` when every word of `key` begins one of its words, in order
+// (warmup_steps -> warmup_num_steps: 1; max_live_params -> stage3_max_live_parameters: 1); nullopt
+// when not. Keys of one word are left to the letter distance.
+std::optional<std::size_t> words_within(const std::vector<std::string>& key, const std::vector<std::string>& candidate) {
+  if (key.size() < 2) return std::nullopt;
+  std::size_t j = 0;
+  for (const std::string& w : key) {
+    while (j < candidate.size() && candidate[j].rfind(w, 0) != 0) ++j;
+    if (j == candidate.size()) return std::nullopt;
+    ++j;
+  }
+  return candidate.size() - key.size();
+}
+
+}  // namespace
+
 std::optional<std::string> closest_match(std::string_view key,
                                          const std::vector<std::string>& candidates) {
+  // By meaning first: a candidate that holds the key's words (fewest other words wins).
+  const std::vector<std::string> key_words = words_of(key);
+  std::optional<std::string> by_words;
+  std::size_t fewest = std::numeric_limits<std::size_t>::max();
+  for (const std::string& c : candidates) {
+    const std::optional<std::size_t> extra = words_within(key_words, words_of(c));
+    if (extra && *extra < fewest && lower(c) != lower(key)) {
+      fewest = *extra;
+      by_words = c;
+    }
+  }
+  if (by_words) return by_words;
   std::string k = lower(key);
   std::size_t limit = std::max<std::size_t>(2, key.size() / 3);
   std::optional<std::string> best;

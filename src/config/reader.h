@@ -140,8 +140,10 @@ class ObjectReader {
 // How a JSON value reads in a message: `the string "abc"`, `-1`, `true`, `an object`.
 std::string describe_value(const Json& value);
 
-// The candidate closest to `key` (case-insensitive optimal-string-alignment distance) if it is
-// close enough to be a plausible typo.
+// The candidate `key` most plausibly meant: first by meaning, one whose words (split at '_', '-',
+// '.') begin with the key's words in order, fewest other words winning (warmup_steps ->
+// warmup_num_steps, max_live_params -> stage3_max_live_parameters); else the closest by letters
+// (case-insensitive optimal-string-alignment distance) if close enough to be a plausible typo.
 std::optional<std::string> closest_match(std::string_view key,
                                          const std::vector<std::string>& candidates);
 

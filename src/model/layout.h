@@ -57,8 +57,9 @@ void build_layout(const GptConfig& config, std::vector<ParamSpec>* params,
                   std::vector<ModuleSpec>* modules);
 
 // HF LlamaForCausalLM's parameter names in forward order: model.embed_tokens.weight, per layer
-// input_layernorm, self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj
-// (all .weight), then model.norm.weight and, untied, lm_head.weight. Modules as in llama.h.
+// input_layernorm, self_attn.{q,k,v}_proj (.weight, then .bias with qkv_bias), o_proj (.weight,
+// .bias with o_bias), q_norm and k_norm (qk_norm), post_attention_layernorm, mlp.{gate,up,down}_proj
+// (.weight), then model.norm.weight and, untied, lm_head.weight. Modules as in llama.h.
 void build_llama_layout(const LlamaConfig& config, std::vector<ParamSpec>* params,
                         std::vector<ModuleSpec>* modules);
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <type_traits>
 
 #include "model/carver.h"
 #include "model/fused_kernels.h"
@@ -24,10 +25,14 @@ namespace k = kernels;
 struct LlamaLayerActs {
   float* xn1;    // (B,T,C) input_layernorm output
   float* rstd1;  // (B,T)
-  float* q;      // (B,T,C) after RoPE
-  float* k;      // (B,T,KV) after RoPE
+  float* q;      // (B,T,Q) after RoPE (and q_norm)
+  float* k;      // (B,T,KV) after RoPE (and k_norm)
   float* v;      // (B,T,KV)
-  float* atty;   // (B,T,C) attention output before o_proj
+  float* qraw;   // (B,T,Q) q_proj output before q_norm (qk_norm only, else nullptr)
+  float* kraw;   // (B,T,KV) k_proj output before k_norm (qk_norm only)
+  float* rstdq;  // (B,T,NH) q_norm's rstd per head (qk_norm only)
+  float* rstdk;  // (B,T,NKV) k_norm's rstd per head (qk_norm only)
+  float* atty;   // (B,T,Q) attention output before o_proj
   float* lse;    // (B,NH,T)
   float* res2;   // (B,T,C) residual stream after attention (o_proj output until norm 2 adds x)
   float* xn2;    // (B,T,C) post_attention_layernorm output
@@ -50,9 +55,10 @@ struct LlamaActivations {
   float* logits;                       // (B,T,V): logits, then (training) their gradient
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
-  float* dx;                           // (B,T,C) scratch gradient: a norm output's first part
+  float* dx;                           // (B,T,max(C,Q)) scratch gradient: a norm output's first part, or d(atty)
   float* dx2;                          // (B,T,C) scratch gradient: its second part
-  float* dbig;                         // (B,T,max(C+2KV, 2I)): dq|dk|dv (then v's part over dq), or dact|dup
+  float* dbig;                         // (B,T,max(max(Q,C)+2KV, 2I)): dq|dk|dv (then v's part, C wide, over dq), or dact|dup
+  float* dqk_raw;                      // (B,T,Q+KV): d(q_proj), d(k_proj) output before the q/k norms (qk_norm only)
   float* att_scratch;                  // gqa_attention_scratch_floats()
   float* rope_cos;                     // (T, head_dim/2)
   float* rope_sin;                     // (T, head_dim/2)
@@ -60,29 +66,70 @@ struct LlamaActivations {
 
 namespace {
 
+// Q = n_head * head_dim (the query and attention-output width; C unless head_dim is set apart).
 struct Dims {
-  int C, NH, NKV, hd, KV, I, V, L;
+  int C, NH, NKV, hd, Q, KV, I, V, L;
   explicit Dims(const LlamaConfig& c)
       : C(c.n_embd),
         NH(c.n_head),
         NKV(c.n_kv_head),
-        hd(c.n_embd / c.n_head),
-        KV(c.n_embd / c.n_head * c.n_kv_head),
+        hd(c.head_size()),
+        Q(c.head_size() * c.n_head),
+        KV(c.head_size() * c.n_kv_head),
         I(c.intermediate_size),
         V(c.vocab_size),
         L(c.n_layer) {}
 };
 
+// Where each self_attn parameter sits in its module's list (build_llama_layout's order); -1
+// when the configuration has none.
+struct AttnIndex {
+  int q = -1, qb = -1, k = -1, kb = -1, v = -1, vb = -1, o = -1, ob = -1, qn = -1, kn = -1;
+  explicit AttnIndex(const LlamaConfig& c) {
+    int i = 0;
+    for (auto [w, b] : {std::pair{&q, &qb}, std::pair{&k, &kb}, std::pair{&v, &vb}}) {
+      *w = i++;
+      if (c.qkv_bias) *b = i++;
+    }
+    o = i++;
+    if (c.o_bias) ob = i++;
+    if (c.qk_norm) {
+      qn = i++;
+      kn = i++;
+    }
+  }
+};
+
+// v[i], or nullptr for an absent parameter (i < 0).
+template <typename Ptrs>
+auto param_or_null(const Ptrs& v, int i) -> std::remove_cvref_t<decltype(v[0])> {
+  return i >= 0 ? v[i] : nullptr;
+}
+
 // Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
 size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActivations* a) {
   const Dims d(c);
-  const size_t C = d.C, KV = d.KV, I = d.I;
+  const size_t C = d.C, Q = d.Q, KV = d.KV, I = d.I;
   detail::Carver cv(base);
   a->layers.resize(c.activation_checkpointing ? 1 : c.n_layer);
   for (LlamaLayerActs& l : a->layers) {
-    l = LlamaLayerActs{cv.take(bt * C), cv.take(bt),     cv.take(bt * C), cv.take(bt * KV), cv.take(bt * KV),
-                       cv.take(bt * C), cv.take(bt * d.NH), cv.take(bt * C), cv.take(bt * C), cv.take(bt),
-                       cv.take(bt * I), cv.take(bt * I), cv.take(bt * I)};
+    l.xn1 = cv.take(bt * C);
+    l.rstd1 = cv.take(bt);
+    l.q = cv.take(bt * Q);
+    l.k = cv.take(bt * KV);
+    l.v = cv.take(bt * KV);
+    l.qraw = c.qk_norm ? cv.take(bt * Q) : nullptr;
+    l.kraw = c.qk_norm ? cv.take(bt * KV) : nullptr;
+    l.rstdq = c.qk_norm ? cv.take(bt * d.NH) : nullptr;
+    l.rstdk = c.qk_norm ? cv.take(bt * d.NKV) : nullptr;
+    l.atty = cv.take(bt * Q);
+    l.lse = cv.take(bt * d.NH);
+    l.res2 = cv.take(bt * C);
+    l.xn2 = cv.take(bt * C);
+    l.rstd2 = cv.take(bt);
+    l.gate = cv.take(bt * I);
+    l.up = cv.take(bt * I);
+    l.act = cv.take(bt * I);
   }
   a->resid.resize(c.n_layer + 1);
   for (float*& r : a->resid) r = cv.take(bt * C);
@@ -91,9 +138,10 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActiva
   a->logits = cv.take(bt * d.V);
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
-  a->dx = cv.take(bt * C);
+  a->dx = cv.take(bt * std::max(C, Q));
   a->dx2 = cv.take(bt * C);
-  a->dbig = cv.take(bt * std::max(C + 2 * KV, 2 * I));
+  a->dbig = cv.take(bt * std::max(std::max(Q, C) + 2 * KV, 2 * I));
+  a->dqk_raw = c.qk_norm ? cv.take(bt * (Q + KV)) : nullptr;
   a->att_scratch = cv.take(k::gqa_attention_scratch_floats());
   a->rope_cos = cv.take(t * (d.hd / 2));
   a->rope_sin = cv.take(t * (d.hd / 2));
@@ -128,9 +176,18 @@ Status LlamaModel::set_compute_precision(ComputePrecision precision) {
 
 std::string LlamaModel::describe() const {
   const LlamaConfig& c = config_;
-  return fmt::format("llama: {} layers, hidden {}, {} heads ({} kv), intermediate {}, seq {}, vocab {}, {} head{}",
-                     c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.intermediate_size, c.max_seq, c.vocab_size,
-                     c.tie_word_embeddings ? "tied" : "untied",
+  std::string extras;
+  if (c.head_dim > 0 && c.head_dim * c.n_head != c.n_embd) extras += fmt::format(", head_dim {}", c.head_dim);
+  if (c.qkv_bias) extras += ", q/k/v biases";
+  if (c.o_bias) extras += ", o_proj bias";
+  if (c.qk_norm) extras += ", q/k norms";
+  if (c.rope_scaling.type != RopeType::kDefault) {
+    extras += fmt::format(", RoPE {} x{}", rope_type_name(c.rope_scaling.type), c.rope_scaling.factor);
+  }
+  if (c.sliding_window > 0) extras += fmt::format(", sliding window {}", c.sliding_window);
+  return fmt::format("{}: {} layers, hidden {}, {} heads ({} kv), intermediate {}, max positions {}, vocab {}, {} head{}{}",
+                     llama_family_name(c.family), c.n_layer, c.n_embd, c.n_head, c.n_kv_head, c.intermediate_size, c.max_seq,
+                     c.vocab_size, c.tie_word_embeddings ? "tied" : "untied", extras,
                      c.activation_checkpointing ? ", activation checkpointing" : "");
 }
 
@@ -143,6 +200,14 @@ Status LlamaModel::reserve(int B, int T) {
   if (B < 1 || T < 1 || T > config_.max_seq || static_cast<int64_t>(B) * T > INT_MAX / 4) {
     return Status::invalid_argument(
         fmt::format("reserve: B ({}) and T ({}) must be >= 1, T <= max_seq ({})", B, T, config_.max_seq));
+  }
+  if (config_.sliding_window > 0 && T > config_.sliding_window) {
+    // Positions further apart than the window would see each other in zinf's fully causal
+    // attention but not in the model's: refuse rather than compute another model.
+    return Status::invalid_argument(fmt::format(
+        "sequence length T ({}) is above the model's sliding_window ({}); zinf's attention is fully causal, so it "
+        "trains windows of at most {} tokens (--seq)",
+        T, config_.sliding_window, config_.sliding_window));
   }
   const size_t bt = static_cast<size_t>(B) * T;
   if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t) return Status::ok();
@@ -157,8 +222,8 @@ Status LlamaModel::reserve(int B, int T) {
         fmt::format("model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
   carve(config_, a->cap_bt, a->cap_t, a->storage.data(), a.get());
-  k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), config_.n_embd / config_.n_head,
-                 config_.rope_theta);
+  const RopeFrequencies rope = rope_frequencies(config_, static_cast<int>(a->cap_t));
+  k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), rope.inv_freq, rope.attention_factor);
   acts_ = std::move(a);
   return Status::ok();
 }
@@ -239,14 +304,21 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 0), phase, [&](auto v) {
     k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C);
   }));
+  const AttnIndex ix(config_);
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
-    matmul_.forward(la.q, la.xn1, v[0], nullptr, N, d.C, d.C);
-    matmul_.forward(la.k, la.xn1, v[1], nullptr, N, d.C, d.KV);
-    matmul_.forward(la.v, la.xn1, v[2], nullptr, N, d.C, d.KV);
+    const bool norms = config_.qk_norm;
+    matmul_.forward(norms ? la.qraw : la.q, la.xn1, v[ix.q], param_or_null(v, ix.qb), N, d.C, d.Q);
+    matmul_.forward(norms ? la.kraw : la.k, la.xn1, v[ix.k], param_or_null(v, ix.kb), N, d.C, d.KV);
+    matmul_.forward(la.v, la.xn1, v[ix.v], param_or_null(v, ix.vb), N, d.C, d.KV);
+    if (norms) {  // Qwen3: RMSNorm over each head (rows of head_dim), before RoPE
+      k::rmsnorm_forward(la.q, la.rstdq, la.qraw, v[ix.qn], eps, N * d.NH, d.hd);
+      k::rmsnorm_forward(la.k, la.rstdk, la.kraw, v[ix.kn], eps, N * d.NKV, d.hd);
+    }
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    matmul_.forward(la.res2, la.atty, v[3], nullptr, N, d.C, d.C);  // the residual x: norm 2 adds it
+    // the residual x: norm 2 adds it
+    matmul_.forward(la.res2, la.atty, v[ix.o], param_or_null(v, ix.ob), N, d.Q, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
     k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C);
@@ -292,7 +364,6 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   const LlamaLayerActs& la = a.layers[slot];
   const Dims d(config_);
   const int N = B * T;
-  const size_t NC = static_cast<size_t>(N) * d.C;
   const size_t NI = static_cast<size_t>(N) * d.I;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
     float* dact = a.dbig;     // (B,T,I), then dgate
@@ -306,21 +377,33 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C);
   }));
+  const AttnIndex ix(config_);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 1), [&](auto v, auto g) {
-    float* datty = a.dx;                                  // (B,T,C)
-    float* dq = a.dbig;                                   // (B,T,C)
-    float* dk = dq + NC;                                  // (B,T,KV)
+    const size_t NQ = static_cast<size_t>(N) * d.Q;
+    float* datty = a.dx;                                  // (B,T,Q)
+    float* dq = a.dbig;                                   // (B,T,Q), in a slot of (B,T,max(Q,C))
+    float* dk = dq + static_cast<size_t>(N) * std::max(d.Q, d.C);  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
-    matmul_.backward(datty, g[3], nullptr, a.dres, la.atty, v[3], N, d.C, d.C);
+    matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), a.dres, la.atty, v[ix.o], N, d.Q, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+    // The products' output gradients: dq and dk, or with q/k norms their inputs' gradients.
+    float* dq_out = dq;
+    float* dk_out = dk;
+    if (config_.qk_norm) {
+      dq_out = a.dqk_raw;   // (B,T,Q)
+      dk_out = dq_out + NQ;  // (B,T,KV)
+      std::memset(dq_out, 0, sizeof(float) * (NQ + static_cast<size_t>(N) * d.KV));
+      k::rmsnorm_backward(dq_out, g[ix.qn], dq, la.qraw, v[ix.qn], la.rstdq, N * d.NH, d.hd);
+      k::rmsnorm_backward(dk_out, g[ix.kn], dk, la.kraw, v[ix.kn], la.rstdk, N * d.NKV, d.hd);
+    }
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
     // norm 1's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[0], nullptr, dq, la.xn1, v[0], N, d.C, d.C);
-    matmul_.backward(a.dx2, g[1], nullptr, dk, la.xn1, v[1], N, d.C, d.KV);
-    matmul_.backward(dq, g[2], nullptr, dv, la.xn1, v[2], N, d.C, d.KV);
+    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), dq_out, la.xn1, v[ix.q], N, d.C, d.Q);
+    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), dk_out, la.xn1, v[ix.k], N, d.C, d.KV);
+    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), dv, la.xn1, v[ix.v], N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C);

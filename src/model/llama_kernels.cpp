@@ -2,6 +2,7 @@
 #include "model/llama_kernels.h"
 
 #include <cmath>
+#include <vector>
 
 #include "model/parallel.h"
 
@@ -70,13 +71,18 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 }
 
 void rope_tables(float* cos, float* sin, int max_seq, int head_dim, double theta) {
-  const int half = head_dim / 2;
+  std::vector<double> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; i++) inv_freq[static_cast<size_t>(i)] = std::pow(theta, -2.0 * i / head_dim);
+  rope_tables(cos, sin, max_seq, inv_freq, 1.0);
+}
+
+void rope_tables(float* cos, float* sin, int max_seq, std::span<const double> inv_freq, double attention_factor) {
+  const size_t half = inv_freq.size();
   for (int t = 0; t < max_seq; t++) {
-    for (int i = 0; i < half; i++) {
-      const double inv_freq = std::pow(theta, -2.0 * i / head_dim);
-      const double angle = t * inv_freq;
-      cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle));
-      sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle));
+    for (size_t i = 0; i < half; i++) {
+      const double angle = t * inv_freq[i];
+      cos[static_cast<size_t>(t) * half + i] = static_cast<float>(std::cos(angle) * attention_factor);
+      sin[static_cast<size_t>(t) * half + i] = static_cast<float>(std::sin(angle) * attention_factor);
     }
   }
 }

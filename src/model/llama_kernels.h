@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace zinf::model::kernels {
 
@@ -26,6 +27,10 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
 // cos, sin (max_seq, head_dim/2): angle t * theta^(-2i/head_dim), computed in double and
 // rounded once (HF computes the angle in fp32; see docs/model.md for the difference).
 void rope_tables(float* cos, float* sin, int max_seq, int head_dim, double theta);
+// The same for any frequencies (RoPE scaling: rope_frequencies() in llama.h): angle t * inv_freq[i],
+// cos and sin multiplied by attention_factor (YaRN's; 1 otherwise), in double, rounded once.
+// The tables are (max_seq, inv_freq.size()).
+void rope_tables(float* cos, float* sin, int max_seq, std::span<const double> inv_freq, double attention_factor);
 // In place on x (B,T,n_heads*head_dim): HF's rotate_half convention, each head's pair
 // (i, i + head_dim/2) at position t rotated by angle[t][i]:
 //   x[i] <- x[i] cos - x[i + hd/2] sin,  x[i + hd/2] <- x[i + hd/2] cos + x[i] sin.

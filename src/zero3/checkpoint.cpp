@@ -252,6 +252,7 @@ struct CheckpointReader::Impl {
   std::string model_json;
   ModelLayout model;
   SavedLayout saved;
+  std::string client_state;
 };
 
 CheckpointReader::CheckpointReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -271,12 +272,14 @@ Result<CheckpointReader> CheckpointReader::open(const std::string& checkpoint) {
   ZINF_ASSIGN_OR_RETURN(std::string text, read_small_file(folder + "/engine.json"));
   ZINF_ASSIGN_OR_RETURN(EngineJson e, detail::parse_engine_json(text, folder));
   for (int r = 0; r < e.saved.plan.world_size(); ++r) ZINF_RETURN_IF_ERROR(verify_rank_file(e, folder, r));
-  auto impl = std::make_unique<Impl>(Impl{folder, e.model.dump(), std::move(e.model_layout), std::move(e.saved)});
+  auto impl = std::make_unique<Impl>(
+      Impl{folder, e.model.dump(), std::move(e.model_layout), std::move(e.saved), std::move(e.client_state)});
   return CheckpointReader(std::move(impl));
 }
 
 const std::string& CheckpointReader::folder() const { return impl_->folder; }
 const std::string& CheckpointReader::model_config_json() const { return impl_->model_json; }
+const std::string& CheckpointReader::client_state() const { return impl_->client_state; }
 std::span<const model::ParamSpec> CheckpointReader::params() const { return impl_->model.params; }
 std::span<const model::ModuleSpec> CheckpointReader::modules() const { return impl_->model.modules; }
 

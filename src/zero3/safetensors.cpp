@@ -42,8 +42,12 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
     for (std::int64_t d : t.shape) {
       if (d < 0) return Status::invalid_argument(fmt::format("{}: tensor {} has a negative dimension", path, t.name));
     }
-    const std::uint64_t bytes = numel_of(t.shape) * 4;
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    if (t.dtype != "F32" && t.dtype != "BF16" && t.dtype != "F16") {
+      return Status::invalid_argument(
+          fmt::format("{}: tensor {} has dtype \"{}\"; zinf writes F32, BF16 or F16", path, t.name, t.dtype));
+    }
+    const std::uint64_t bytes = numel_of(t.shape) * dtype_bytes(t.dtype);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text = header.dump();
@@ -56,10 +60,20 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   ZINF_RETURN_IF_ERROR(file.append(len_le, 8));
   ZINF_RETURN_IF_ERROR(file.append(text.data(), text.size()));
   std::vector<float> values;
+  std::vector<std::uint16_t> half;
   for (const TensorToWrite& t : tensors) {
     values.assign(numel_of(t.shape), 0.0f);
     ZINF_RETURN_IF_ERROR(t.fill(values).with_context(fmt::format("{}: tensor {}", path, t.name)));
-    ZINF_RETURN_IF_ERROR(file.append(values.data(), values.size() * sizeof(float)));
+    if (t.dtype == "F32") {
+      ZINF_RETURN_IF_ERROR(file.append(values.data(), values.size() * sizeof(float)));
+      continue;
+    }
+    // Round to nearest even, as torch's .to(bfloat16 / float16) does.
+    half.resize(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      half[i] = t.dtype == "BF16" ? optim::f32_to_bf16_bits(values[i]) : optim::f32_to_f16_bits(values[i]);
+    }
+    ZINF_RETURN_IF_ERROR(file.append(half.data(), half.size() * sizeof(std::uint16_t)));
   }
   return file.commit();
 }

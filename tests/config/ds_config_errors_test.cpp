@@ -46,6 +46,11 @@ INSTANTIATE_TEST_SUITE_P(
                   "ds_config.json:1:94: zero_optimization.offload_param.pin_memroy: unknown key; did you mean 'pin_memory'?"},
         ErrorCase{"MisspelledBlock", R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "offload_params": {"device": "cpu"}}})",
                   "ds_config.json:1:59: zero_optimization.offload_params: unknown key; did you mean 'offload_param'?"},
+        // by meaning before letters: the key's words inside a known key
+        ErrorCase{"WarmupStepsMeansNumSteps", R"({"train_batch_size": 1, "scheduler": {"type": "WarmupLR", "params": {"warmup_steps": 10}}})",
+                  "ds_config.json:1:70: scheduler.params.warmup_steps: unknown key; did you mean 'warmup_num_steps'?"},
+        ErrorCase{"MaxLiveParamsMeansMaxLiveParameters", R"({"train_batch_size": 1, "zero_optimization": {"stage": 3, "max_live_params": 1e9}})",
+                  "ds_config.json:1:59: zero_optimization.max_live_params: unknown key; did you mean 'max_live_parameters'?"},
         ErrorCase{"UnknownAioKey", R"({"train_batch_size": 1, "aio": {"queue_dept": 8}})",
                   "ds_config.json:1:33: aio.queue_dept: unknown key; did you mean 'queue_depth'?"},
         ErrorCase{"AioTimeoutNotPositive", R"({"train_batch_size": 1, "aio": {"request_timeout_s": 0}})",

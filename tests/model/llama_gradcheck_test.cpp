@@ -234,6 +234,44 @@ TEST(LlamaGradTest, CheckpointingIsBitIdentical) {
   }
 }
 
+// The family variants (Qwen2's q/k/v biases, Llama's attention_bias, Qwen3's q/k norms with a
+// head_dim above hidden/heads, a Mistral-Nemo-like head_dim below it): checkpointing changes no
+// bit, and a second instance gives the same bits.
+TEST(LlamaGradTest, FamilyVariantsCheckpointBitIdentical) {
+  struct Variant {
+    const char* name;
+    LlamaFamily family;
+    bool qkv_bias, o_bias, qk_norm;
+    int head_dim;
+  };
+  for (const Variant& v : {Variant{"qwen2", LlamaFamily::kQwen2, true, false, false, 0},
+                           Variant{"llama_bias", LlamaFamily::kLlama, true, true, false, 0},
+                           Variant{"qwen3", LlamaFamily::kQwen3, false, false, true, 6},
+                           Variant{"nemo", LlamaFamily::kMistral, false, false, false, 2}}) {
+    const int B = 2, T = 9;
+    auto config = [&](bool ckpt) {
+      LlamaConfig c = micro_llama_config(false, ckpt);
+      c.family = v.family;
+      c.qkv_bias = v.qkv_bias;
+      c.o_bias = v.o_bias;
+      c.qk_norm = v.qk_norm;
+      c.head_dim = v.head_dim;
+      return c;
+    };
+    ASSERT_TRUE(validate_llama_config(config(false)).is_ok()) << v.name << ": " << validate_llama_config(config(false)).to_string();
+    Fixture plain = make(config(false), B, T), again = make(config(false), B, T), ckpt = make(config(true), B, T);
+    float l1 = 0, l2 = 0, l3 = 0;
+    std::vector<float> g1 = grads_of(plain, B, T, 1.0f, &l1);
+    std::vector<float> g2 = grads_of(ckpt, B, T, 1.0f, &l2);
+    std::vector<float> g3 = grads_of(again, B, T, 1.0f, &l3);
+    EXPECT_TRUE(std::isfinite(l1)) << v.name;
+    EXPECT_EQ(std::memcmp(&l1, &l2, sizeof(float)), 0) << v.name;
+    ASSERT_EQ(g1.size(), g2.size());
+    EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.size() * sizeof(float)), 0) << v.name;
+    EXPECT_EQ(std::memcmp(g1.data(), g3.data(), g1.size() * sizeof(float)), 0) << v.name;
+  }
+}
+
 TEST(LlamaGradTest, PowerOfTwoLossScaleScalesGradientsExactly) {
   const int B = 2, T = 9;
   Fixture f = make(micro_llama_config(true), B, T);

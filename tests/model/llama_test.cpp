@@ -129,7 +129,7 @@ TEST(LlamaModelTest, HuggingFaceNamesShapesAndModules) {
   LlamaConfig c = micro_llama_config(false);
   LlamaModel m = testing::make_llama(c);
   ASSERT_TRUE(validate_layout(m).is_ok()) << validate_layout(m).to_string();
-  EXPECT_EQ(m.describe(), "llama: 2 layers, hidden 16, 4 heads (2 kv), intermediate 24, seq 12, vocab 37, untied head");
+  EXPECT_EQ(m.describe(), "llama: 2 layers, hidden 16, 4 heads (2 kv), intermediate 24, max positions 12, vocab 37, untied head");
   std::vector<std::string> names;
   for (const ParamSpec& p : m.params()) names.push_back(p.name);
   const std::vector<std::string> layer0 = {

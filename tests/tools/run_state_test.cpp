@@ -97,10 +97,12 @@ TEST(RunStateTest, OtherDataIsRefusedNamingWhetherItWasGiven) {
 TEST(RunStateTest, BatchGeometryRules) {
   TempDir dir;
   const SavedRun run = read_ok(write_checkpoint(dir, run_state_json(saved_state())));  // 8 x 2 x 2 ranks, seq 64
-  // Another sequence length is another model input: always refused.
-  const Status seq = run.check_batch(BatchGeometry{8, 128, 2, 2}, kAllow);
+  // Another training window (--seq): refused unless the data may change, then accepted (the
+  // position is carried over by share of the epoch, restore_position below).
+  const Status seq = run.check_batch(BatchGeometry{8, 128, 2, 2}, kStrict);
   EXPECT_EQ(seq.code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(contains(seq.message(), "rows of 64 tokens")) << seq.message();
+  EXPECT_TRUE(run.check_batch(BatchGeometry{8, 128, 2, 2}, kAllow).is_ok());
   // Other rows per step on the same world size: refused unless the data may change.
   const Status rows = run.check_batch(BatchGeometry{4, 64, 2, 2}, kStrict);
   EXPECT_EQ(rows.code(), ErrorCode::kInvalidArgument);
@@ -131,14 +133,20 @@ TEST(RunStateTest, RestoringPastTheEndOfChangedDataStartsTheNextEpoch) {
   ASSERT_TRUE(loader.is_ok()) << loader.status().to_string();
   s.position = {3, loader->rows_per_epoch() + 10};
   const SavedRun run = read_ok(write_checkpoint(dir, run_state_json(s)));
-  ASSERT_TRUE(run.restore_position(*loader, true, kAllow).is_ok());
+  const int seq = s.batch.seq;  // the saved window: positions are not rescaled
+  ASSERT_TRUE(run.restore_position(*loader, true, seq, kAllow).is_ok());
   EXPECT_EQ(loader->position(), (model::BatchPosition{4, 0}));
   // Unchanged data: the saved position must be valid for it.
-  EXPECT_FALSE(run.restore_position(*loader, false, kStrict).is_ok());
+  EXPECT_FALSE(run.restore_position(*loader, false, seq, kStrict).is_ok());
   s.position = {2, 1};
   const SavedRun inside = read_ok(write_checkpoint(dir, run_state_json(s)));
-  ASSERT_TRUE(inside.restore_position(*loader, false, kStrict).is_ok());
+  ASSERT_TRUE(inside.restore_position(*loader, false, seq, kStrict).is_ok());
   EXPECT_EQ(loader->position(), (model::BatchPosition{2, 1}));
+  // Rows of another length resume at the same share of the epoch, rounded down to a row.
+  s.position = {2, 10};
+  const SavedRun other_window = read_ok(write_checkpoint(dir, run_state_json(s)));
+  ASSERT_TRUE(other_window.restore_position(*loader, false, 2 * seq, kStrict).is_ok());
+  EXPECT_EQ(loader->position(), (model::BatchPosition{2, 5}));
 }
 
 TEST(RunStateTest, MalformedRecordsAreCorruptionNamingTheProblem) {

@@ -47,7 +47,7 @@ expect_error() {
   grep -qF -- "$text" "$tmp/err.out" || { echo "zinf eval $*: expected '$text' in:"; cat "$tmp/err.out"; exit 1; }
 }
 expect_error 2 "room for 20 batches" --resume "$tmp/ck" --data "$tmp/text.txt" --seq 32 --batch 6 --batches 21
-expect_error 2 "--seq 65 is longer than the model's max_seq 64" --resume "$tmp/ck" --seq 65
+expect_error 2 "--seq 65 is longer than the model's max positions 64" --resume "$tmp/ck" --seq 65
 expect_error 2 "neither a checkpoint folder" --resume "$tmp/nothing"
 # An llm.c token file (GPT-2 ids) whose token 70 is 300: outside the byte model's 256.
 python3 - "$tmp/tokens.bin" <<'PY'

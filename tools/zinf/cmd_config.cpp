@@ -25,8 +25,8 @@ void add_config_command(CLI::App& app, int* exit_code) {
   o->model.add_to(*check, "");
   o->autos.add_to(*check);
   check->add_option("--steps", o->steps,
-                    "the run's length, as zinf train --steps: fills an \"auto\" total_num_steps when --total-steps "
-                    "is not given (without either, that \"auto\" is an error)")
+                    "the run's length, as zinf train --steps (default 50, train's): fills an \"auto\" "
+                    "total_num_steps when --total-steps is not given, as zinf train does")
       ->check(CLI::PositiveNumber);
   check->callback([o, exit_code] {
     std::optional<std::int64_t> hidden;
@@ -45,7 +45,8 @@ void add_config_command(CLI::App& app, int* exit_code) {
       *exit_code = config::kConfigCheckInvalid;
       return;
     }
-    ctx->run_steps = o->steps;
+    // What zinf train resolves: its --steps, or its default, fills an "auto" total_num_steps.
+    ctx->run_steps = o->steps.value_or(kTrainDefaultSteps);
     *exit_code = config::run_config_check(o->file, ctx.value(), std::cout, std::cerr);
   });
 }

@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "device_choice.h"
 #include "zinf/model/data.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/local_params.h"
 #include "zinf/model/registry.h"
 #include "zinf/zero3/checkpoint.h"
@@ -28,7 +29,7 @@ struct EvalOptions {
   std::string data;
   std::string data_format = "auto";
   int batch = 8;
-  int seq = 0;      // 0: the model's max_seq
+  int seq = 0;      // 0: the checkpoint's training window, else min(max positions, 2048)
   int batches = 0;  // 0: every whole batch the data holds
   bool json = false;
   std::string device = "auto";  // cpu | cuda | auto, as zinf train
@@ -45,7 +46,18 @@ struct EvalResult {
 struct LoadedModel {
   std::unique_ptr<model::Model> model;
   model::LocalParams params;
+  int trained_seq = 0;  // the window the checkpoint was trained at (zinf train records it), or 0
 };
+
+// The "seq" a zinf train checkpoint's client_state records, or 0.
+int recorded_seq(const std::string& client_state) {
+  const auto j = nlohmann::json::parse(client_state, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return 0;
+  const auto it = j.find("seq");
+  return it != j.end() && it->is_number_integer() && it->get<std::int64_t>() > 0 && it->get<std::int64_t>() <= INT32_MAX
+             ? static_cast<int>(it->get<std::int64_t>())
+             : 0;
+}
 
 Result<LoadedModel> load_checkpoint_model(const std::string& checkpoint) {
   ZINF_ASSIGN_OR_RETURN(zero3::CheckpointReader reader, zero3::CheckpointReader::open(checkpoint));
@@ -66,7 +78,7 @@ Result<LoadedModel> load_checkpoint_model(const std::string& checkpoint) {
   for (std::size_t i = 0; i < params.size(); ++i) {
     ZINF_RETURN_IF_ERROR(reader.read_param(i, lp.param(static_cast<int>(i))));
   }
-  return LoadedModel{std::move(m), std::move(lp)};
+  return LoadedModel{std::move(m), std::move(lp), recorded_seq(reader.client_state())};
 }
 
 // An HF folder's model with its weights, in memory.
@@ -99,9 +111,14 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
     if (!d.is_ok()) return d.status().with_context("--data");
     data = std::move(d).value();
   }
-  const int T = o.seq > 0 ? o.seq : m.max_seq();
+  // Default: the trained window, else min(max positions, a sliding window, 2048) as zinf train's.
+  int fallback = std::min(m.max_seq(), 2048);
+  if (const auto* llama = dynamic_cast<const model::LlamaModel*>(&m); llama && llama->config().sliding_window > 0) {
+    fallback = std::min(fallback, llama->config().sliding_window);
+  }
+  const int T = o.seq > 0 ? o.seq : loaded.trained_seq > 0 ? loaded.trained_seq : fallback;
   if (T > m.max_seq()) {
-    return Status::invalid_argument(fmt::format("--seq {} is longer than the model's max_seq {}", T, m.max_seq()));
+    return Status::invalid_argument(fmt::format("--seq {} is longer than the model's max positions {}", T, m.max_seq()));
   }
   const std::uint64_t windows = data.size() > 0 ? (data.size() - 1) / static_cast<std::uint64_t>(T) : 0;
   const std::uint64_t whole_batches = windows / static_cast<std::uint64_t>(o.batch);
@@ -144,14 +161,18 @@ void add_eval_command(CLI::App& app, int* exit_code) {
       "eval", "mean next-token loss of a checkpoint's model over the first windows of a token file, in order");
   auto o = std::make_shared<EvalOptions>();
   cmd->add_option("--resume", o->resume, "checkpoint folder (with 'latest') or one tag's folder");
-  cmd->add_option("--model-dir", o->model_dir, "a Hugging Face model folder (config.json + safetensors, model_type gpt2)");
+  cmd->add_option("--model-dir", o->model_dir,
+                  "a Hugging Face model folder (config.json + safetensors; model_type gpt2, llama, mistral, qwen2 or qwen3)");
   cmd->add_option("--data", o->data, "text file, folder, or token file (default: built-in corpus)");
   cmd->add_option("--data-format", o->data_format,
                   "how --data files are read: auto (llm.c magic -> llmc, other *.bin -> uint16, else text), text, "
                   "llmc, uint16 or uint32 (raw little-endian ids)")
       ->check(CLI::IsMember({"auto", "text", "llmc", "uint16", "uint32"}));
   cmd->add_option("--batch", o->batch, "windows per forward pass (B)")->check(CLI::Range(1, 1 << 20));
-  cmd->add_option("--seq", o->seq, "tokens per window (T; default: the model's max_seq)")->check(CLI::Range(1, 1 << 24));
+  cmd->add_option("--seq", o->seq,
+                  "tokens per window (T; default: the window the checkpoint was trained at, else min(the model's max "
+                  "positions, 2048))")
+      ->check(CLI::Range(1, 1 << 24));
   cmd->add_option("--batches", o->batches, "forward passes (N; default: every whole batch in the data)")
       ->check(CLI::Range(1, INT32_MAX));
   cmd->add_flag("--json", o->json, "print one JSON object instead of a line");

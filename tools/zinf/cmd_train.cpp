@@ -33,6 +33,7 @@
 #include "zinf/log.h"
 #include "zinf/model/data.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 #include "zinf/zero3/comm.h"
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/comm_nccl.h"
@@ -50,7 +51,7 @@ struct TrainOptions {
   std::string data;
   std::string data_format = "auto";  // --data-format: auto | text | llmc | uint16 | uint32
   bool data_format_given = false;    // a resume reads the checkpoint's data with its format unless given
-  int steps = 50;
+  int steps = kTrainDefaultSteps;
   std::string save_dir;
   int save_interval = 0;
   std::string resume_dir;
@@ -60,7 +61,8 @@ struct TrainOptions {
   std::string json_log;
   std::string init_from;
   std::string model_dir;            // --model-dir: an HF folder's architecture and weights
-  bool model_given = false;         // a --model or dimension option was on the command line
+  bool model_given = false;         // a --model or dimension option (not --seq) was on the command line
+  bool seq_given = false;           // --seq: the training window (a preset's positions too)
   bool activation_checkpointing = false;
   std::string comm = "auto";  // auto | local | mpi | nccl
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
@@ -322,7 +324,54 @@ Result<RunData> load_run_data(const TrainOptions& o, const std::optional<SavedRu
 struct RunModel {
   std::function<Result<std::unique_ptr<model::Model>>(bool activation_checkpointing)> make;
   std::shared_ptr<const zero3::HfFolder> hf;  // --model-dir: the starting weights
+  std::string source_dtype;                   // the starting HF folder's dtype (RunState::source_dtype)
+  bool window_is_positions = false;           // a new preset: --seq made its positions, the window is all of them
 };
+
+// The longest default window for a model whose positions come from elsewhere (an HF folder, a
+// checkpoint): fine-tunes run at 512-8192 tokens whatever the model's maximum.
+constexpr int kDefaultWindow = 2048;
+
+// The run's window T: --seq, else a resumed run's recorded window, else the model's positions
+// capped at kDefaultWindow (said in one line), else (a preset) its positions.
+Result<int> training_window(const TrainOptions& o, const std::optional<SavedRun>& saved, const RunModel& run_model,
+                            const model::Model& m, std::ostream& out) {
+  const int max_positions = m.max_seq();
+  // A sliding window (Mistral v0.1) bounds the windows zinf's fully causal attention computes alike.
+  const auto* llama = dynamic_cast<const model::LlamaModel*>(&m);
+  const int sliding = llama != nullptr ? llama->config().sliding_window : 0;
+  if (o.seq_given) {
+    const int seq = o.model.seq.value_or(0);
+    if (sliding > 0 && seq > sliding && seq <= max_positions) {
+      return Status::invalid_argument(fmt::format(
+          "--seq {} is above the model's sliding_window ({}): zinf's attention is fully causal, so it trains windows "
+          "of at most {} tokens",
+          seq, sliding, sliding));
+    }
+    if (seq < 1 || seq > max_positions) {
+      return Status::invalid_argument(fmt::format("--seq {} must be between 1 and the model's max positions ({}{})",
+                                                  seq, max_positions,
+                                                  run_model.hf ? ", max_position_embeddings in " + run_model.hf->dir() +
+                                                                     "/config.json"
+                                                               : ""));
+    }
+    return seq;
+  }
+  if (saved && saved->seq()) {
+    if (*saved->seq() > max_positions) {
+      return Status::invalid_argument(fmt::format("--resume: the checkpoint's window {} is above the model's max "
+                                                  "positions ({}): give --seq",
+                                                  *saved->seq(), max_positions));
+    }
+    return *saved->seq();
+  }
+  if (run_model.window_is_positions) return max_positions;
+  int window = std::min(max_positions, kDefaultWindow);
+  if (sliding > 0) window = std::min(window, sliding);
+  out << fmt::format("window: {} tokens per row (--seq; default min(max positions {}{}, {}))\n", window, max_positions,
+                     sliding > 0 ? fmt::format(", sliding window {}", sliding) : "", kDefaultWindow);
+  return window;
+}
 
 Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenDataset& data,
                                    const std::optional<SavedRun>& saved) {
@@ -330,7 +379,7 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
   if (!o.model_dir.empty()) {
     if (o.model_given) {
       return Status::invalid_argument("--model-dir takes the model from the folder's config.json: drop --model, "
-                                      "--layers, --hidden, --heads, --seq and --vocab");
+                                      "--layers, --hidden, --heads and --vocab (--seq sets the training window)");
     }
     if (!o.init_from.empty()) {
       return Status::invalid_argument("--model-dir and --init-from both give the starting weights: use one");
@@ -338,11 +387,13 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
     auto hf = zero3::HfFolder::open(o.model_dir);
     if (!hf.is_ok()) return hf.status().with_context("--model-dir");
     r.hf = std::make_shared<const zero3::HfFolder>(std::move(hf).value());
+    r.source_dtype = r.hf->dtype();
     r.make = [folder = r.hf](bool recompute) { return folder->make_model(recompute); };
     return r;
   }
   if (saved && !o.model_given && !saved->model_json().empty()) {
     const std::string json = saved->model_json(), source = saved->folder() + "/engine.json";
+    r.source_dtype = saved->source_dtype();
     r.make = [json, source](bool recompute) -> Result<std::unique_ptr<model::Model>> {
       auto m = model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
       if (!m.is_ok()) return m.status().with_context("--resume (give the model options to resume a model zinf does not build)");
@@ -350,9 +401,11 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
     };
     return r;
   }
+  if (saved) r.source_dtype = saved->source_dtype();
   auto mc = o.model.resolve(data.vocab_size());
   if (!mc.is_ok()) return mc.status();
   const model::GptConfig gpt = mc.value();
+  r.window_is_positions = true;
   r.make = [gpt](bool recompute) -> Result<std::unique_ptr<model::Model>> {
     model::GptConfig c = gpt;
     c.activation_checkpointing = recompute;
@@ -463,7 +516,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
                         run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
   ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
-  const int T = the_model->max_seq();
+  ZINF_ASSIGN_OR_RETURN(const int T, training_window(o, saved, run_model, *the_model, out));
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
   if (run_model.hf) {
     eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
@@ -486,7 +539,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     ZINF_RETURN_IF_ERROR(saved->check_batch(geometry, rules));
     // The tag SavedRun read; its client state is the one SavedRun holds.
     ZINF_RETURN_IF_ERROR(engine->load_checkpoint(o.resume_dir, saved->tag()).status());
-    ZINF_RETURN_IF_ERROR(saved->restore_position(loader, run_data.changed, rules));
+    ZINF_RETURN_IF_ERROR(saved->restore_position(loader, run_data.changed, T, rules));
     const int saved_world = saved->world_size();
     out << fmt::format("resumed from {} at step {}{}\n", o.resume_dir, engine->counters().steps,
                        saved_world != comm.world_size() ? fmt::format(" (saved by {} ranks)", saved_world) : "");
@@ -502,7 +555,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (!json_log) return Status::sys_error("--json-log " + o.json_log, errno);
   }
   auto save = [&](std::int64_t step) -> Status {
-    const std::string client = run_state_json(RunState{run_data.seed, run_data.id, geometry, loader.position()});
+    const std::string client =
+        run_state_json(RunState{run_data.seed, run_data.id, geometry, loader.position(), run_model.source_dtype});
     ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client));
     out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
     return Status::ok();
@@ -620,8 +674,8 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--json-log", o->json_log, "append one JSON object per optimizer step to this file");
   cmd->add_option("--init-from", o->init_from, "start from the weights in this safetensors file");
   cmd->add_option("--model-dir", o->model_dir,
-                  "a Hugging Face model folder (config.json + safetensors, model_type gpt2): its architecture and "
-                  "weights");
+                  "a Hugging Face model folder (config.json + safetensors; model_type gpt2, llama, mistral, qwen2 or "
+                  "qwen3): its architecture and weights (--seq: the window, default min(max positions, 2048))");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
   cmd->add_option("--device", o->device,
                   "where the model computes: auto (cuda when this build has the GPU layer and a CUDA device is "
@@ -636,9 +690,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
     o->seed_given = cmd->count("--seed") > 0;
     o->data_format_given = cmd->count("--data-format") > 0;
     o->model_given = false;
-    for (const char* opt : {"--model", "--layers", "--hidden", "--heads", "--seq", "--vocab"}) {
+    for (const char* opt : {"--model", "--layers", "--hidden", "--heads", "--vocab"}) {
       o->model_given = o->model_given || cmd->count(opt) > 0;
     }
+    o->seq_given = cmd->count("--seq") > 0;
     Result<std::unique_ptr<zero3::Communicator>> comm = make_communicator(*o);
     int stopped_by = 0;
     Status s;

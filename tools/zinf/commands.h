@@ -5,6 +5,10 @@
 
 namespace zinf::cli {
 
+// zinf train's --steps when not given; `zinf config check` resolves an "auto" total_num_steps
+// with it too, so that a config that trains also checks.
+inline constexpr int kTrainDefaultSteps = 50;
+
 // Each returns the process exit status through *exit_code when its subcommand ran.
 void add_estimate_command(CLI::App& app, int* exit_code);
 void add_config_command(CLI::App& app, int* exit_code);

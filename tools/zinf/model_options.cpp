@@ -13,7 +13,9 @@ void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset) {
   cmd.add_option("--layers", layers, "number of transformer blocks (overrides the preset)");
   cmd.add_option("--hidden", hidden, "hidden size n_embd (overrides the preset)");
   cmd.add_option("--heads", heads, "attention heads (overrides the preset)");
-  cmd.add_option("--seq", seq, "sequence length T = max positions (overrides the preset)");
+  cmd.add_option("--seq", seq,
+                 "the training window T, tokens per row (a new preset's max positions too; at most the model's max "
+                 "positions; default for --model-dir: min(max positions, 2048), on --resume the checkpoint's)");
   cmd.add_option("--vocab", vocab, "vocabulary size (default: from the data, 256 for bytes)");
 }
 

@@ -104,7 +104,16 @@ std::string run_state_json(const RunState& s) {
                               {"vocab", s.data.vocab},
                               {"format", s.data.format},
                               {"hash", fmt::format("{:016x}", s.data.hash)}}}};
-  return j.dump();
+  nlohmann::json out = j;
+  if (!s.source_dtype.empty()) out["source_dtype"] = s.source_dtype;
+  return out.dump();
+}
+
+std::string source_dtype_of(const std::string& client_state) {
+  const auto j = nlohmann::json::parse(client_state, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return "";
+  const auto it = j.find("source_dtype");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
 }
 
 Result<SavedRun> SavedRun::read(const std::string& dir) {
@@ -156,6 +165,7 @@ Result<SavedRun> SavedRun::read(const std::string& dir) {
       ZINF_ASSIGN_OR_RETURN(const std::int64_t accum, jsonck::int_key(*j, "grad_accum", 1, kInt, w));
       r.batch_ = BatchGeometry{static_cast<int>(micro), static_cast<int>(seq), static_cast<int>(accum), r.world_size_};
     }
+    ZINF_ASSIGN_OR_RETURN(r.source_dtype_, jsonck::string_key_or(*j, "source_dtype", "", w));
     if (const nlohmann::json* d = jsonck::member(*j, "data"); d != nullptr) {
       const jsonck::Where dw{state_where, "data"};
       DataIdentity id;
@@ -253,9 +263,18 @@ Result<bool> SavedRun::check_data(const DataIdentity& now, bool given, const Res
 
 Status SavedRun::check_batch(const BatchGeometry& now, const ResumeRules& rules) const {
   if (batch_ && batch_->seq != now.seq) {
-    return Status::invalid_argument(fmt::format(
-        "--resume {}: the checkpoint was trained on rows of {} tokens (--seq {}), this run has {}", dir_,
-        batch_->seq, batch_->seq, now.seq));
+    if (!rules.allow_data_change) {
+      return Status::invalid_argument(fmt::format(
+          "--resume {}: the checkpoint was trained on rows of {} tokens (--seq {}), this run has --seq {}; leave "
+          "--seq out to continue with {}, or pass --allow-data-change to go on with rows of {}",
+          dir_, batch_->seq, batch_->seq, now.seq, batch_->seq, now.seq));
+    }
+    if (rules.speaker) {
+      log(LogLevel::kWarning, fmt::format("--resume {}: --seq {} replaces the checkpoint's window of {} tokens "
+                                          "(--allow-data-change): the data goes on from the same share of the epoch, "
+                                          "in other rows than an uninterrupted run",
+                                          dir_, now.seq, batch_->seq));
+    }
   }
   const std::uint64_t saved_rows = rows_per_step_.value_or(now.rows_per_step());  // older checkpoints lack it
   const std::string saved_text =
@@ -284,7 +303,14 @@ Status SavedRun::check_batch(const BatchGeometry& now, const ResumeRules& rules)
   return Status::ok();
 }
 
-Status SavedRun::restore_position(model::BatchLoader& loader, bool data_changed, const ResumeRules& rules) const {
+Status SavedRun::restore_position(model::BatchLoader& loader, bool data_changed, int now_seq,
+                                  const ResumeRules& rules) const {
+  if (batch_ && batch_->seq != now_seq && now_seq > 0) {
+    // Rows of another length: the same share of the epoch (by tokens), rounded down to a row.
+    const std::uint64_t row = position_.row * static_cast<std::uint64_t>(batch_->seq) / static_cast<std::uint64_t>(now_seq);
+    if (row >= loader.rows_per_epoch()) return loader.restore({position_.epoch + 1, 0});
+    return loader.restore({position_.epoch, row}).with_context("--resume " + dir_);
+  }
   if (data_changed && position_.row >= loader.rows_per_epoch()) {
     if (rules.speaker) {
       log(LogLevel::kWarning, fmt::format("--resume {}: the saved position (epoch {}, row {}) is past the new data's "

@@ -57,10 +57,15 @@ struct BatchGeometry {
 struct RunState {
   std::uint64_t seed = 0;
   DataIdentity data;
-  BatchGeometry batch;
+  BatchGeometry batch;  // batch.seq is the training window
   model::BatchPosition position;
+  // The dtype of the Hugging Face folder the run started from (torch's name, "bfloat16"), which
+  // `zinf consolidate --hf` writes by default; empty when it did not start from one.
+  std::string source_dtype;
 };
 std::string run_state_json(const RunState& state);
+// The source_dtype a checkpoint's client_state records, or "" (none, or not readable).
+std::string source_dtype_of(const std::string& client_state);
 
 // What to do when the resumed run's seed, data or batch differ from the checkpoint's.
 struct ResumeRules {
@@ -91,20 +96,26 @@ class SavedRun {
   // The data actually read must be the checkpoint's; `given` says whether --data named it.
   // Returns whether it differs (allowed by allow_data_change, with a warning).
   Result<bool> check_data(const DataIdentity& now, bool given, const ResumeRules& rules) const;
-  // The batch geometry: a different sequence length is an error (the model differs); different
-  // rows per step on the same world size an error unless allow_data_change; another world size
-  // a warning when it changes the rows per step.
+  // The batch geometry: a different window (--seq) or different rows per step on the same world
+  // size are errors unless allow_data_change (then warnings); another world size a warning when
+  // it changes the rows per step.
   Status check_batch(const BatchGeometry& now, const ResumeRules& rules) const;
+  // The window the checkpoint trained (its rows' tokens), when it records one.
+  std::optional<int> seq() const { return batch_ ? std::optional<int>(batch_->seq) : std::nullopt; }
+  // What the checkpoint's run started from (RunState::source_dtype).
+  const std::string& source_dtype() const { return source_dtype_; }
   // Puts the loader where the checkpoint's stood. When the data changed (check_data) and the
-  // position is past the new data's epoch, the next epoch starts from its first row.
-  Status restore_position(model::BatchLoader& loader, bool data_changed, const ResumeRules& rules) const;
+  // position is past the new data's epoch, the next epoch starts from its first row. When the
+  // window changed (now_seq; allowed by check_batch), the run goes on from the same share of the
+  // epoch, in rows of the new window.
+  Status restore_position(model::BatchLoader& loader, bool data_changed, int now_seq, const ResumeRules& rules) const;
 
   int world_size() const { return world_size_; }
   // The model the checkpoint was saved from (its config_json(); empty if engine.json has none).
   const std::string& model_json() const { return model_json_; }
 
  private:
-  std::string dir_, tag_, folder_, model_json_;
+  std::string dir_, tag_, folder_, model_json_, source_dtype_;
   model::BatchPosition position_;
   std::optional<std::uint64_t> seed_;
   std::optional<DataIdentity> data_;

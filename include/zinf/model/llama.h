@@ -4,10 +4,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
 
 #include "zinf/model/matmul.h"
 #include "zinf/model/model.h"
@@ -15,26 +17,84 @@
 
 namespace zinf::model {
 
-// The dimensions of a Llama model. Each field is the HF LlamaConfig field in the comment, with
+// RoPE scaling (HF config.json `rope_scaling`, or `rope_parameters` in transformers 5): how the
+// rotary frequencies are stretched for long contexts. The fields a type does not read keep their
+// defaults; each is HF's key of the same name.
+// rope_type: none ("default"), "linear", "dynamic" (NTK-aware, by the sequence length), "yarn",
+// "llama3".
+enum class RopeType { kDefault, kLinear, kDynamic, kYarn, kLlama3 };
+std::string_view rope_type_name(RopeType type);  // HF's name
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;                      // factor (all but default)
+  int original_max_position_embeddings = 0;  // llama3 (required), yarn (optional); 0: absent
+  double low_freq_factor = 1.0;              // llama3
+  double high_freq_factor = 4.0;             // llama3
+  double beta_fast = 32.0;                   // yarn
+  double beta_slow = 1.0;                    // yarn
+  double attention_factor = 0.0;             // yarn: 0 = computed from factor (and mscale)
+  double mscale = 0.0;                       // yarn: 0 = absent
+  double mscale_all_dim = 0.0;               // yarn: 0 = absent
+  bool truncate = true;                      // yarn: floor/ceil the correction range
+
+  bool operator==(const RopeScaling&) const = default;
+};
+
+// The rotary frequencies a configuration uses at sequence length `seq_len` (only "dynamic"
+// depends on it), as transformers' ROPE_INIT_FUNCTIONS compute them but in double:
+// inv_freq[i] for i < head_dim/2, and the factor cos and sin are multiplied by (yarn; 1 else).
+struct RopeFrequencies {
+  std::vector<double> inv_freq;
+  double attention_factor = 1.0;
+};
+
+// The dimensions of a Llama-family model. Each field is the HF config field in the comment, with
 // the same meaning, so an HF config.json maps field by field. Field names double as the names
-// in error messages and in config_json().
+// in error messages and in config_json(). Mistral, Qwen2/Qwen2.5 and Qwen3 are this model with
+// a difference (family and the fields marked so).
+// The HF model_type a LlamaConfig is (and is written back as).
+enum class LlamaFamily { kLlama, kMistral, kQwen2, kQwen3 };
+std::string_view llama_family_name(LlamaFamily family);  // "llama", "mistral", "qwen2", "qwen3"
+// The family of an HF model_type, or nullopt for another.
+std::optional<LlamaFamily> llama_family_of(std::string_view model_type);
+
 struct LlamaConfig {
   int vocab_size = 256;           // vocab_size
   int max_seq = 64;               // max_position_embeddings: the longest sequence T accepted
   int n_layer = 2;                // num_hidden_layers
   int n_head = 4;                 // num_attention_heads
   int n_kv_head = 2;              // num_key_value_heads: query head h reads kv head h / (n_head / n_kv_head)
-  int n_embd = 64;                // hidden_size; head_dim = n_embd / n_head, even (RoPE rotates pairs)
+  int n_embd = 64;                // hidden_size
+  int head_dim = 0;               // head_dim (Qwen3, Mistral): 0 = n_embd / n_head; even (RoPE rotates pairs)
   int intermediate_size = 172;    // intermediate_size: the SwiGLU MLP width
   double rms_norm_eps = 1e-6;     // rms_norm_eps: x / sqrt(mean(x^2) + eps), eps added in fp32
   double rope_theta = 10000.0;    // rope_theta (rope_parameters.rope_theta in transformers 5)
+  RopeScaling rope_scaling;       // rope_scaling / rope_parameters.rope_type and its keys
   bool tie_word_embeddings = false;  // the LM head reuses model.embed_tokens.weight
+  bool qkv_bias = false;          // biases on q_proj, k_proj, v_proj (Qwen2; Llama's attention_bias)
+  bool o_bias = false;            // a bias on o_proj (Llama's attention_bias; Qwen2 has none)
+  bool qk_norm = false;           // Qwen3: RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+  int sliding_window = 0;         // sliding_window when the attention uses it (Mistral v0.1); 0 = none.
+                                  // zinf's attention is fully causal: T is limited to the window.
+  LlamaFamily family = LlamaFamily::kLlama;  // the HF model_type written back
   // Keep only block inputs in forward; recompute each block in backward. A run-time choice:
   // not in config_json(), changes no bit of any result.
   bool activation_checkpointing = false;
 
+  int head_size() const { return head_dim > 0 ? head_dim : (n_head > 0 ? n_embd / n_head : 0); }
   bool operator==(const LlamaConfig&) const = default;
 };
+
+// The rotary frequencies of `config` at sequence length seq_len (see RopeFrequencies).
+RopeFrequencies rope_frequencies(const LlamaConfig& config, int seq_len);
+
+// A RopeScaling as the JSON object HF writes ({"rope_type": ..., "factor": ..., and the keys
+// its type reads}), and read back from HF's `rope_scaling` / `rope_parameters` object (transformers
+// 4's "type" is accepted for "rope_type"; keys of other types, such as rope_theta, are ignored).
+// Errors name `where` and the key; the type itself is checked by validate_llama_config.
+std::string rope_scaling_json_text(const RopeScaling& scaling);
+Result<RopeScaling> rope_scaling_from_json_text(std::string_view text, std::string_view where);
 
 // Checks every field; the error names the offending field and its value, e.g.
 // "n_head (4) must be divisible by n_kv_head (3)" or "head_dim (n_embd / n_head = 5) must be
@@ -42,7 +102,10 @@ struct LlamaConfig {
 Status validate_llama_config(const LlamaConfig& config);
 
 // The architecture as JSON text: {"type": "llama", every field above except
-// activation_checkpointing}. Doubles are written so that they read back to the same bits.
+// activation_checkpointing}. Doubles are written so that they read back to the same bits. The
+// fields added for the other families (head_dim, rope_scaling, qkv_bias, o_bias, qk_norm,
+// sliding_window, family) are written only when they differ from Llama's defaults, so a Llama
+// checkpoint records what it recorded before them; reading takes them as optional.
 std::string llama_config_json(const LlamaConfig& config);
 // Reads that object back (every key required, "type" must be "llama") and validates it; errors
 // name `source` and the key.
@@ -56,13 +119,15 @@ struct LlamaActivations;  // internal: the model's activation and scratch buffer
 // Token embedding; n_layer pre-norm blocks
 //   x = x + o_proj(attention(rope(q_proj(h)), rope(k_proj(h)), v_proj(h))),  h = input_layernorm(x)
 //   x = x + down_proj(silu(gate_proj(h)) * up_proj(h)),                      h = post_attention_layernorm(x)
-// with causal grouped-query attention and no biases; final RMSNorm (model.norm); LM head
+// with causal grouped-query attention (biases on the projections and q_norm/k_norm before RoPE as
+// the configuration says: Qwen2, Qwen3, Llama's attention_bias); final RMSNorm (model.norm); LM head
 // (lm_head.weight, or embed_tokens.weight when tied); mean cross-entropy loss.
 //
 // Parameter names, shapes ([out, in], as torch Linear stores them) and order follow HF
 // LlamaForCausalLM, so HF weights load by name with no transpose. Modules, in forward order:
-// "model.embed_tokens"; per layer i "model.layers.i.input_layernorm", ".self_attn" (q, k, v,
-// o), ".post_attention_layernorm", ".mlp" (gate, up, down); "model.norm"; "lm_head" (owns
+// "model.embed_tokens"; per layer i "model.layers.i.input_layernorm", ".self_attn" (q, k, v
+// (each weight then bias when present), o (weight, bias), q_norm, k_norm), ".post_attention_layernorm",
+// ".mlp" (gate, up, down); "model.norm"; "lm_head" (owns
 // lm_head.weight, or lists embed_tokens.weight again when tied; the embedding module owns it
 // and its backward reads no values). The ParamAccess trace is GptModel's (gpt.h), module for
 // module.

@@ -45,6 +45,7 @@ class CheckpointReader {
 
   const std::string& folder() const;             // the tag's folder that was opened
   const std::string& model_config_json() const;  // {"type": ..., ...} (a GPT's "type" filled in)
+  const std::string& client_state() const;       // what the saver passed to save_checkpoint (may be empty)
   std::span<const model::ParamSpec> params() const;
   std::span<const model::ModuleSpec> modules() const;
   // Parameter `index`'s full value (params()[index].numel elements).

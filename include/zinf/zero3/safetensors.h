@@ -1,4 +1,5 @@
-// safetensors files: write and read named fp32 tensors (the format Hugging Face tools load).
+// safetensors files: write and read named tensors, fp32 in memory, F32, BF16 or F16 on disk (the
+// format Hugging Face tools load).
 //
 // Layout: 8-byte little-endian header length H, H bytes of JSON
 // {"name": {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {...}}
@@ -18,7 +19,7 @@ namespace zinf::zero3 {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;  // "F32" (the only dtype zinf writes; F16/BF16 are read and converted)
+  std::string dtype;  // "F32", "BF16", "F16" (read and converted to fp32), or another the file names
   std::vector<std::int64_t> shape;
   std::uint64_t begin = 0;  // byte offsets in the data section
   std::uint64_t end = 0;
@@ -30,6 +31,8 @@ struct TensorToWrite {
   // Fills `out` (numel floats) with the tensor's values; called once, in order, so a
   // writer can stream parameters one at a time without holding the whole model.
   std::function<Status(std::span<float> out)> fill;
+  // How the values are stored: "F32", or "BF16" / "F16" rounded to nearest even.
+  std::string dtype = "F32";
 };
 
 // Writes atomically: `path`.tmp, fsync, rename. Fails if a shape and its element count disagree.
