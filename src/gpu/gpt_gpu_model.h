@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "device/step_times.h"
 #include "zinf/model/config.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
@@ -22,21 +23,10 @@ struct GptGpuModelOptions {
   bool staging_host_alloc = false;
 };
 
-// Where the passes' time went, summed since create(): cheap host clocks around the bridge's
-// work, and cudaEvents on the compute stream. The compute stream's busy time is measured between
-// the points where the host makes it wait (each upload at acquire, each gradient download at
-// grads_ready), so it counts kernels and the launch gaps between them, and the GPU's waiting is
-// the rest of the step's wall time.
-struct GptGpuTimes {
-  std::uint64_t passes = 0;
-  double pass_s = 0;              // host wall time inside forward_backward / forward_loss
-  double gpu_compute_s = 0;       // the compute stream's busy time (cudaEventElapsedTime)
-  double host_acquire_s = 0;      // the engine's acquire: gathering values (memory, CPU or NVMe)
-  double upload_s = 0;            // bf16 cast into pinned staging, the H2D copy and its wait
-  double download_s = 0;          // the D2H copies of gradients, their wait, the adds into host buffers
-  double host_grads_ready_s = 0;  // the engine's grads_ready (partition copy, reduction)
-  std::uint64_t upload_bytes = 0, download_bytes = 0;
-};
+// Where the passes' time went, summed since create() (device/step_times.h): host clocks around
+// the bridge's work, and cudaEvents on the compute stream between the points where the host
+// makes it wait (each upload at acquire, each gradient download at grads_ready).
+using GptGpuTimes = device::StepTimes;
 
 class GptGpuModelImpl;  // internal: the device, streams, allocator, GptGpu and the bridge
 

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "device/step_times.h"
 #include "device_conformance.h"
 
 namespace zinf::device {
@@ -146,6 +147,28 @@ TEST(HostDevice, TheCapIsAnErrorNamingTheRequest) {
   ASSERT_FALSE(b.is_ok());
   EXPECT_EQ(b.status().code(), ErrorCode::kResourceExhausted);
   EXPECT_NE(b.status().message().find("layer 2 gathered weights"), std::string::npos) << b.status().message();
+}
+
+}  // namespace
+}  // namespace zinf::device
+
+namespace zinf::device {
+namespace {
+
+// The step times' table drives their arithmetic and the JSON log: every field goes through it.
+TEST(StepTimes, SumAndDifferenceGoFieldByField) {
+  StepTimes a, b;
+  double x = 1.0;
+  for (const auto& f : kStepTimeSeconds) a.*f.member = (x += 1.0);
+  std::uint64_t k = 10;
+  for (const auto& f : kStepTimeCounts) a.*f.member = (k += 7);
+  b += a;
+  b += a;
+  const StepTimes d = b - a;
+  for (const auto& f : kStepTimeSeconds) EXPECT_EQ(d.*f.member, a.*f.member) << f.json_key;
+  for (const auto& f : kStepTimeCounts) EXPECT_EQ(d.*f.member, a.*f.member) << f.json_key;
+  EXPECT_EQ(b.upload_bytes, 2 * a.upload_bytes);
+  EXPECT_EQ(b.gpu_compute_s, 2 * a.gpu_compute_s);
 }
 
 }  // namespace

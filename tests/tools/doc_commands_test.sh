@@ -55,6 +55,7 @@ while IFS=$'\t' read -r doc cmd; do
     *aio_bench*) skip="tunes a real drive (tests/tools/aio_bench_test.sh runs aio_bench)" ;;
     mpirun\ * | bench/*) skip="several ranks (tests/zero3 multirank tests run mpirun)" ;;
     *"..."*) skip="a placeholder (...)" ;;
+    python3\ -m\ venv* | *pip\ install*) skip="installs the Python package (meson test's python suite tests it; pip needs the network)" ;;
   esac
   if [[ -n $skip ]]; then
     echo "doc_commands: skipped ($skip): $doc: $cmd"

@@ -433,21 +433,14 @@ struct GpuSteady {
     ++steps;
     step_s += r.seconds;
     tokens += r.tokens;
-    sum.passes += d.passes;
-    sum.pass_s += d.pass_s;
-    sum.gpu_compute_s += d.gpu_compute_s;
-    sum.host_acquire_s += d.host_acquire_s;
-    sum.upload_s += d.upload_s;
-    sum.download_s += d.download_s;
-    sum.host_grads_ready_s += d.host_grads_ready_s;
-    sum.upload_bytes += d.upload_bytes;
-    sum.download_bytes += d.download_bytes;
+    sum.times += d.times;
     sum.flops_per_token = d.flops_per_token;
     sum.flops_formula = d.flops_formula;
   }
 
   std::string summary() const {
     const double n = steps;
+    const device::StepTimes& t = sum.times;
     const double per = step_s / n;
     const double tflops = sum.flops_per_token * static_cast<double>(tokens) / std::max(step_s, 1e-9) / 1e12;
     auto pct = [&](double x) { return 100.0 * x / std::max(step_s, 1e-9); };
@@ -457,10 +450,10 @@ struct GpuSteady {
         "({:.1f}%, {:.2f} GB), gradient downloads {:.3f} s ({:.1f}%, {:.2f} GB), engine gathers {:.3f} s ({:.1f}%), "
         "engine grads_ready {:.3f} s ({:.1f}%), outside the passes (optimizer, clipping) {:.3f} s ({:.1f}%)\n",
         steps, per, static_cast<double>(tokens) / std::max(step_s, 1e-9), tflops, sum.flops_per_token,
-        sum.flops_formula, sum.gpu_compute_s / n, pct(sum.gpu_compute_s), 100.0 * gpu_wait_share(sum.gpu_compute_s, step_s),
-        sum.upload_s / n, pct(sum.upload_s), sum.upload_bytes / n / 1e9, sum.download_s / n, pct(sum.download_s),
-        sum.download_bytes / n / 1e9, sum.host_acquire_s / n, pct(sum.host_acquire_s), sum.host_grads_ready_s / n,
-        pct(sum.host_grads_ready_s), (step_s - sum.pass_s) / n, pct(step_s - sum.pass_s));
+        sum.flops_formula, t.gpu_compute_s / n, pct(t.gpu_compute_s), 100.0 * gpu_wait_share(t.gpu_compute_s, step_s),
+        t.upload_s / n, pct(t.upload_s), t.upload_bytes / n / 1e9, t.download_s / n, pct(t.download_s),
+        t.download_bytes / n / 1e9, t.host_acquire_s / n, pct(t.host_acquire_s), t.host_grads_ready_s / n,
+        pct(t.host_grads_ready_s), (step_s - t.pass_s) / n, pct(step_s - t.pass_s));
   }
 };
 
@@ -625,13 +618,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"io_wait_s", r.io_wait_s},
                              {"nvme_bytes", engine->bytes_moved()}};
       if (gpu_step) {
-        line["gpu_pass_s"] = gpu_step->pass_s;
-        line["gpu_compute_s"] = gpu_step->gpu_compute_s;
-        line["gpu_upload_s"] = gpu_step->upload_s;
-        line["gpu_download_s"] = gpu_step->download_s;
-        line["gpu_host_acquire_s"] = gpu_step->host_acquire_s;
-        line["gpu_host_grads_ready_s"] = gpu_step->host_grads_ready_s;
-        line["gpu_wait_share"] = gpu_wait_share(gpu_step->gpu_compute_s, r.seconds);
+        for (const auto& f : device::kStepTimeSeconds) line[f.json_key] = gpu_step->times.*f.member;
+        for (const auto& f : device::kStepTimeCounts) line[f.json_key] = gpu_step->times.*f.member;
+        line["gpu_wait_share"] = gpu_wait_share(gpu_step->times.gpu_compute_s, r.seconds);
         line["model_tflops"] = gpu_step->flops_per_token * static_cast<double>(r.tokens) / std::max(r.seconds, 1e-9) / 1e12;
       }
       json_log << line.dump() << "\n" << std::flush;

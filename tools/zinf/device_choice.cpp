@@ -48,15 +48,7 @@ Result<DeviceChoice> fit_device_to_model(DeviceChoice choice, std::string_view m
 
 DeviceTimes operator-(const DeviceTimes& b, const DeviceTimes& a) {
   DeviceTimes d = b;
-  d.passes -= a.passes;
-  d.pass_s -= a.pass_s;
-  d.gpu_compute_s -= a.gpu_compute_s;
-  d.host_acquire_s -= a.host_acquire_s;
-  d.upload_s -= a.upload_s;
-  d.download_s -= a.download_s;
-  d.host_grads_ready_s -= a.host_grads_ready_s;
-  d.upload_bytes -= a.upload_bytes;
-  d.download_bytes -= a.download_bytes;
+  d.times = b.times - a.times;
   return d;
 }
 

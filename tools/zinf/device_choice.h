@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "device/step_times.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 
@@ -52,16 +53,14 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
 // Where a GPU model's passes spent their time, summed since it was made (gpu::GptGpuTimes), and
 // its model flops per token. nullopt for a model on the CPU.
 struct DeviceTimes {
-  std::uint64_t passes = 0;
-  double pass_s = 0, gpu_compute_s = 0, host_acquire_s = 0, upload_s = 0, download_s = 0, host_grads_ready_s = 0;
-  std::uint64_t upload_bytes = 0, download_bytes = 0;
+  device::StepTimes times;
   // 6 N + 12 L C T (forward and backward of every parameter, plus attention's Q K^T and A V over
   // the full T x T, PaLM's and nanoGPT's estimate_mfu convention; causal masking not discounted).
   double flops_per_token = 0;
   std::string flops_formula;  // "6*N + 12*L*C*T, N = 124439808, L = 12, C = 768, T = 1024"
 };
 std::optional<DeviceTimes> device_times(const model::Model& model);
-// b minus a, field by field (the flops stay b's).
+// b's times minus a's, field by field (the flops stay b's).
 DeviceTimes operator-(const DeviceTimes& b, const DeviceTimes& a);
 
 }  // namespace zinf::cli

@@ -41,9 +41,7 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
 std::optional<DeviceTimes> device_times(const model::Model& model) {
   const auto* gpu = dynamic_cast<const gpu::GptGpuModel*>(&model);
   if (gpu == nullptr) return std::nullopt;
-  const gpu::GptGpuTimes t = gpu->times();
-  DeviceTimes d{t.passes, t.pass_s, t.gpu_compute_s, t.host_acquire_s, t.upload_s, t.download_s,
-                t.host_grads_ready_s, t.upload_bytes, t.download_bytes, 0.0, ""};
+  DeviceTimes d{gpu->times(), 0.0, ""};
   std::uint64_t n = 0;
   for (const model::ParamSpec& p : model.params()) n += p.numel;
   const model::GptConfig& c = gpu->config();
