@@ -28,10 +28,7 @@ namespace detail {
 Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend();
 MatmulSupport probe_matmul_support();
 
-// `auto`'s rule for a 16-bit run: bf16 products only with oneDNN and AMX tiles. AVX512-BF16
-// alone measured half OpenBLAS's fp32 rate on a Xeon (docs/model.md), so it stays fp32 unless
-// pinned. A pure function of the hardware, never of timings: the same machine always computes
-// the same bits.
+// auto_matmul_choice(s).kind.
 MatmulKind auto_matmul_kind(const MatmulSupport& s);
 }  // namespace detail
 

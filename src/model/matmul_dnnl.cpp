@@ -179,7 +179,7 @@ namespace detail {
 
 MatmulSupport probe_matmul_support() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  return MatmulSupport{true, has_bf16_units(isa), isa == dnnl::cpu_isa::avx512_core_amx, isa_name(isa)};
+  return MatmulSupport{true, has_bf16_units(isa), isa == dnnl::cpu_isa::avx512_core_amx, isa_name(isa), {}};
 }
 
 Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend() {

@@ -191,18 +191,70 @@ class ScopedMatmulEnv {
   std::optional<std::string> old_;
 };
 
-TEST(MatmulTest, AutoTakesBf16OnlyWithOneDnnAndAmx) {
-  using detail::auto_matmul_kind;
-  EXPECT_EQ(auto_matmul_kind({true, true, true, "avx512_core_amx"}), MatmulKind::kBf16);
-  // AVX512-BF16 without AMX (this machine): bf16 products measured 0.5x OpenBLAS fp32.
-  EXPECT_EQ(auto_matmul_kind({true, true, false, "avx512_core_bf16"}), MatmulKind::kFp32);
-  EXPECT_EQ(auto_matmul_kind({true, false, false, "avx512_core"}), MatmulKind::kFp32);
-  EXPECT_EQ(auto_matmul_kind({false, false, false, ""}), MatmulKind::kFp32);
+MatmulSupport support_of(bool dnnl, const char* isa, const char* vendor, int family, int model) {
+  const std::string i = isa;
+  return {dnnl, i == "avx512_core_bf16" || i == "avx512_core_amx", i == "avx512_core_amx", i, {vendor, family, model}};
+}
+
+// auto's table of CPU families, row by row (docs/model.md, "Matrix products").
+TEST(MatmulTest, AutoFollowsTheTableOfCpuFamilies) {
+  const auto kind = [](const MatmulSupport& s) { return auto_matmul_choice(s).kind; };
+  // AMX tiles (Sapphire Rapids and later): bf16.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_amx", "GenuineIntel", 6, 143)), MatmulKind::kBf16);
+  // Intel AVX512-BF16 without AMX (the measured Xeon, family 6 model 207; Cooper Lake): fp32.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "GenuineIntel", 6, 207)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "GenuineIntel", 6, 85)), MatmulKind::kFp32);
+  // AMD Zen 4 (family 25 with AVX512-BF16: EPYC 9004 model 17, Ryzen 7000 model 97): bf16.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17)), MatmulKind::kBf16);
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 97)), MatmulKind::kBf16);
+  // Zen 3 is family 25 too, but has no bf16 units: fp32, as every CPU without them.
+  EXPECT_EQ(kind(support_of(true, "avx2", "AuthenticAMD", 25, 1)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(true, "avx512_core", "GenuineIntel", 6, 85)), MatmulKind::kFp32);
+  // No oneDNN: fp32 whatever the CPU.
+  EXPECT_EQ(kind(support_of(false, "", "AuthenticAMD", 25, 17)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(false, "", "GenuineIntel", 6, 143)), MatmulKind::kFp32);
+  for (const MatmulSupport& s : {support_of(true, "avx512_core_amx", "GenuineIntel", 6, 143),
+                                 support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17),
+                                 support_of(true, "avx2", "AuthenticAMD", 25, 1)}) {
+    EXPECT_TRUE(auto_matmul_choice(s).known) << s.isa;
+  }
+  // The start-up line names the row and the CPU.
+  const MatmulChoice zen4 = auto_matmul_choice(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17));
+  EXPECT_EQ(zen4.row, "AMD Zen 4");
+  EXPECT_NE(zen4.why.find("AuthenticAMD family 25 model 17"), std::string::npos) << zen4.why;
+}
+
+// A CPU with bf16 units and no row (a later AMD family, another vendor, an Intel family after 6)
+// gets fp32, the safe choice, and a line saying how to measure and pin the kind.
+TEST(MatmulTest, AutoGivesAnUnknownCpuFp32AndSaysHowToMeasure) {
+  for (const MatmulSupport& s : {support_of(true, "avx512_core_bf16", "AuthenticAMD", 26, 2),
+                                 support_of(true, "avx512_core_bf16", "HygonGenuine", 24, 0),
+                                 support_of(true, "avx512_core_bf16", "GenuineIntel", 19, 1),
+                                 support_of(true, "avx512_core_bf16", "", 0, 0)}) {
+    const MatmulChoice c = auto_matmul_choice(s);
+    EXPECT_EQ(c.kind, MatmulKind::kFp32) << c.why;
+    EXPECT_FALSE(c.known) << c.why;
+    EXPECT_NE(c.why.find("build/bench/matmul_bench"), std::string::npos) << c.why;
+    EXPECT_NE(c.why.find("ZINF_MATMUL"), std::string::npos) << c.why;
+  }
+  // detail::auto_matmul_kind is the choice's kind.
+  const MatmulSupport zen5 = support_of(true, "avx512_core_bf16", "AuthenticAMD", 26, 2);
+  EXPECT_EQ(detail::auto_matmul_kind(zen5), MatmulKind::kFp32);
+}
+
+TEST(MatmulTest, SupportDescribesThisMachine) {
   const MatmulSupport s = matmul_support();
   EXPECT_EQ(s.amx, s.isa == "avx512_core_amx");
   if (s.amx) {
     EXPECT_TRUE(s.bf16_units);
   }
+#if defined(__x86_64__)
+  EXPECT_EQ(s.cpu.vendor.size(), 12u);
+  EXPECT_GE(s.cpu.family, 6);
+#endif
+  std::printf("this machine: %s family %d model %d, %s: auto %s (%s)\n", s.cpu.vendor.c_str(), s.cpu.family,
+              s.cpu.model, s.isa.c_str(), std::string(matmul_kind_name(auto_matmul_choice(s).kind)).c_str(),
+              auto_matmul_choice(s).row.c_str());
 }
 
 TEST(MatmulTest, ResolveFollowsPrecisionHardwareAndOverride) {

@@ -19,23 +19,43 @@ enum class MatmulKind {
 };
 std::string_view matmul_kind_name(MatmulKind kind);  // "fp32", "bf16"
 
+// The CPU as CPUID names it; empty vendor off x86.
+struct CpuIdentity {
+  std::string vendor;  // "AuthenticAMD", "GenuineIntel", ...
+  int family = 0;      // display family: base family, plus the extended family when base is 15
+  int model = 0;       // display model: the extended model bits included for families 6 and 15
+};
+CpuIdentity cpu_identity();
+
 // What this build and CPU offer for bf16 products.
 struct MatmulSupport {
   bool dnnl_built = false;  // zinf was built with oneDNN (meson option dnnl)
   bool bf16_units = false;  // the CPU has bf16 dot-product units: AVX512-BF16 or AMX
   bool amx = false;         // ... and AMX tiles (oneDNN's avx512_core_amx)
   std::string isa;          // oneDNN's effective ISA ("avx512_core_bf16", "avx512_core_amx", ...)
+  CpuIdentity cpu;
 };
 MatmulSupport matmul_support();
 
+// `auto`'s choice for a 16-bit run, from a table of CPU families (docs/model.md, "Matrix
+// products", has each row's measurement). A pure function of the hardware, never of timings:
+// the same machine always computes the same bits.
+struct MatmulChoice {
+  MatmulKind kind = MatmulKind::kFp32;
+  bool known = true;  // false: the CPU has bf16 units but no row of the table; kind is fp32
+  std::string row;    // the row that decided ("AMD Zen 4"), or why no row was needed
+  std::string why;    // the start-up line's reason, with how to measure and pin on an unknown CPU
+};
+MatmulChoice auto_matmul_choice(const MatmulSupport& s);
+
 // The kind a run computing in `precision` uses. fp32 runs always get kFp32 (bit for bit the
-// results zinf gave before bf16 products existed). 16-bit runs (`auto`) get kBf16 only when oneDNN
-// is built in and the CPU has AMX; AVX512-BF16 alone stays kFp32 (no faster here, see
-// docs/model.md). ZINF_MATMUL=auto|fp32|bf16 in the environment overrides that choice for 16-bit
-// runs. The choice depends on the hardware and the variable only, never on timings. ZINF_MATMUL=bf16
-// on a build without oneDNN, or an unknown value, is invalid_argument. Logs the choice and why at
-// notice level once per distinct choice, e.g. "matmul: OpenBLAS fp32 (auto: avx512_core_bf16 has
-// AVX512-BF16 but no AMX, ...)".
+// results zinf gave before bf16 products existed). 16-bit runs (`auto`) get
+// auto_matmul_choice(matmul_support()): kBf16 where the table says bf16 products are faster
+// (AMX; AMD Zen 4), kFp32 elsewhere (no oneDNN, no bf16 units, Intel AVX512-BF16 without AMX, and
+// every CPU not in the table). ZINF_MATMUL=auto|fp32|bf16 in the environment overrides that
+// choice for 16-bit runs. ZINF_MATMUL=bf16 on a build without oneDNN, or an unknown value, is
+// invalid_argument. Logs the choice and why at notice level once per distinct choice, e.g.
+// "matmul: oneDNN bf16 inputs, fp32 accumulation (auto: AMD Zen 4, ...)".
 Result<MatmulKind> resolve_matmul(ComputePrecision precision);
 
 class Bf16MatmulBackend;  // internal: the oneDNN primitives and bf16 scratch
