@@ -11,6 +11,10 @@
 //   matmul_auto kind=fp32|bf16 row="..." known=yes|no
 //   matmul_layer fp32_ms=X bf16_ms=Y speedup=X/Y isa=...
 //
+// It first takes the zinf command's start-up step (tools/zinf/runtime_env.h: OMP_WAIT_POLICY,
+// OPENBLAS_CORETYPE, OPENBLAS_THREAD_TIMEOUT where unset, then runs itself again), so the ratio is
+// the one `zinf train` sees; set the variables to measure the libraries' defaults instead.
+//
 // Flags: --rows=N (2048), --embd=C (384), --rounds=R (7). Not Google Benchmark: one interleaved
 // comparison with its own summary line (like swap_bench).
 #include <fmt/format.h>
@@ -24,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime_env.h"
 #include "zinf/model/matmul.h"
 
 namespace {
@@ -76,6 +81,7 @@ int flag(int argc, char** argv, std::string_view name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zinf::cli::tune_runtime_environment(argv);
   const int N = flag(argc, argv, "--rows", 2048);
   const int C = flag(argc, argv, "--embd", 384);
   const int rounds = flag(argc, argv, "--rounds", 7);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/bf16_matmul.h"
 #include "model/kernels.h"
 #include "model_test_util.h"
@@ -148,6 +149,46 @@ TEST_P(Bf16MatmulTest, ForwardAndBackwardWithinBf16Tolerance) {
   EXPECT_EQ(std::memcmp(out.data(), out2.data(), out.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dinp.data(), dinp2.data(), dinp.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dweight.data(), dweight2.data(), dweight.size() * sizeof(float)), 0);
+}
+
+// inp rounded by the producer (inp_bf16) gives the products the backend's own rounding gives, bit
+// for bit, and the backend reads it: inp itself is replaced by zeros in the pre-rounded calls.
+TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
+  std::string why;
+  std::optional<Matmul> mm = bf16_matmul(&why);
+  if (!mm) GTEST_SKIP() << "no bf16 matmul: " << why;
+  ASSERT_TRUE(mm->reads_bf16_inputs());
+  const auto [N, C, OC] = GetParam();
+  const std::vector<float> inp = random_vector(1, static_cast<size_t>(N) * C, 1.0);
+  const std::vector<float> weight = random_vector(2, static_cast<size_t>(OC) * C, 0.2);
+  const std::vector<float> bias = random_vector(3, OC, 0.5);
+  const std::vector<float> dout = random_vector(4, static_cast<size_t>(N) * OC, 0.01);
+  const std::vector<float> dweight0 = random_vector(5, static_cast<size_t>(OC) * C, 0.1);
+  const std::vector<float> zeros(inp.size(), 0.0f);
+  std::vector<uint16_t> inp_bf16(inp.size());
+  for (size_t i = 0; i < inp.size(); i++) inp_bf16[i] = detail::to_bf16(inp[i]);
+
+  std::vector<float> out(static_cast<size_t>(N) * OC), out_pre(out.size());
+  mm->forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  mm->forward(out_pre.data(), zeros.data(), inp_bf16.data(), weight.data(), bias.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(out.data(), out_pre.data(), out.size() * sizeof(float)), 0);
+
+  std::vector<float> dinp(inp.size()), dinp_pre(inp.size()), dweight = dweight0, dweight_pre = dweight0;
+  std::vector<float> dbias(OC, 0.0f), dbias_pre(OC, 0.0f);
+  mm->backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+  mm->backward(dinp_pre.data(), dweight_pre.data(), dbias_pre.data(), dout.data(), zeros.data(), inp_bf16.data(),
+               weight.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(dinp.data(), dinp_pre.data(), dinp.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dweight.data(), dweight_pre.data(), dweight.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dbias.data(), dbias_pre.data(), dbias.size() * sizeof(float)), 0);
+
+  // The fp32 kind reads inp and ignores the copy.
+  Matmul fp32;
+  ASSERT_FALSE(fp32.reads_bf16_inputs());
+  std::vector<float> out32(out.size()), out32_ref(out.size());
+  fp32.forward(out32.data(), inp.data(), inp_bf16.data(), weight.data(), bias.data(), N, C, OC);
+  kernels::matmul_forward(out32_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(out32.data(), out32_ref.data(), out32.size() * sizeof(float)), 0);
 }
 
 // Odd sizes (no multiple of the kernels' blocking), GPT shapes (C=64, 3C, 4C) and a vocab head.

@@ -2,6 +2,7 @@
 // bf16 inputs and fp32 accumulation, chosen at run time.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -82,11 +83,27 @@ class Matmul {
 
   // out (N,OC) = inp (N,C) @ weight^T + bias (OC) when bias != nullptr
   void forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-               int OC);
+               int OC) {
+    forward(out, inp, nullptr, weight, bias, N, C, OC);
+  }
   // dinp (N,C) = dout (N,OC) @ weight (overwritten); dweight (OC,C) += dout^T @ inp;
   // dbias (OC) += column sums of dout (skipped when dbias == nullptr)
   void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                const float* weight, int N, int C, int OC);
+                const float* weight, int N, int C, int OC) {
+    backward(dinp, dweight, dbias, dout, inp, nullptr, weight, N, C, OC);
+  }
+
+  // The same with inp_bf16: nullptr, or inp (N,C) already rounded to bf16 element by element
+  // (round to nearest even, as the backend rounds), typically written by the kernel that
+  // produced inp. kBf16 then reads it instead of rounding inp itself: the same bits, one pass
+  // over inp fewer. kFp32 reads inp and ignores it.
+  void forward(float* out, const float* inp, const uint16_t* inp_bf16, const float* weight, const float* bias,
+               int N, int C, int OC);
+  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                const uint16_t* inp_bf16, const float* weight, int N, int C, int OC);
+  // Whether forward/backward read inp_bf16 (kind kBf16): the models write bf16 copies of the
+  // activations their products read only then.
+  bool reads_bf16_inputs() const { return kind_ == MatmulKind::kBf16; }
 
  private:
   MatmulKind kind_ = MatmulKind::kFp32;
