@@ -48,9 +48,9 @@ MatmulSupport matmul_support() {
 namespace {
 
 // One row of auto's table: CPUs with bf16 units (AVX512-BF16 or AMX) and oneDNN built, by
-// vendor, family and AMX. Each row's kind is what build/bench/matmul_bench measured faster on
-// such a CPU at GPT `small`'s shapes; docs/model.md ("Matrix products") has the figures, and a new
-// row needs its measurement there.
+// vendor, family and AMX. Each row's kind is the one measured faster on such a CPU
+// (build/bench/matmul_bench at GPT `small`'s shapes where it was run); docs/model.md ("Matrix
+// products") has the figures and how each was taken, and a new row needs its measurement there.
 struct MatmulRow {
   const char* name;
   const char* vendor;  // CPUID vendor; nullptr: any
