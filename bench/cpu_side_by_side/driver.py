@@ -180,8 +180,9 @@ def report_products(tables):
     if not tables:
         print("products: no bench/matmul_bench (a build without oneDNN): auto takes fp32 products")
         return
-    print(f"products: bench/matmul_bench at N 2048, C 384 (GPT small's layers), median of {len(tables)} "
-          f"runs of 3 interleaved rounds; CPU {tables[0].get('cpu', '?')}, oneDNN ISA {tables[0].get('isa', '?')}")
+    runs = f"the median over {len(tables)} runs" if len(tables) > 1 else "one run"
+    print(f"products: bench/matmul_bench at N 2048, C 384 (GPT small's layers), 3 interleaved rounds each, {runs}; "
+          f"CPU {tables[0].get('cpu', '?')}, oneDNN ISA {tables[0].get('isa', '?')}")
     print(f"  {'layer':10} {'pass':8} {'fp32 GF/s':>10} {'bf16 GF/s':>10} {'bf16/fp32':>9}")
     for key in tables[0]["rows"]:
         f32 = statistics.median(t["rows"][key][0] for t in tables if key in t["rows"])

@@ -16,10 +16,10 @@ namespace zinf::model {
 class Bf16MatmulBackend {
  public:
   virtual ~Bf16MatmulBackend() = default;
-  virtual void forward(float* out, const float* inp, const uint16_t* inp_bf16, const float* weight,
-                       const float* bias, int N, int C, int OC) = 0;
-  virtual void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                        const uint16_t* inp_bf16, const float* weight, int N, int C, int OC) = 0;
+  virtual void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C,
+                       int OC) = 0;
+  virtual void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
+                        const float* weight, int N, int C, int OC) = 0;
   // One line naming the implementation, e.g. "oneDNN 2.6.3 bf16 (avx512_core_bf16)".
   virtual std::string describe() const = 0;
 };

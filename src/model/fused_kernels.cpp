@@ -117,19 +117,21 @@ ZINF_ROW_CLONES void round_rows(uint16_t* dst, const float* src, int C, size_t b
 }
 
 // Columns [c0, c1) (at most kMaxSlice) of all N rows, each column in row order.
-ZINF_ROW_CLONES void gelu_grad_bias_columns(float* dpre, float* dbias, const float* pre, int N, int OC, size_t c0,
-                                            size_t c1) {
+ZINF_ROW_CLONES void gelu_grad_bias_columns(float* dpre, uint16_t* dpre_bf16, float* dbias, const float* pre, int N,
+                                            int OC, size_t c0, size_t c1) {
   float acc[kMaxSlice];
   const size_t w = c1 - c0;
   for (size_t i = 0; i < w; i++) acc[i] = dbias[c0 + i];
   for (int n = 0; n < N; n++) {
-    const float* x = pre + static_cast<size_t>(n) * OC + c0;
-    float* d = dpre + static_cast<size_t>(n) * OC + c0;
+    const size_t at = static_cast<size_t>(n) * OC + c0;
+    const float* x = pre + at;
+    float* d = dpre + at;
     for (size_t i = 0; i < w; i++) {
       const float g = gelu_grad(x[i]) * d[i];
       d[i] = g;
       acc[i] += g;
     }
+    if (dpre_bf16 != nullptr) round_row(dpre_bf16 + at, d, static_cast<int>(w));
   }
   for (size_t i = 0; i < w; i++) dbias[c0 + i] = acc[i];
 }
@@ -259,10 +261,12 @@ void round_to_bf16(uint16_t* dst, const float* src, int N, int C) {
                [&](size_t begin, size_t end) { round_rows(dst, src, C, begin, end); });
 }
 
-void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC) {
+void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC, uint16_t* dpre_bf16) {
   // Columns split over threads, rows in order within each column: dbias gets the serial loop's
   // bits while both passes (GELU' and the column sums) share one read of dpre.
-  for_column_slices(N, OC, 40, [&](size_t c0, size_t c1) { gelu_grad_bias_columns(dpre, dbias, pre, N, OC, c0, c1); });
+  for_column_slices(N, OC, 40, [&](size_t c0, size_t c1) {
+    gelu_grad_bias_columns(dpre, dpre_bf16, dbias, pre, N, OC, c0, c1);
+  });
 }
 
 void bias_grad(float* dbias, const float* dout, int N, int OC) {

@@ -18,13 +18,15 @@ namespace zinf::model::kernels {
 // on exit pre = that + bias (kept: GELU's backward reads it) and out (N,OC) = gelu(pre), GPT-2's
 // tanh form. Unfused: matmul_forward with the bias, then gelu_forward.
 // out_bf16 (N,OC), when not nullptr: out rounded to bf16 (detail::to_bf16), written row by row
-// while the row is in cache, for a bf16 product that reads out (Matmul's inp_bf16). The same for
+// while the row is in cache, for a bf16 product that reads out (MatmulInput's copy). The same for
 // the norms' out_bf16 below.
 void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC, uint16_t* out_bf16 = nullptr);
 
 // Backward of out = gelu(pre): on entry dpre (N,OC) holds d(out), on exit d(pre);
 // dbias (OC) += column sums of d(pre). Unfused: gelu_backward, then matmul_backward's dbias loop.
-void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC);
+// dpre_bf16 (N,OC), when not nullptr: d(pre) rounded to bf16, as the forward kernels' copies.
+void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC,
+                             uint16_t* dpre_bf16 = nullptr);
 
 // dbias (OC) += column sums of dout (N,OC), every column summed in row order: bit for bit the
 // serial loop `for n: for o: dbias[o] += dout[n][o]`, with columns split over threads.

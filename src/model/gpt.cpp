@@ -57,6 +57,7 @@ struct GptActivations {
   float* dres;                    // (B,T,C) gradient of the residual stream
   float* dsmall;                  // (B,T,C) scratch gradient
   float* dbig;                    // (B,T,4C) scratch gradient (also dqkv)
+  uint16_t* dbig_bf16;            // (B,T,4C) or nullptr: d(c_fc output) in bf16, from GELU's backward
   float* att_scratch;             // attention_scratch_floats()
 };
 
@@ -92,6 +93,7 @@ size_t carve(const GptConfig& c, size_t bt, bool bf16, float* base, GptActivatio
   a->dres = cv.take(bt * C);
   a->dsmall = cv.take(bt * C);
   a->dbig = cv.take(bt * 4 * C);
+  a->dbig_bf16 = half(bt * 4 * C);
   a->att_scratch = cv.take(k::attention_scratch_floats());
   return cv.used();
 }
@@ -208,7 +210,7 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
                                   v[1], N, C, a.lnf_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
-    matmul_.forward(a.logits, a.lnf, a.lnf_bf16, v[0], nullptr, N, C, V);  // (B,T,V)
+    matmul_.forward(a.logits, {a.lnf, a.lnf_bf16}, v[0], nullptr, N, C, V);  // (B,T,V)
   }));
   if (phase == Phase::kForward) {
     k::softmax_xent_fused(a.logits, a.losses, targets, dloss, N, V);  // logits become dlogits
@@ -235,19 +237,19 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
     k::residual_layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, pending, v[0], v[1], N, C, la.ln1_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
-    matmul_.forward(la.qkv, la.ln1, la.ln1_bf16, v[0], v[1], N, C, 3 * C);
+    matmul_.forward(la.qkv, {la.ln1, la.ln1_bf16}, v[0], v[1], N, C, 3 * C);
     k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
     if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, C);  // once for forward and backward
-    matmul_.forward(la.res2, la.atty, la.atty_bf16, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
     k::residual_layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, x, v[0], v[1], N, C, la.ln2_bf16);
   }));
   return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
-    matmul_.forward(la.fch, la.ln2, la.ln2_bf16, v[0], nullptr, N, C, 4 * C);
+    matmul_.forward(la.fch, {la.ln2, la.ln2_bf16}, v[0], nullptr, N, C, 4 * C);
     k::bias_gelu_forward(la.fch, la.fch_gelu, v[1], N, 4 * C, la.fch_gelu_bf16);
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, la.fch_gelu, la.fch_gelu_bf16, v[2], v[3], N, 4 * C, C);
+      matmul_.forward(y, {la.fch_gelu, la.fch_gelu_bf16}, v[2], v[3], N, 4 * C, C);
     }
   });
 }
@@ -260,7 +262,7 @@ Status GptModel::backward_pass(const int32_t* inputs, int B, int T, ParamAccess&
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
-    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, a.lnf_bf16, v[0], N, C, V);
+    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, {a.lnf, a.lnf_bf16}, v[0], N, C, V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
@@ -288,9 +290,10 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const int C = config_.n_embd;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
-    matmul_.backward(dfch, g[2], g[3], a.dres, la.fch_gelu, la.fch_gelu_bf16, v[2], N, 4 * C, C);
-    k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C);  // c_fc's bias gradient in the same pass
-    matmul_.backward(a.dsmall, g[0], nullptr, dfch, la.ln2, la.ln2_bf16, v[0], N, C, 4 * C);
+    matmul_.backward(dfch, g[2], g[3], a.dres, {la.fch_gelu, la.fch_gelu_bf16}, v[2], N, 4 * C, C);
+    // c_fc's bias gradient, and d(pre)'s bf16 copy where the products are bf16, in the same pass
+    k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C, a.dbig_bf16);
+    matmul_.backward(a.dsmall, g[0], nullptr, {dfch, a.dbig_bf16}, {la.ln2, la.ln2_bf16}, v[0], N, C, 4 * C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
@@ -299,9 +302,9 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
-    matmul_.backward(datty, g[2], g[3], a.dres, la.atty, la.atty_bf16, v[2], N, C, C);
+    matmul_.backward(datty, g[2], g[3], a.dres, {la.atty, la.atty_bf16}, v[2], N, C, C);
     k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
-    matmul_.backward(a.dsmall, g[0], g[1], dqkv, la.ln1, la.ln1_bf16, v[0], N, C, 3 * C);
+    matmul_.backward(a.dsmall, g[0], g[1], dqkv, {la.ln1, la.ln1_bf16}, v[0], N, C, 3 * C);
   }));
   return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,

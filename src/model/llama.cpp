@@ -237,7 +237,7 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
                                 a.xnf_bf16);
   }));
   return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
-    matmul_.forward(a.logits, a.xnf, a.xnf_bf16, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
+    matmul_.forward(a.logits, {a.xnf, a.xnf_bf16}, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
   });
 }
 
@@ -257,25 +257,25 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
     k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C, la.xn1_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
-    matmul_.forward(la.q, la.xn1, la.xn1_bf16, v[0], nullptr, N, d.C, d.C);
-    matmul_.forward(la.k, la.xn1, la.xn1_bf16, v[1], nullptr, N, d.C, d.KV);
-    matmul_.forward(la.v, la.xn1, la.xn1_bf16, v[2], nullptr, N, d.C, d.KV);
+    matmul_.forward(la.q, {la.xn1, la.xn1_bf16}, v[0], nullptr, N, d.C, d.C);
+    matmul_.forward(la.k, {la.xn1, la.xn1_bf16}, v[1], nullptr, N, d.C, d.KV);
+    matmul_.forward(la.v, {la.xn1, la.xn1_bf16}, v[2], nullptr, N, d.C, d.KV);
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, d.C);  // once for forward and backward
-    matmul_.forward(la.res2, la.atty, la.atty_bf16, v[3], nullptr, N, d.C, d.C);  // the residual x: norm 2 adds it
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[3], nullptr, N, d.C, d.C);  // the residual x: norm 2 adds it
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
     k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C, la.xn2_bf16);
   }));
   return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
-    matmul_.forward(la.gate, la.xn2, la.xn2_bf16, v[0], nullptr, N, d.C, d.I);
-    matmul_.forward(la.up, la.xn2, la.xn2_bf16, v[1], nullptr, N, d.C, d.I);
+    matmul_.forward(la.gate, {la.xn2, la.xn2_bf16}, v[0], nullptr, N, d.C, d.I);
+    matmul_.forward(la.up, {la.xn2, la.xn2_bf16}, v[1], nullptr, N, d.C, d.I);
     k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
     if (la.act_bf16 != nullptr) k::round_to_bf16(la.act_bf16, la.act, N, d.I);  // once for forward and backward
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, la.act, la.act_bf16, v[2], nullptr, N, d.I, d.C);
+      matmul_.forward(y, {la.act, la.act_bf16}, v[2], nullptr, N, d.I, d.C);
     }
   });
 }
@@ -286,7 +286,7 @@ Status LlamaModel::backward_pass(const int32_t* inputs, int B, int T, ParamAcces
   const Dims d(config_);
   const int N = B * T;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
-    matmul_.backward(a.dx, g[0], nullptr, a.logits, a.xnf, a.xnf_bf16, v[0], N, d.C, d.V);
+    matmul_.backward(a.dx, g[0], nullptr, a.logits, {a.xnf, a.xnf_bf16}, v[0], N, d.C, d.V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, norm_module(), [&](auto v, auto g) {
@@ -316,11 +316,11 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
     float* dact = a.dbig;     // (B,T,I), then dgate
     float* dup = a.dbig + NI;  // (B,T,I)
-    matmul_.backward(dact, g[2], nullptr, a.dres, la.act, la.act_bf16, v[2], N, d.I, d.C);
+    matmul_.backward(dact, g[2], nullptr, a.dres, {la.act, la.act_bf16}, v[2], N, d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
     // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[0], nullptr, dact, la.xn2, la.xn2_bf16, v[0], N, d.C, d.I);
-    matmul_.backward(a.dx2, g[1], nullptr, dup, la.xn2, la.xn2_bf16, v[1], N, d.C, d.I);
+    matmul_.backward(a.dx, g[0], nullptr, dact, {la.xn2, la.xn2_bf16}, v[0], N, d.C, d.I);
+    matmul_.backward(a.dx2, g[1], nullptr, dup, {la.xn2, la.xn2_bf16}, v[1], N, d.C, d.I);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C);
@@ -330,16 +330,16 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dq = a.dbig;                                   // (B,T,C)
     float* dk = dq + NC;                                  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
-    matmul_.backward(datty, g[3], nullptr, a.dres, la.atty, la.atty_bf16, v[3], N, d.C, d.C);
+    matmul_.backward(datty, g[3], nullptr, a.dres, {la.atty, la.atty_bf16}, v[3], N, d.C, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
     // norm 1's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[0], nullptr, dq, la.xn1, la.xn1_bf16, v[0], N, d.C, d.C);
-    matmul_.backward(a.dx2, g[1], nullptr, dk, la.xn1, la.xn1_bf16, v[1], N, d.C, d.KV);
-    matmul_.backward(dq, g[2], nullptr, dv, la.xn1, la.xn1_bf16, v[2], N, d.C, d.KV);
+    matmul_.backward(a.dx, g[0], nullptr, dq, {la.xn1, la.xn1_bf16}, v[0], N, d.C, d.C);
+    matmul_.backward(a.dx2, g[1], nullptr, dk, {la.xn1, la.xn1_bf16}, v[1], N, d.C, d.KV);
+    matmul_.backward(dq, g[2], nullptr, dv, {la.xn1, la.xn1_bf16}, v[2], N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C);

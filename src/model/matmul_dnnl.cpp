@@ -52,6 +52,11 @@ const uint16_t* convert(std::vector<uint16_t>& dst, const float* src, size_t n) 
   return d;
 }
 
+// The input's bf16 copy where its producer wrote one, else dst filled by convert().
+const uint16_t* rounded(std::vector<uint16_t>& dst, MatmulInput in, size_t n) {
+  return in.bf16 != nullptr ? in.bf16 : convert(dst, in.f32, n);
+}
+
 enum class Product { kForward, kForwardBias, kDinp, kDweight };
 
 // A matrix (rows, cols) with element strides; transposed views come from strides.
@@ -66,24 +71,24 @@ class DnnlBf16Matmul final : public Bf16MatmulBackend {
   // The implementation oneDNN picks for a forward product; "ref" means no fast bf16 kernel.
   std::string probe_impl() { return prepared(Product::kForward, 64, 64, 64).impl; }
 
-  void forward(float* out, const float* inp, const uint16_t* inp_bf16, const float* weight, const float* bias,
-               int N, int C, int OC) override {
-    const uint16_t* a = inp_bf16 != nullptr ? inp_bf16 : convert(a_, inp, static_cast<size_t>(N) * C);
+  void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C,
+               int OC) override {
+    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
     convert(w_, weight, static_cast<size_t>(OC) * C);
     const Product p = bias != nullptr ? Product::kForwardBias : Product::kForward;
     run(p, N, OC, C, a, w_.data(), out, bias);
   }
 
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                const uint16_t* inp_bf16, const float* weight, int N, int C, int OC) override {
-    convert(d_, dout, static_cast<size_t>(N) * OC);
+  void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
+                const float* weight, int N, int C, int OC) override {
+    const uint16_t* d = rounded(d_, dout, static_cast<size_t>(N) * OC);
     convert(w_, weight, static_cast<size_t>(OC) * C);
-    const uint16_t* a = inp_bf16 != nullptr ? inp_bf16 : convert(a_, inp, static_cast<size_t>(N) * C);
+    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
     // dinp (N,C) = dout (N,OC) @ weight (OC,C)
-    run(Product::kDinp, N, C, OC, d_.data(), w_.data(), dinp, nullptr);
+    run(Product::kDinp, N, C, OC, d, w_.data(), dinp, nullptr);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): a sum post-op adds the fp32 product to dweight.
-    run(Product::kDweight, OC, C, N, d_.data(), a, dweight, nullptr);
-    if (dbias != nullptr) kernels::bias_grad(dbias, dout, N, OC);  // fp32 row-order column sums
+    run(Product::kDweight, OC, C, N, d, a, dweight, nullptr);
+    if (dbias != nullptr) kernels::bias_grad(dbias, dout.f32, N, OC);  // fp32 row-order column sums
   }
 
   std::string describe() const override {

@@ -48,9 +48,10 @@ int main() {
   mix(out);
   mix(out_bf16);
   std::vector<float> d = filled(static_cast<size_t>(N) * OC, 1, 3), db = filled(OC, 1, 4);
-  k::gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC);
+  k::gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC, out_bf16.data());
   mix(d);
   mix(db);
+  mix(out_bf16);
   std::vector<float> x = filled(static_cast<size_t>(N) * C, 3, 5), r = filled(x.size(), 1, 6), w = filled(C, 1, 7),
                      bias = filled(C, 1, 8), o(x.size()), mean(N), rstd(N);
   std::vector<uint16_t> o_bf16(o.size());

@@ -102,6 +102,16 @@ TEST(FusedKernelsTest, Bf16CopiesAreTheRoundedOutputsBitForBit) {
     EXPECT_TRUE(same_bits(out, out2));
     EXPECT_EQ(out_bf16, rounded(out));
   }
+  {
+    const std::vector<float> pre = randn(9, static_cast<size_t>(N) * OC, 3.0), db0 = randn(10, OC);
+    std::vector<float> d = randn(11, pre.size()), d2 = d, db = db0, db2 = db0;
+    std::vector<uint16_t> d_bf16(d.size());
+    gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC, d_bf16.data());
+    gelu_backward_bias_grad(d2.data(), db2.data(), pre.data(), N, OC);
+    EXPECT_TRUE(same_bits(d, d2));
+    EXPECT_TRUE(same_bits(db, db2));
+    EXPECT_EQ(d_bf16, rounded(d));
+  }
   const std::vector<float> w = randn(3, C), b = randn(4, C), r = randn(5, static_cast<size_t>(N) * C);
   {
     std::vector<float> x = randn(6, static_cast<size_t>(N) * C, 2.0), x2 = x;

@@ -151,8 +151,9 @@ TEST_P(Bf16MatmulTest, ForwardAndBackwardWithinBf16Tolerance) {
   EXPECT_EQ(std::memcmp(dweight.data(), dweight2.data(), dweight.size() * sizeof(float)), 0);
 }
 
-// inp rounded by the producer (inp_bf16) gives the products the backend's own rounding gives, bit
-// for bit, and the backend reads it: inp itself is replaced by zeros in the pre-rounded calls.
+// Inputs rounded by their producer (MatmulInput's bf16 copy) give the products the backend's own
+// rounding gives, bit for bit, and the backend reads the copy: inp's fp32 values are replaced by
+// zeros in the pre-rounded calls, dout's half zeroed in the last.
 TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
   std::string why;
   std::optional<Matmul> mm = bf16_matmul(&why);
@@ -170,23 +171,37 @@ TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
 
   std::vector<float> out(static_cast<size_t>(N) * OC), out_pre(out.size());
   mm->forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
-  mm->forward(out_pre.data(), zeros.data(), inp_bf16.data(), weight.data(), bias.data(), N, C, OC);
+  mm->forward(out_pre.data(), {zeros.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
   EXPECT_EQ(std::memcmp(out.data(), out_pre.data(), out.size() * sizeof(float)), 0);
 
   std::vector<float> dinp(inp.size()), dinp_pre(inp.size()), dweight = dweight0, dweight_pre = dweight0;
   std::vector<float> dbias(OC, 0.0f), dbias_pre(OC, 0.0f);
   mm->backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
-  mm->backward(dinp_pre.data(), dweight_pre.data(), dbias_pre.data(), dout.data(), zeros.data(), inp_bf16.data(),
-               weight.data(), N, C, OC);
+  // dout's copy too; dbias sums dout's fp32 values, which stay.
+  std::vector<uint16_t> dout_bf16(dout.size());
+  for (size_t i = 0; i < dout.size(); i++) dout_bf16[i] = detail::to_bf16(dout[i]);
+  const std::vector<float> dout_half_zero = [&] {  // the fp32 values products must not read
+    std::vector<float> v = dout;
+    for (size_t i = 0; i < v.size(); i += 2) v[i] = 0.0f;
+    return v;
+  }();
+  mm->backward(dinp_pre.data(), dweight_pre.data(), dbias_pre.data(), {dout.data(), dout_bf16.data()},
+               {zeros.data(), inp_bf16.data()}, weight.data(), N, C, OC);
   EXPECT_EQ(std::memcmp(dinp.data(), dinp_pre.data(), dinp.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dweight.data(), dweight_pre.data(), dweight.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dbias.data(), dbias_pre.data(), dbias.size() * sizeof(float)), 0);
+  // The products read dout's copy, not its fp32 values (half of them zeroed here; no dbias).
+  std::vector<float> dinp_copy(inp.size()), dweight_copy = dweight0;
+  mm->backward(dinp_copy.data(), dweight_copy.data(), nullptr, {dout_half_zero.data(), dout_bf16.data()},
+               {zeros.data(), inp_bf16.data()}, weight.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(dinp.data(), dinp_copy.data(), dinp.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dweight.data(), dweight_copy.data(), dweight.size() * sizeof(float)), 0);
 
   // The fp32 kind reads inp and ignores the copy.
   Matmul fp32;
   ASSERT_FALSE(fp32.reads_bf16_inputs());
   std::vector<float> out32(out.size()), out32_ref(out.size());
-  fp32.forward(out32.data(), inp.data(), inp_bf16.data(), weight.data(), bias.data(), N, C, OC);
+  fp32.forward(out32.data(), {inp.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
   kernels::matmul_forward(out32_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
   EXPECT_EQ(std::memcmp(out32.data(), out32_ref.data(), out32.size() * sizeof(float)), 0);
 }

@@ -59,6 +59,17 @@ MatmulChoice auto_matmul_choice(const MatmulSupport& s);
 // "matmul: oneDNN bf16 inputs, fp32 accumulation (auto: AMD Zen 4, ...)".
 Result<MatmulKind> resolve_matmul(ComputePrecision precision);
 
+// An input of a product: its fp32 values and, optionally, the same values already rounded to bf16
+// element by element (round to nearest even, as the bf16 backend rounds), written by the kernel
+// that produced them. kBf16 reads the copy instead of rounding the values itself: the same bits,
+// one pass over the input fewer. kFp32 reads the fp32 values only.
+struct MatmulInput {
+  MatmulInput(const float* values) : f32(values) {}  // an fp32 input without a copy (implicit)
+  MatmulInput(const float* values, const uint16_t* rounded) : f32(values), bf16(rounded) {}
+  const float* f32;
+  const uint16_t* bf16 = nullptr;  // nullptr: no copy
+};
+
 class Bf16MatmulBackend;  // internal: the oneDNN primitives and bf16 scratch
 
 // The products of a linear layer, weight (OC, C) row-major. N rows throughout.
@@ -82,27 +93,13 @@ class Matmul {
   MatmulKind kind() const { return kind_; }
 
   // out (N,OC) = inp (N,C) @ weight^T + bias (OC) when bias != nullptr
-  void forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
-               int OC) {
-    forward(out, inp, nullptr, weight, bias, N, C, OC);
-  }
+  void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C, int OC);
   // dinp (N,C) = dout (N,OC) @ weight (overwritten); dweight (OC,C) += dout^T @ inp;
-  // dbias (OC) += column sums of dout (skipped when dbias == nullptr)
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                const float* weight, int N, int C, int OC) {
-    backward(dinp, dweight, dbias, dout, inp, nullptr, weight, N, C, OC);
-  }
-
-  // The same with inp_bf16: nullptr, or inp (N,C) already rounded to bf16 element by element
-  // (round to nearest even, as the backend rounds), typically written by the kernel that
-  // produced inp. kBf16 then reads it instead of rounding inp itself: the same bits, one pass
-  // over inp fewer. kFp32 reads inp and ignores it.
-  void forward(float* out, const float* inp, const uint16_t* inp_bf16, const float* weight, const float* bias,
-               int N, int C, int OC);
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                const uint16_t* inp_bf16, const float* weight, int N, int C, int OC);
-  // Whether forward/backward read inp_bf16 (kind kBf16): the models write bf16 copies of the
-  // activations their products read only then.
+  // dbias (OC) += column sums of dout's fp32 values (skipped when dbias == nullptr)
+  void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp, const float* weight,
+                int N, int C, int OC);
+  // Whether forward/backward read the inputs' bf16 copies (kind kBf16): the models write bf16
+  // copies of the activations and gradients their products read only then.
   bool reads_bf16_inputs() const { return kind_ == MatmulKind::kBf16; }
 
  private:
