@@ -6,8 +6,14 @@
 // and backward (dinp and dweight products, plus dbias). For each, R rounds run the fp32 and
 // the bf16 Matmul in alternating order, each timed over several repetitions after a warm-up;
 // medians give GFLOP/s (2*N*C*OC per product) and the speedup bf16 over fp32 measured here.
-// The last line sums the medians over the layer:
+// The second line is what a 16-bit run's `auto` takes on this CPU (auto_matmul_choice); the last
+// line sums the medians over the layer:
+//   matmul_auto kind=fp32|bf16 row="..." known=yes|no
 //   matmul_layer fp32_ms=X bf16_ms=Y speedup=X/Y isa=...
+//
+// It first takes the zinf command's start-up step (tools/zinf/runtime_env.h: OMP_WAIT_POLICY,
+// OPENBLAS_CORETYPE, OPENBLAS_THREAD_TIMEOUT where unset, then runs itself again), so the ratio is
+// the one `zinf train` sees; set the variables to measure the libraries' defaults instead.
 //
 // Flags: --rows=N (2048), --embd=C (384), --rounds=R (7). Not Google Benchmark: one interleaved
 // comparison with its own summary line (like swap_bench).
@@ -22,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "runtime_env.h"
 #include "zinf/model/matmul.h"
 
 namespace {
@@ -74,6 +81,7 @@ int flag(int argc, char** argv, std::string_view name, int fallback) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  zinf::cli::tune_runtime_environment(argv);
   const int N = flag(argc, argv, "--rows", 2048);
   const int C = flag(argc, argv, "--embd", 384);
   const int rounds = flag(argc, argv, "--rounds", 7);
@@ -83,8 +91,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "matmul_bench: %s\n", st.to_string().c_str());
     return 1;
   }
-  std::printf("matmul_bench: N=%d C=%d, oneDNN ISA %s (bf16 units: %s)\n", N, C, support.isa.c_str(),
-              support.bf16_units ? "yes" : "no");
+  const zinf::model::MatmulChoice choice = zinf::model::auto_matmul_choice(support);
+  std::printf("matmul_bench: N=%d C=%d, oneDNN ISA %s (bf16 units: %s), CPU %s family %d model %d\n", N, C,
+              support.isa.c_str(), support.bf16_units ? "yes" : "no", support.cpu.vendor.c_str(), support.cpu.family,
+              support.cpu.model);
+  std::printf("matmul_auto kind=%s row=\"%s\" known=%s\n", std::string(zinf::model::matmul_kind_name(choice.kind)).c_str(),
+              choice.row.c_str(), choice.known ? "yes" : "no");
   const Layer layers[] = {{"qkv", C, 3 * C}, {"attn_proj", C, C}, {"fc", C, 4 * C}, {"mlp_proj", 4 * C, C}};
   double total32 = 0, total16 = 0;
   std::printf("%-10s %-8s %10s %10s %10s %10s %8s\n", "layer", "pass", "fp32_ms", "bf16_ms", "fp32_GF/s",

@@ -47,10 +47,11 @@ def ds_config(bf16, nvme_path=None, pipelined=True):
 
 
 # name, framework, precision (of the config), where the state lives, config key. A zinf bf16 run
-# takes bf16 inputs in its linear layers only where its start-up measurement found oneDNN's bf16
-# products faster than OpenBLAS's fp32 ones (docs/model.md, "Matrix products"); it logs
-# "matmul: ..." (printed below the table). So a zinf case's MFU is taken against the roof of the
-# products it ran (compute_precision), the others' against their config's; and all against the best.
+# takes bf16 inputs in its linear layers where `auto`'s table of CPU families says they are the
+# faster products (docs/model.md, "Matrix products"); it logs "matmul: ..." (printed below the
+# table). So a zinf case's MFU is taken against the roof of the products it ran
+# (compute_precision), the others' against their config's; and all against the best.
+# The last zinf case pins the kind `auto` did not choose (PINNED_CASE), to show what it gives.
 CASES = [
     ("zinf fp32", "zinf", "fp32", "memory", "mem_fp32"),
     ("zinf bf16", "zinf", "bf16", "memory", "mem_bf16"),
@@ -61,11 +62,21 @@ CASES = [
     ("DeepSpeed ZeRO-3 bf16", "deepspeed", "bf16", "memory", "mem_bf16"),
     ("DeepSpeed ZeRO-3 bf16 NVMe", "deepspeed", "bf16", "nvme", "nvme_ds"),
 ]
+PINNED_CASE = 3
 
 
 MATMUL_LINES = {}  # zinf case -> its "matmul: ..." start-up line
-# Environment a case adds: the bf16 products pinned, to show what they give where auto declines them.
+# Environment a case adds: the products `auto` declines, pinned (set by pin_other_products()).
 CASE_ENV = {"zinf bf16, bf16 products": {"ZINF_MATMUL": "bf16"}}
+
+
+def pin_other_products(auto_kind):
+    """Where `auto` takes bf16 products, the pinned case runs fp32 ones instead."""
+    if auto_kind != "bf16":
+        return
+    CASES[PINNED_CASE] = ("zinf bf16, fp32 products",) + CASES[PINNED_CASE][1:]
+    CASE_ENV.clear()
+    CASE_ENV["zinf bf16, fp32 products"] = {"ZINF_MATMUL": "fp32"}
 
 
 def run_case(case, a, work, configs, rnd):
@@ -136,6 +147,64 @@ def zinf_matmul_roof(a):
     return best
 
 
+def zinf_products(a, rounds=3):
+    """The product table `auto` is checked against: bench/matmul_bench at GPT `small`'s own shapes
+    (N 2048 = micro-batch 8 x 256, C 384), fp32 and bf16 interleaved. Returns {"rows": {(layer,
+    pass): (fp32 GF/s, bf16 GF/s)}, "fp32_ms", "bf16_ms", "auto": kind, "row": auto's table row,
+    "known"}, or {} without a matmul_bench."""
+    if not a.matmul_bench or not os.access(a.matmul_bench, os.X_OK):
+        return {}
+    p = subprocess.run([a.matmul_bench, "--rows=2048", "--embd=384", f"--rounds={rounds}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = {"rows": {}}
+    for line in p.stdout.splitlines():
+        f = line.split()
+        if len(f) == 7 and f[1] in ("forward", "backward"):
+            out["rows"][(f[0], f[1])] = (float(f[4]), float(f[5]))
+        elif line.startswith("matmul_auto "):
+            out["auto"] = f[1].split("=", 1)[1] if f[1].startswith("kind=") else "?"
+            out["row"] = line.split('row="', 1)[1].split('"', 1)[0] if 'row="' in line else "?"
+            out["known"] = "known=yes" in line
+        elif line.startswith("matmul_layer "):
+            kv = dict(x.split("=", 1) for x in f[1:])
+            out["fp32_ms"], out["bf16_ms"] = float(kv["fp32_ms"]), float(kv["bf16_ms"])
+        elif line.startswith("matmul_bench: "):
+            out["cpu"] = line.split("CPU ", 1)[1] if "CPU " in line else "?"
+            out["isa"] = line.split("oneDNN ISA ", 1)[1].split(" ", 1)[0] if "oneDNN ISA " in line else "?"
+    return out if out["rows"] else {}
+
+
+def report_products(tables):
+    """The product table measured in this run (medians over rounds) and what `auto` chose here."""
+    tables = [t for t in tables if t]
+    if not tables:
+        print("products: no bench/matmul_bench (a build without oneDNN): auto takes fp32 products")
+        return
+    runs = f"the median over {len(tables)} runs" if len(tables) > 1 else "one run"
+    print(f"products: bench/matmul_bench at N 2048, C 384 (GPT small's layers), 3 interleaved rounds each, {runs}; "
+          f"CPU {tables[0].get('cpu', '?')}, oneDNN ISA {tables[0].get('isa', '?')}")
+    print(f"  {'layer':10} {'pass':8} {'fp32 GF/s':>10} {'bf16 GF/s':>10} {'bf16/fp32':>9}")
+    for key in tables[0]["rows"]:
+        f32 = statistics.median(t["rows"][key][0] for t in tables if key in t["rows"])
+        b16 = statistics.median(t["rows"][key][1] for t in tables if key in t["rows"])
+        print(f"  {key[0]:10} {key[1]:8} {f32:10.1f} {b16:10.1f} {b16 / f32:9.2f}")
+    f32_ms = statistics.median(t["fp32_ms"] for t in tables if "fp32_ms" in t)
+    b16_ms = statistics.median(t["bf16_ms"] for t in tables if "bf16_ms" in t)
+    speedup = f32_ms / b16_ms
+    print(f"  {'one layer':19} {f32_ms:8.2f} ms {b16_ms:7.2f} ms {speedup:9.2f}")
+    auto, row, known = tables[0].get("auto", "?"), tables[0].get("row", "?"), tables[0].get("known", False)
+    faster = "bf16" if speedup > 1.1 else "fp32" if speedup < 1 / 1.1 else None
+    if faster is None:
+        verdict = "the two kinds are within 10% here: either is right"
+    elif faster == auto:
+        verdict = f"agrees: {faster} measured faster"
+    else:
+        verdict = (f"DISAGREES: {faster} measured {max(speedup, 1 / speedup):.2f}x faster; this CPU needs its "
+                   f"row in the table (src/model/matmul.cpp, docs/model.md \"Matrix products\"); "
+                   f"ZINF_MATMUL={faster} pins it meanwhile")
+    print(f"  auto chose {auto} products (row \"{row}\"{'' if known else ', CPU not in the table'}): {verdict}")
+
+
 def machine_line(a):
     model, flags = "?", set()
     for line in open("/proc/cpuinfo"):
@@ -182,6 +251,8 @@ def main():
         configs[key] = os.path.join(work, key + ".json")
         json.dump(cfg, open(configs[key], "w"), indent=1)
 
+    products = [zinf_products(a)]
+    pin_other_products(products[0].get("auto"))
     cases = [c for c in CASES if not a.only or c[1] in a.only.split(",")]
     unavailable = {}
     if any(c[1] == "deepspeed" for c in cases):
@@ -194,6 +265,8 @@ def main():
     for rnd in range(a.rounds):
         order = cases if rnd % 2 == 0 else cases[::-1]
         roofs.append(run_roof(a))
+        if rnd > 0:
+            products.append(zinf_products(a))
         print(f"round {rnd + 1}/{a.rounds}: roof {json.dumps(roofs[-1])}", flush=True)
         for case in order:
             if case[1] in unavailable or samples[case[0]] is None:
@@ -212,6 +285,8 @@ def main():
             print(f"  {case[0]}: median {statistics.median(steps):.3f} s/step over {len(steps)} "
                   f"({time.time() - t0:.0f} s with start-up and warm-up)", flush=True)
     report(a, cases, samples, roofs, unavailable, time.time() - t_start)
+    print()
+    report_products(products)
     if not a.workdir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -2,7 +2,9 @@
 // oneDNN; matmul_nodnnl.cpp, built without oneDNN, reports it missing).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "zinf/model/matmul.h"
 #include "zinf/status.h"
@@ -14,10 +16,10 @@ namespace zinf::model {
 class Bf16MatmulBackend {
  public:
   virtual ~Bf16MatmulBackend() = default;
-  virtual void forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                       int C, int OC) = 0;
-  virtual void backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, int N, int C, int OC) = 0;
+  virtual void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C,
+                       int OC) = 0;
+  virtual void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
+                        const float* weight, int N, int C, int OC) = 0;
   // One line naming the implementation, e.g. "oneDNN 2.6.3 bf16 (avx512_core_bf16)".
   virtual std::string describe() const = 0;
 };
@@ -28,10 +30,7 @@ namespace detail {
 Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend();
 MatmulSupport probe_matmul_support();
 
-// `auto`'s rule for a 16-bit run: bf16 products only with oneDNN and AMX tiles. AVX512-BF16
-// alone measured half OpenBLAS's fp32 rate on a Xeon (docs/model.md), so it stays fp32 unless
-// pinned. A pure function of the hardware, never of timings: the same machine always computes
-// the same bits.
+// auto_matmul_choice(s).kind.
 MatmulKind auto_matmul_kind(const MatmulSupport& s);
 }  // namespace detail
 

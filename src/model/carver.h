@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace zinf::model::detail {
 
@@ -15,6 +16,8 @@ class Carver {
     used_ += (n + 15) / 16 * 16;
     return p;
   }
+  // n bf16 values (uint16_t), in floats' storage.
+  uint16_t* take_bf16(size_t n) { return reinterpret_cast<uint16_t*>(take((n + 1) / 2)); }
   size_t used() const { return used_; }
 
  private:

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/parallel.h"
 #include "model/vec_math.h"
 
@@ -91,7 +92,14 @@ void for_column_slices(int N, int OC, size_t work_per_element, Fn&& fn) {
 #define ZINF_ROW_CLONES
 #endif
 
-ZINF_ROW_CLONES void bias_gelu_rows(float* pre, float* out, const float* bias, int OC, size_t begin, size_t end) {
+// A row's bf16 copy, right after the row was written (still in L1). Integer operations only, so
+// every clone gives the same bits.
+[[gnu::always_inline]] inline void round_row(uint16_t* dst, const float* src, int n) {
+  for (int i = 0; i < n; i++) dst[i] = model::detail::to_bf16(src[i]);
+}
+
+ZINF_ROW_CLONES void bias_gelu_rows(float* pre, float* out, uint16_t* out_bf16, const float* bias, int OC,
+                                    size_t begin, size_t end) {
   for (size_t n = begin; n < end; n++) {
     float* p = pre + n * OC;  // (OC)
     float* o = out + n * OC;  // (OC)
@@ -100,30 +108,37 @@ ZINF_ROW_CLONES void bias_gelu_rows(float* pre, float* out, const float* bias, i
       p[i] = x;
       o[i] = gelu(x);
     }
+    if (out_bf16 != nullptr) round_row(out_bf16 + n * OC, o, OC);
   }
 }
 
+ZINF_ROW_CLONES void round_rows(uint16_t* dst, const float* src, int C, size_t begin, size_t end) {
+  for (size_t n = begin; n < end; n++) round_row(dst + n * C, src + n * C, C);
+}
+
 // Columns [c0, c1) (at most kMaxSlice) of all N rows, each column in row order.
-ZINF_ROW_CLONES void gelu_grad_bias_columns(float* dpre, float* dbias, const float* pre, int N, int OC, size_t c0,
-                                            size_t c1) {
+ZINF_ROW_CLONES void gelu_grad_bias_columns(float* dpre, uint16_t* dpre_bf16, float* dbias, const float* pre, int N,
+                                            int OC, size_t c0, size_t c1) {
   float acc[kMaxSlice];
   const size_t w = c1 - c0;
   for (size_t i = 0; i < w; i++) acc[i] = dbias[c0 + i];
   for (int n = 0; n < N; n++) {
-    const float* x = pre + static_cast<size_t>(n) * OC + c0;
-    float* d = dpre + static_cast<size_t>(n) * OC + c0;
+    const size_t at = static_cast<size_t>(n) * OC + c0;
+    const float* x = pre + at;
+    float* d = dpre + at;
     for (size_t i = 0; i < w; i++) {
       const float g = gelu_grad(x[i]) * d[i];
       d[i] = g;
       acc[i] += g;
     }
+    if (dpre_bf16 != nullptr) round_row(dpre_bf16 + at, d, static_cast<int>(w));
   }
   for (size_t i = 0; i < w; i++) dbias[c0 + i] = acc[i];
 }
 
-ZINF_ROW_CLONES void residual_layernorm_rows(float* out, float* mean, float* rstd, float* x, const float* residual,
-                                             const float* weight, const float* bias, int C, size_t begin,
-                                             size_t end) {
+ZINF_ROW_CLONES void residual_layernorm_rows(float* out, uint16_t* out_bf16, float* mean, float* rstd, float* x,
+                                             const float* residual, const float* weight, const float* bias, int C,
+                                             size_t begin, size_t end) {
   const float eps = 1e-5f;
   const float c = static_cast<float>(C);
   for (size_t n = begin; n < end; n++) {
@@ -137,12 +152,13 @@ ZINF_ROW_CLONES void residual_layernorm_rows(float* out, float* mean, float* rst
     for (int i = 0; i < C; i++) o[i] = xn[i] - m;
     const float s = 1.0f / std::sqrt(lane_dot(o, o, C) / c + eps);
     for (int i = 0; i < C; i++) o[i] = (s * o[i]) * weight[i] + bias[i];
+    if (out_bf16 != nullptr) round_row(out_bf16 + n * C, o, C);
     mean[n] = m;
     rstd[n] = s;
   }
 }
 
-ZINF_ROW_CLONES void residual_rmsnorm_rows(float* out, float* rstd, float* x, const float* residual,
+ZINF_ROW_CLONES void residual_rmsnorm_rows(float* out, uint16_t* out_bf16, float* rstd, float* x, const float* residual,
                                            const float* weight, float eps, int C, size_t begin, size_t end) {
   for (size_t n = begin; n < end; n++) {
     float* xn = x + n * C;  // (C)
@@ -153,6 +169,7 @@ ZINF_ROW_CLONES void residual_rmsnorm_rows(float* out, float* rstd, float* x, co
     const float s = 1.0f / std::sqrt(lane_dot(xn, xn, C) / static_cast<float>(C) + eps);
     float* o = out + n * C;
     for (int i = 0; i < C; i++) o[i] = weight[i] * (xn[i] * s);  // HF's order
+    if (out_bf16 != nullptr) round_row(out_bf16 + n * C, o, C);
     rstd[n] = s;
   }
 }
@@ -232,16 +249,24 @@ ZINF_ROW_CLONES void softmax_xent_loss_rows(const float* logits, float* losses, 
 
 }  // namespace
 
-void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC) {
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC, uint16_t* out_bf16) {
   const size_t work = 30 * static_cast<size_t>(OC);
   parallel_for(static_cast<size_t>(N), row_grain(work), work,
-               [&](size_t begin, size_t end) { bias_gelu_rows(pre, out, bias, OC, begin, end); });
+               [&](size_t begin, size_t end) { bias_gelu_rows(pre, out, out_bf16, bias, OC, begin, end); });
 }
 
-void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC) {
+void round_to_bf16(uint16_t* dst, const float* src, int N, int C) {
+  const size_t work = 2 * static_cast<size_t>(C);
+  parallel_for(static_cast<size_t>(N), row_grain(work), work,
+               [&](size_t begin, size_t end) { round_rows(dst, src, C, begin, end); });
+}
+
+void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC, uint16_t* dpre_bf16) {
   // Columns split over threads, rows in order within each column: dbias gets the serial loop's
   // bits while both passes (GELU' and the column sums) share one read of dpre.
-  for_column_slices(N, OC, 40, [&](size_t c0, size_t c1) { gelu_grad_bias_columns(dpre, dbias, pre, N, OC, c0, c1); });
+  for_column_slices(N, OC, 40, [&](size_t c0, size_t c1) {
+    gelu_grad_bias_columns(dpre, dpre_bf16, dbias, pre, N, OC, c0, c1);
+  });
 }
 
 void bias_grad(float* dbias, const float* dout, int N, int OC) {
@@ -258,18 +283,18 @@ void bias_grad(float* dbias, const float* dout, int N, int OC) {
 }
 
 void residual_layernorm_forward(float* out, float* mean, float* rstd, float* x, const float* residual,
-                                const float* weight, const float* bias, int N, int C) {
+                                const float* weight, const float* bias, int N, int C, uint16_t* out_bf16) {
   const size_t work = 6 * static_cast<size_t>(C);
   parallel_for(static_cast<size_t>(N), row_grain(work), work, [&](size_t begin, size_t end) {
-    residual_layernorm_rows(out, mean, rstd, x, residual, weight, bias, C, begin, end);
+    residual_layernorm_rows(out, out_bf16, mean, rstd, x, residual, weight, bias, C, begin, end);
   });
 }
 
 void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* residual, const float* weight,
-                              float eps, int N, int C) {
+                              float eps, int N, int C, uint16_t* out_bf16) {
   const size_t work = 5 * static_cast<size_t>(C);
   parallel_for(static_cast<size_t>(N), row_grain(work), work, [&](size_t begin, size_t end) {
-    residual_rmsnorm_rows(out, rstd, x, residual, weight, eps, C, begin, end);
+    residual_rmsnorm_rows(out, out_bf16, rstd, x, residual, weight, eps, C, begin, end);
   });
 }
 

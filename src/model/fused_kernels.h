@@ -17,11 +17,16 @@ namespace zinf::model::kernels {
 // Epilogue of the MLP's up-projection. On entry pre (N,OC) holds inp @ weight^T without the bias;
 // on exit pre = that + bias (kept: GELU's backward reads it) and out (N,OC) = gelu(pre), GPT-2's
 // tanh form. Unfused: matmul_forward with the bias, then gelu_forward.
-void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC);
+// out_bf16 (N,OC), when not nullptr: out rounded to bf16 (detail::to_bf16), written row by row
+// while the row is in cache, for a bf16 product that reads out (MatmulInput's copy). The same for
+// the norms' out_bf16 below.
+void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC, uint16_t* out_bf16 = nullptr);
 
 // Backward of out = gelu(pre): on entry dpre (N,OC) holds d(out), on exit d(pre);
 // dbias (OC) += column sums of d(pre). Unfused: gelu_backward, then matmul_backward's dbias loop.
-void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC);
+// dpre_bf16 (N,OC), when not nullptr: d(pre) rounded to bf16, as the forward kernels' copies.
+void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC,
+                             uint16_t* dpre_bf16 = nullptr);
 
 // dbias (OC) += column sums of dout (N,OC), every column summed in row order: bit for bit the
 // serial loop `for n: for o: dbias[o] += dout[n][o]`, with columns split over threads.
@@ -31,10 +36,14 @@ void bias_grad(float* dbias, const float* dout, int N, int OC);
 // residual first (x then holds the stream, which backward reads); then out (N,C), mean, rstd (N)
 // as layernorm_forward. Unfused: residual_add, then layernorm_forward.
 void residual_layernorm_forward(float* out, float* mean, float* rstd, float* x, const float* residual,
-                                const float* weight, const float* bias, int N, int C);
+                                const float* weight, const float* bias, int N, int C, uint16_t* out_bf16 = nullptr);
 // The same for Llama: x += residual (when not null), then out, rstd as rmsnorm_forward.
 void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* residual, const float* weight,
-                              float eps, int N, int C);
+                              float eps, int N, int C, uint16_t* out_bf16 = nullptr);
+
+// dst (N,C) = src rounded to bf16 (detail::to_bf16), for an activation whose producer writes no
+// bf16 copy itself (attention's output).
+void round_to_bf16(uint16_t* dst, const float* src, int N, int C);
 
 // RMSNorm's backward when d(out) arrives in parts, one from each product that reads the norm's
 // output (Llama: q, k and v after input_layernorm, gate and up after post_attention_layernorm),

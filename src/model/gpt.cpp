@@ -32,10 +32,17 @@ struct LayerActs {
   float* ln2_rstd;  // (B,T)
   float* fch;       // (B,T,4C) c_fc output with its bias, before GELU
   float* fch_gelu;  // (B,T,4C)
+  // bf16 copies of the four activations products read, forward and backward, written by their
+  // producers (the norms, attention's pass, bias + GELU); nullptr unless the products are bf16.
+  uint16_t* ln1_bf16;       // (B,T,C)
+  uint16_t* atty_bf16;      // (B,T,C)
+  uint16_t* ln2_bf16;       // (B,T,C)
+  uint16_t* fch_gelu_bf16;  // (B,T,4C)
 };
 
 struct GptActivations {
   size_t cap_bt = 0;  // B*T the buffers hold
+  bool bf16 = false;  // the bf16 copies are there (Matmul::reads_bf16_inputs)
   FloatBuffer storage;
   std::vector<LayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
   // n_layer+1 of (B,T,C): block l reads resid[l] and writes its MLP output to resid[l+1]; the
@@ -44,11 +51,13 @@ struct GptActivations {
   float* lnf;                     // (B,T,C)
   float* lnf_mean;                // (B,T)
   float* lnf_rstd;                // (B,T)
+  uint16_t* lnf_bf16;             // (B,T,C) or nullptr, as LayerActs' copies
   float* logits;                  // (B,T,V): logits, then (training) their gradient
   float* losses;                  // (B,T)
   float* dres;                    // (B,T,C) gradient of the residual stream
   float* dsmall;                  // (B,T,C) scratch gradient
   float* dbig;                    // (B,T,4C) scratch gradient (also dqkv)
+  uint16_t* dbig_bf16;            // (B,T,4C) or nullptr: d(c_fc output) in bf16, from GELU's backward
   float* att_scratch;             // attention_scratch_floats()
 };
 
@@ -56,28 +65,35 @@ namespace {
 
 using detail::Carver;
 
-// Points every buffer of `a` into `base` for B*T = bt and returns the floats used.
-size_t carve(const GptConfig& c, size_t bt, float* base, GptActivations* a) {
+// Points every buffer of `a` into `base` for B*T = bt and returns the floats used; the bf16
+// copies only when bf16.
+size_t carve(const GptConfig& c, size_t bt, bool bf16, float* base, GptActivations* a) {
   const size_t C = c.n_embd;
   const size_t slots = c.activation_checkpointing ? 1 : c.n_layer;
   Carver cv(base);
+  auto half = [&](size_t n) { return bf16 ? cv.take_bf16(n) : nullptr; };
+  a->bf16 = bf16;
   a->layers.resize(slots);
   for (LayerActs& l : a->layers) {
     l = LayerActs{cv.take(bt * C),     cv.take(bt),         cv.take(bt),
                   cv.take(bt * 3 * C), cv.take(bt * C),     cv.take(bt * c.n_head),
                   cv.take(bt * C),     cv.take(bt * C),     cv.take(bt),
-                  cv.take(bt),         cv.take(bt * 4 * C), cv.take(bt * 4 * C)};
+                  cv.take(bt),         cv.take(bt * 4 * C), cv.take(bt * 4 * C),
+                  half(bt * C),        half(bt * C),        half(bt * C),
+                  half(bt * 4 * C)};
   }
   a->resid.resize(c.n_layer + 1);
   for (float*& r : a->resid) r = cv.take(bt * C);
   a->lnf = cv.take(bt * C);
   a->lnf_mean = cv.take(bt);
   a->lnf_rstd = cv.take(bt);
+  a->lnf_bf16 = half(bt * C);
   a->logits = cv.take(bt * c.vocab_size);
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
   a->dsmall = cv.take(bt * C);
   a->dbig = cv.take(bt * 4 * C);
+  a->dbig_bf16 = half(bt * 4 * C);
   a->att_scratch = cv.take(k::attention_scratch_floats());
   return cv.used();
 }
@@ -124,7 +140,7 @@ Status GptModel::set_compute_precision(ComputePrecision precision) {
 
 uint64_t GptModel::activation_bytes(int B, int T) const {
   GptActivations counting;
-  return carve(config_, static_cast<size_t>(B) * T, nullptr, &counting) * sizeof(float);
+  return carve(config_, static_cast<size_t>(B) * T, matmul_.reads_bf16_inputs(), nullptr, &counting) * sizeof(float);
 }
 
 Status GptModel::reserve(int B, int T) {
@@ -133,17 +149,18 @@ Status GptModel::reserve(int B, int T) {
         "reserve: B ({}) and T ({}) must be >= 1, T <= max_seq ({})", B, T, config_.max_seq));
   }
   const size_t bt = static_cast<size_t>(B) * T;
-  if (acts_ && bt <= acts_->cap_bt) return Status::ok();
+  const bool bf16 = matmul_.reads_bf16_inputs();
+  if (acts_ && bt <= acts_->cap_bt && acts_->bf16 == bf16) return Status::ok();
   auto a = std::make_unique<GptActivations>();
   a->cap_bt = acts_ ? std::max(bt, acts_->cap_bt) : bt;
   acts_.reset();  // free the old buffers before taking the new ones
-  const size_t floats = carve(config_, a->cap_bt, nullptr, a.get());
+  const size_t floats = carve(config_, a->cap_bt, bf16, nullptr, a.get());
   a->storage = FloatBuffer::allocate(floats);
   if (a->storage.data() == nullptr) {
     return Status::resource_exhausted(fmt::format(
         "model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
-  carve(config_, a->cap_bt, a->storage.data(), a.get());
+  carve(config_, a->cap_bt, bf16, a->storage.data(), a.get());
   acts_ = std::move(a);
   return Status::ok();
 }
@@ -190,10 +207,10 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
   }
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_f(L), phase, [&](auto v) {
     k::residual_layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], a.layers[slot(L - 1)].res2, v[0],
-                                  v[1], N, C);
+                                  v[1], N, C, a.lnf_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
-    matmul_.forward(a.logits, a.lnf, v[0], nullptr, N, C, V);  // (B,T,V)
+    matmul_.forward(a.logits, {a.lnf, a.lnf_bf16}, v[0], nullptr, N, C, V);  // (B,T,V)
   }));
   if (phase == Phase::kForward) {
     k::softmax_xent_fused(a.logits, a.losses, targets, dloss, N, V);  // logits become dlogits
@@ -217,21 +234,22 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
   float* x = a.resid[layer];      // (B,T,C)
   float* y = a.resid[layer + 1];  // (B,T,C)
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
-    k::residual_layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, pending, v[0], v[1], N, C);
+    k::residual_layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, pending, v[0], v[1], N, C, la.ln1_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
-    matmul_.forward(la.qkv, la.ln1, v[0], v[1], N, C, 3 * C);
+    matmul_.forward(la.qkv, {la.ln1, la.ln1_bf16}, v[0], v[1], N, C, 3 * C);
     k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
-    matmul_.forward(la.res2, la.atty, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
+    if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, C);  // once for forward and backward
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
-    k::residual_layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, x, v[0], v[1], N, C);
+    k::residual_layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, x, v[0], v[1], N, C, la.ln2_bf16);
   }));
   return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
-    matmul_.forward(la.fch, la.ln2, v[0], nullptr, N, C, 4 * C);
-    k::bias_gelu_forward(la.fch, la.fch_gelu, v[1], N, 4 * C);
+    matmul_.forward(la.fch, {la.ln2, la.ln2_bf16}, v[0], nullptr, N, C, 4 * C);
+    k::bias_gelu_forward(la.fch, la.fch_gelu, v[1], N, 4 * C, la.fch_gelu_bf16);
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, la.fch_gelu, v[2], v[3], N, 4 * C, C);
+      matmul_.forward(y, {la.fch_gelu, la.fch_gelu_bf16}, v[2], v[3], N, 4 * C, C);
     }
   });
 }
@@ -244,7 +262,7 @@ Status GptModel::backward_pass(const int32_t* inputs, int B, int T, ParamAccess&
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
-    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, a.lnf, v[0], N, C, V);
+    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, {a.lnf, a.lnf_bf16}, v[0], N, C, V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
@@ -272,9 +290,10 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const int C = config_.n_embd;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
-    matmul_.backward(dfch, g[2], g[3], a.dres, la.fch_gelu, v[2], N, 4 * C, C);
-    k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C);  // c_fc's bias gradient in the same pass
-    matmul_.backward(a.dsmall, g[0], nullptr, dfch, la.ln2, v[0], N, C, 4 * C);
+    matmul_.backward(dfch, g[2], g[3], a.dres, {la.fch_gelu, la.fch_gelu_bf16}, v[2], N, 4 * C, C);
+    // c_fc's bias gradient, and d(pre)'s bf16 copy where the products are bf16, in the same pass
+    k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C, a.dbig_bf16);
+    matmul_.backward(a.dsmall, g[0], nullptr, {dfch, a.dbig_bf16}, {la.ln2, la.ln2_bf16}, v[0], N, C, 4 * C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
@@ -283,9 +302,9 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
-    matmul_.backward(datty, g[2], g[3], a.dres, la.atty, v[2], N, C, C);
+    matmul_.backward(datty, g[2], g[3], a.dres, {la.atty, la.atty_bf16}, v[2], N, C, C);
     k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
-    matmul_.backward(a.dsmall, g[0], g[1], dqkv, la.ln1, v[0], N, C, 3 * C);
+    matmul_.backward(a.dsmall, g[0], g[1], dqkv, {la.ln1, la.ln1_bf16}, v[0], N, C, 3 * C);
   }));
   return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
     k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,

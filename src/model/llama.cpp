@@ -40,11 +40,18 @@ struct LlamaLayerActs {
   float* gate;   // (B,T,I)
   float* up;     // (B,T,I)
   float* act;    // (B,T,I) silu(gate) * up
+  // bf16 copies of the activations products read, forward and backward (the norms write theirs,
+  // atty and act are rounded once after their kernels); nullptr unless the products are bf16.
+  uint16_t* xn1_bf16;   // (B,T,C)
+  uint16_t* atty_bf16;  // (B,T,C)
+  uint16_t* xn2_bf16;   // (B,T,C)
+  uint16_t* act_bf16;   // (B,T,I)
 };
 
 struct LlamaActivations {
   size_t cap_bt = 0;  // B*T the buffers hold
   size_t cap_t = 0;   // T the RoPE tables hold
+  bool bf16 = false;  // the bf16 copies are there (Matmul::reads_bf16_inputs)
   FloatBuffer storage;
   std::vector<LlamaLayerActs> layers;  // n_layer slots, or 1 with activation checkpointing
   // n_layer+1 of (B,T,C): block l reads resid[l] and writes its MLP output to resid[l+1]; the
@@ -52,6 +59,7 @@ struct LlamaActivations {
   std::vector<float*> resid;
   float* xnf;                          // (B,T,C) model.norm output
   float* rstdf;                        // (B,T)
+  uint16_t* xnf_bf16;                  // (B,T,C) or nullptr, as the layers' copies
   float* logits;                       // (B,T,V): logits, then (training) their gradient
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
@@ -106,11 +114,14 @@ auto param_or_null(const Ptrs& v, int i) -> std::remove_cvref_t<decltype(v[0])> 
   return i >= 0 ? v[i] : nullptr;
 }
 
-// Points every buffer of `a` into `base` for (bt, t) and returns the floats used.
-size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActivations* a) {
+// Points every buffer of `a` into `base` for (bt, t) and returns the floats used; the bf16 copies
+// only when bf16.
+size_t carve(const LlamaConfig& c, size_t bt, size_t t, bool bf16, float* base, LlamaActivations* a) {
   const Dims d(c);
   const size_t C = d.C, Q = d.Q, KV = d.KV, I = d.I;
   detail::Carver cv(base);
+  auto half = [&](size_t n) { return bf16 ? cv.take_bf16(n) : nullptr; };
+  a->bf16 = bf16;
   a->layers.resize(c.activation_checkpointing ? 1 : c.n_layer);
   for (LlamaLayerActs& l : a->layers) {
     l.xn1 = cv.take(bt * C);
@@ -130,11 +141,16 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, float* base, LlamaActiva
     l.gate = cv.take(bt * I);
     l.up = cv.take(bt * I);
     l.act = cv.take(bt * I);
+    l.xn1_bf16 = half(bt * C);
+    l.atty_bf16 = half(bt * Q);
+    l.xn2_bf16 = half(bt * C);
+    l.act_bf16 = half(bt * I);
   }
   a->resid.resize(c.n_layer + 1);
   for (float*& r : a->resid) r = cv.take(bt * C);
   a->xnf = cv.take(bt * C);
   a->rstdf = cv.take(bt);
+  a->xnf_bf16 = half(bt * C);
   a->logits = cv.take(bt * d.V);
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
@@ -193,7 +209,7 @@ std::string LlamaModel::describe() const {
 
 uint64_t LlamaModel::activation_bytes(int B, int T) const {
   LlamaActivations counting;
-  return carve(config_, static_cast<size_t>(B) * T, T, nullptr, &counting) * sizeof(float);
+  return carve(config_, static_cast<size_t>(B) * T, T, matmul_.reads_bf16_inputs(), nullptr, &counting) * sizeof(float);
 }
 
 Status LlamaModel::reserve(int B, int T) {
@@ -210,18 +226,21 @@ Status LlamaModel::reserve(int B, int T) {
         T, config_.sliding_window, config_.sliding_window));
   }
   const size_t bt = static_cast<size_t>(B) * T;
-  if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t) return Status::ok();
+  const bool bf16 = matmul_.reads_bf16_inputs();
+  if (acts_ && bt <= acts_->cap_bt && static_cast<size_t>(T) <= acts_->cap_t && acts_->bf16 == bf16) {
+    return Status::ok();
+  }
   auto a = std::make_unique<LlamaActivations>();
   a->cap_bt = acts_ ? std::max(bt, acts_->cap_bt) : bt;
   a->cap_t = acts_ ? std::max<size_t>(T, acts_->cap_t) : T;
   acts_.reset();  // free the old buffers before taking the new ones
-  const size_t floats = carve(config_, a->cap_bt, a->cap_t, nullptr, a.get());
+  const size_t floats = carve(config_, a->cap_bt, a->cap_t, bf16, nullptr, a.get());
   a->storage = FloatBuffer::allocate(floats);
   if (a->storage.data() == nullptr) {
     return Status::resource_exhausted(
         fmt::format("model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
-  carve(config_, a->cap_bt, a->cap_t, a->storage.data(), a.get());
+  carve(config_, a->cap_bt, a->cap_t, bf16, a->storage.data(), a.get());
   const RopeFrequencies rope = rope_frequencies(config_, static_cast<int>(a->cap_t));
   k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), rope.inv_freq, rope.attention_factor);
   acts_ = std::move(a);
@@ -282,10 +301,11 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
   }
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, norm_module(), phase, [&](auto v) {
-    k::residual_rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], a.layers[slot(d.L - 1)].res2, v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(a.xnf, a.rstdf, a.resid[d.L], a.layers[slot(d.L - 1)].res2, v[0], eps, N, d.C,
+                                a.xnf_bf16);
   }));
   return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
-    matmul_.forward(a.logits, a.xnf, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
+    matmul_.forward(a.logits, {a.xnf, a.xnf_bf16}, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
   });
 }
 
@@ -302,14 +322,15 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
   float* x = a.resid[layer];      // (B,T,C)
   float* y = a.resid[layer + 1];  // (B,T,C)
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 0), phase, [&](auto v) {
-    k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C, la.xn1_bf16);
   }));
   const AttnIndex ix(config_);
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
     const bool norms = config_.qk_norm;
-    matmul_.forward(norms ? la.qraw : la.q, la.xn1, v[ix.q], param_or_null(v, ix.qb), N, d.C, d.Q);
-    matmul_.forward(norms ? la.kraw : la.k, la.xn1, v[ix.k], param_or_null(v, ix.kb), N, d.C, d.KV);
-    matmul_.forward(la.v, la.xn1, v[ix.v], param_or_null(v, ix.vb), N, d.C, d.KV);
+    const MatmulInput xn1{la.xn1, la.xn1_bf16};
+    matmul_.forward(norms ? la.qraw : la.q, xn1, v[ix.q], param_or_null(v, ix.qb), N, d.C, d.Q);
+    matmul_.forward(norms ? la.kraw : la.k, xn1, v[ix.k], param_or_null(v, ix.kb), N, d.C, d.KV);
+    matmul_.forward(la.v, xn1, v[ix.v], param_or_null(v, ix.vb), N, d.C, d.KV);
     if (norms) {  // Qwen3: RMSNorm over each head (rows of head_dim), before RoPE
       k::rmsnorm_forward(la.q, la.rstdq, la.qraw, v[ix.qn], eps, N * d.NH, d.hd);
       k::rmsnorm_forward(la.k, la.rstdk, la.kraw, v[ix.kn], eps, N * d.NKV, d.hd);
@@ -317,18 +338,20 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
+    if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, d.Q);  // once for forward and backward
     // the residual x: norm 2 adds it
-    matmul_.forward(la.res2, la.atty, v[ix.o], param_or_null(v, ix.ob), N, d.Q, d.C);
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[ix.o], param_or_null(v, ix.ob), N, d.Q, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
-    k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C);
+    k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C, la.xn2_bf16);
   }));
   return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
-    matmul_.forward(la.gate, la.xn2, v[0], nullptr, N, d.C, d.I);
-    matmul_.forward(la.up, la.xn2, v[1], nullptr, N, d.C, d.I);
+    matmul_.forward(la.gate, {la.xn2, la.xn2_bf16}, v[0], nullptr, N, d.C, d.I);
+    matmul_.forward(la.up, {la.xn2, la.xn2_bf16}, v[1], nullptr, N, d.C, d.I);
     k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
+    if (la.act_bf16 != nullptr) k::round_to_bf16(la.act_bf16, la.act, N, d.I);  // once for forward and backward
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, la.act, v[2], nullptr, N, d.I, d.C);
+      matmul_.forward(y, {la.act, la.act_bf16}, v[2], nullptr, N, d.I, d.C);
     }
   });
 }
@@ -339,7 +362,7 @@ Status LlamaModel::backward_pass(const int32_t* inputs, int B, int T, ParamAcces
   const Dims d(config_);
   const int N = B * T;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
-    matmul_.backward(a.dx, g[0], nullptr, a.logits, a.xnf, v[0], N, d.C, d.V);
+    matmul_.backward(a.dx, g[0], nullptr, a.logits, {a.xnf, a.xnf_bf16}, v[0], N, d.C, d.V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, norm_module(), [&](auto v, auto g) {
@@ -368,11 +391,11 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
     float* dact = a.dbig;     // (B,T,I), then dgate
     float* dup = a.dbig + NI;  // (B,T,I)
-    matmul_.backward(dact, g[2], nullptr, a.dres, la.act, v[2], N, d.I, d.C);
+    matmul_.backward(dact, g[2], nullptr, a.dres, {la.act, la.act_bf16}, v[2], N, d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
     // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[0], nullptr, dact, la.xn2, v[0], N, d.C, d.I);
-    matmul_.backward(a.dx2, g[1], nullptr, dup, la.xn2, v[1], N, d.C, d.I);
+    matmul_.backward(a.dx, g[0], nullptr, dact, {la.xn2, la.xn2_bf16}, v[0], N, d.C, d.I);
+    matmul_.backward(a.dx2, g[1], nullptr, dup, {la.xn2, la.xn2_bf16}, v[1], N, d.C, d.I);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C);
@@ -384,7 +407,7 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dq = a.dbig;                                   // (B,T,Q), in a slot of (B,T,max(Q,C))
     float* dk = dq + static_cast<size_t>(N) * std::max(d.Q, d.C);  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
-    matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), a.dres, la.atty, v[ix.o], N, d.Q, d.C);
+    matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), a.dres, {la.atty, la.atty_bf16}, v[ix.o], N, d.Q, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
                               k::GqaShape{B, T, d.NH, d.NKV, d.hd});
     k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
@@ -401,9 +424,10 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     }
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
     // norm 1's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), dq_out, la.xn1, v[ix.q], N, d.C, d.Q);
-    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), dk_out, la.xn1, v[ix.k], N, d.C, d.KV);
-    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), dv, la.xn1, v[ix.v], N, d.C, d.KV);
+    const MatmulInput xn1{la.xn1, la.xn1_bf16};
+    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), dq_out, xn1, v[ix.q], N, d.C, d.Q);
+    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), dk_out, xn1, v[ix.k], N, d.C, d.KV);
+    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), dv, xn1, v[ix.v], N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
     k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C);

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <array>
-#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -12,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/bf16_matmul.h"
 #include "model/fused_kernels.h"
 #include "model/parallel.h"
@@ -40,20 +40,21 @@ bool has_bf16_units(dnnl::cpu_isa isa) {
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
-// fp32 -> bf16, round to nearest even; NaN stays a (quiet) NaN. Branch-free so it vectorises.
-inline uint16_t to_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
-}
+using detail::to_bf16;
 
-void convert(std::vector<uint16_t>& dst, const float* src, size_t n) {
+// dst grows to the largest n seen and is then reused. Returns dst's data.
+const uint16_t* convert(std::vector<uint16_t>& dst, const float* src, size_t n) {
   if (dst.size() < n) dst.resize(n);
   uint16_t* d = dst.data();
   detail::parallel_for(n, size_t{1} << 16, 1, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; i++) d[i] = to_bf16(src[i]);
   });
+  return d;
+}
+
+// The input's bf16 copy where its producer wrote one, else dst filled by convert().
+const uint16_t* rounded(std::vector<uint16_t>& dst, MatmulInput in, size_t n) {
+  return in.bf16 != nullptr ? in.bf16 : convert(dst, in.f32, n);
 }
 
 enum class Product { kForward, kForwardBias, kDinp, kDweight };
@@ -70,24 +71,24 @@ class DnnlBf16Matmul final : public Bf16MatmulBackend {
   // The implementation oneDNN picks for a forward product; "ref" means no fast bf16 kernel.
   std::string probe_impl() { return prepared(Product::kForward, 64, 64, 64).impl; }
 
-  void forward(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+  void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C,
                int OC) override {
-    convert(a_, inp, static_cast<size_t>(N) * C);
+    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
     convert(w_, weight, static_cast<size_t>(OC) * C);
     const Product p = bias != nullptr ? Product::kForwardBias : Product::kForward;
-    run(p, N, OC, C, a_.data(), w_.data(), out, bias);
+    run(p, N, OC, C, a, w_.data(), out, bias);
   }
 
-  void backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+  void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
                 const float* weight, int N, int C, int OC) override {
-    convert(d_, dout, static_cast<size_t>(N) * OC);
+    const uint16_t* d = rounded(d_, dout, static_cast<size_t>(N) * OC);
     convert(w_, weight, static_cast<size_t>(OC) * C);
-    convert(a_, inp, static_cast<size_t>(N) * C);
+    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
     // dinp (N,C) = dout (N,OC) @ weight (OC,C)
-    run(Product::kDinp, N, C, OC, d_.data(), w_.data(), dinp, nullptr);
+    run(Product::kDinp, N, C, OC, d, w_.data(), dinp, nullptr);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): a sum post-op adds the fp32 product to dweight.
-    run(Product::kDweight, OC, C, N, d_.data(), a_.data(), dweight, nullptr);
-    if (dbias != nullptr) kernels::bias_grad(dbias, dout, N, OC);  // fp32 row-order column sums
+    run(Product::kDweight, OC, C, N, d, a, dweight, nullptr);
+    if (dbias != nullptr) kernels::bias_grad(dbias, dout.f32, N, OC);  // fp32 row-order column sums
   }
 
   std::string describe() const override {
@@ -179,7 +180,7 @@ namespace detail {
 
 MatmulSupport probe_matmul_support() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
-  return MatmulSupport{true, has_bf16_units(isa), isa == dnnl::cpu_isa::avx512_core_amx, isa_name(isa)};
+  return MatmulSupport{true, has_bf16_units(isa), isa == dnnl::cpu_isa::avx512_core_amx, isa_name(isa), {}};
 }
 
 Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend() {

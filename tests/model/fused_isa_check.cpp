@@ -22,6 +22,13 @@ void mix(const std::vector<float>& v) {
   }
 }
 
+void mix(const std::vector<uint16_t>& v) {
+  for (uint16_t x : v) {
+    hash ^= x;
+    hash *= 1099511628211ull;
+  }
+}
+
 std::vector<float> filled(size_t n, float scale, unsigned seed) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; i++) {
@@ -35,22 +42,31 @@ std::vector<float> filled(size_t n, float scale, unsigned seed) {
 int main() {
   const int N = 333, C = 203, OC = 811, V = 50257, NV = 7;  // odd sizes: every loop's tail runs
   std::vector<float> pre = filled(static_cast<size_t>(N) * OC, 6, 1), out(pre.size()), b = filled(OC, 1, 2);
-  k::bias_gelu_forward(pre.data(), out.data(), b.data(), N, OC);
+  std::vector<uint16_t> out_bf16(out.size());
+  k::bias_gelu_forward(pre.data(), out.data(), b.data(), N, OC, out_bf16.data());
   mix(pre);
   mix(out);
+  mix(out_bf16);
   std::vector<float> d = filled(static_cast<size_t>(N) * OC, 1, 3), db = filled(OC, 1, 4);
-  k::gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC);
+  k::gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC, out_bf16.data());
   mix(d);
   mix(db);
+  mix(out_bf16);
   std::vector<float> x = filled(static_cast<size_t>(N) * C, 3, 5), r = filled(x.size(), 1, 6), w = filled(C, 1, 7),
                      bias = filled(C, 1, 8), o(x.size()), mean(N), rstd(N);
-  k::residual_layernorm_forward(o.data(), mean.data(), rstd.data(), x.data(), r.data(), w.data(), bias.data(), N, C);
+  std::vector<uint16_t> o_bf16(o.size());
+  k::residual_layernorm_forward(o.data(), mean.data(), rstd.data(), x.data(), r.data(), w.data(), bias.data(), N, C,
+                                o_bf16.data());
   mix(o);
+  mix(o_bf16);
   mix(mean);
   mix(rstd);
   mix(x);
-  k::residual_rmsnorm_forward(o.data(), rstd.data(), x.data(), r.data(), w.data(), 1e-6f, N, C);
+  k::residual_rmsnorm_forward(o.data(), rstd.data(), x.data(), r.data(), w.data(), 1e-6f, N, C, o_bf16.data());
   mix(o);
+  mix(o_bf16);
+  k::round_to_bf16(o_bf16.data(), x.data(), N, C);
+  mix(o_bf16);
   mix(rstd);
   // RMSNorm's backward of a gradient in two parts (o and r stand in for them), then three.
   std::vector<float> dinp = filled(x.size(), 1, 10), dw = filled(C, 1, 11), part3 = filled(x.size(), 2, 12);

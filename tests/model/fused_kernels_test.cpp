@@ -11,11 +11,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/kernels.h"
 #include "model/llama_kernels.h"
 #include "model/vec_math.h"
@@ -49,6 +52,94 @@ double max_rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 void serial_column_sums(std::vector<float>& dbias, const std::vector<float>& dout, int N, int OC) {
   for (int n = 0; n < N; n++) {
     for (int o = 0; o < OC; o++) dbias[o] += dout[static_cast<size_t>(n) * OC + o];
+  }
+}
+
+// The scalar reference of every bf16 copy: detail::to_bf16 element by element.
+std::vector<uint16_t> rounded(const std::vector<float>& v) {
+  std::vector<uint16_t> r(v.size());
+  for (size_t i = 0; i < v.size(); i++) r[i] = model::detail::to_bf16(v[i]);
+  return r;
+}
+
+// to_bf16 against the definition: the nearest bf16 value, ties to the even significand, NaN kept.
+TEST(Bf16RoundingTest, NearestEvenInfinityAndNan) {
+  using model::detail::from_bf16;
+  using model::detail::to_bf16;
+  EXPECT_EQ(to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(to_bf16(-2.0f), 0xc000);
+  EXPECT_EQ(to_bf16(1.0f + 0x1p-8f), 0x3f80);            // a tie: down to the even 1.0
+  EXPECT_EQ(to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);        // a tie: up to the even 1 + 2^-6
+  EXPECT_EQ(to_bf16(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // above the tie: up
+  EXPECT_EQ(to_bf16(std::bit_cast<float>(0x7f7fffffu)), 0x7f80);  // FLT_MAX rounds to infinity
+  EXPECT_EQ(to_bf16(std::bit_cast<float>(0xff800000u)), 0xff80);  // -infinity stays
+  EXPECT_EQ(to_bf16(std::bit_cast<float>(0x00000001u)), 0x0000);  // the smallest subnormal: to zero
+  const uint16_t nan = to_bf16(std::bit_cast<float>(0x7f800001u));  // a signalling NaN with low bits only
+  EXPECT_TRUE(std::isnan(from_bf16(nan))) << std::hex << nan;
+  // Exhaustively over one binade's neighbourhood of 1.0: the nearest of the two bf16 neighbours.
+  for (uint32_t u = 0x3f800000u; u < 0x3f810000u; u++) {
+    const float f = std::bit_cast<float>(u);
+    const uint16_t r = to_bf16(f), lo = static_cast<uint16_t>(u >> 16);
+    const double below = f - from_bf16(lo), above = from_bf16(static_cast<uint16_t>(lo + 1)) - f;
+    const uint16_t want = below < above ? lo : above < below ? static_cast<uint16_t>(lo + 1)
+                                                             : static_cast<uint16_t>((lo & 1) != 0 ? lo + 1 : lo);
+    ASSERT_EQ(r, want) << std::hex << u;
+  }
+}
+
+// A kernel's bf16 copy: its fp32 output unchanged (bit for bit the call without the copy) and the
+// copy the scalar rounding of that output, bit for bit.
+TEST(FusedKernelsTest, Bf16CopiesAreTheRoundedOutputsBitForBit) {
+  const int N = 67, C = 203, OC = 811;
+  {
+    const std::vector<float> bias = randn(2, OC);
+    std::vector<float> pre = randn(1, static_cast<size_t>(N) * OC, 3.0), pre2 = pre;
+    std::vector<float> out(pre.size()), out2(pre.size());
+    std::vector<uint16_t> out_bf16(pre.size());
+    bias_gelu_forward(pre.data(), out.data(), bias.data(), N, OC, out_bf16.data());
+    bias_gelu_forward(pre2.data(), out2.data(), bias.data(), N, OC);
+    EXPECT_TRUE(same_bits(pre, pre2));
+    EXPECT_TRUE(same_bits(out, out2));
+    EXPECT_EQ(out_bf16, rounded(out));
+  }
+  {
+    const std::vector<float> pre = randn(9, static_cast<size_t>(N) * OC, 3.0), db0 = randn(10, OC);
+    std::vector<float> d = randn(11, pre.size()), d2 = d, db = db0, db2 = db0;
+    std::vector<uint16_t> d_bf16(d.size());
+    gelu_backward_bias_grad(d.data(), db.data(), pre.data(), N, OC, d_bf16.data());
+    gelu_backward_bias_grad(d2.data(), db2.data(), pre.data(), N, OC);
+    EXPECT_TRUE(same_bits(d, d2));
+    EXPECT_TRUE(same_bits(db, db2));
+    EXPECT_EQ(d_bf16, rounded(d));
+  }
+  const std::vector<float> w = randn(3, C), b = randn(4, C), r = randn(5, static_cast<size_t>(N) * C);
+  {
+    std::vector<float> x = randn(6, static_cast<size_t>(N) * C, 2.0), x2 = x;
+    std::vector<float> out(x.size()), out2(x.size()), mean(N), rstd(N), mean2(N), rstd2(N);
+    std::vector<uint16_t> out_bf16(x.size());
+    residual_layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), r.data(), w.data(), b.data(), N, C,
+                               out_bf16.data());
+    residual_layernorm_forward(out2.data(), mean2.data(), rstd2.data(), x2.data(), r.data(), w.data(), b.data(), N, C);
+    EXPECT_TRUE(same_bits(out, out2));
+    EXPECT_TRUE(same_bits(x, x2));
+    EXPECT_TRUE(same_bits(rstd, rstd2));
+    EXPECT_EQ(out_bf16, rounded(out));
+  }
+  {
+    std::vector<float> x = randn(7, static_cast<size_t>(N) * C, 2.0), x2 = x;
+    std::vector<float> out(x.size()), out2(x.size()), rstd(N), rstd2(N);
+    std::vector<uint16_t> out_bf16(x.size());
+    residual_rmsnorm_forward(out.data(), rstd.data(), x.data(), r.data(), w.data(), 1e-6f, N, C, out_bf16.data());
+    residual_rmsnorm_forward(out2.data(), rstd2.data(), x2.data(), r.data(), w.data(), 1e-6f, N, C);
+    EXPECT_TRUE(same_bits(out, out2));
+    EXPECT_TRUE(same_bits(rstd, rstd2));
+    EXPECT_EQ(out_bf16, rounded(out));
+  }
+  {
+    const std::vector<float> src = randn(8, static_cast<size_t>(N) * C, 100.0);
+    std::vector<uint16_t> dst(src.size());
+    round_to_bf16(dst.data(), src.data(), N, C);
+    EXPECT_EQ(dst, rounded(src));
   }
 }
 

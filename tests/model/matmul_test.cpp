@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "model/bf16.h"
 #include "model/bf16_matmul.h"
 #include "model/kernels.h"
 #include "model_test_util.h"
@@ -150,6 +151,61 @@ TEST_P(Bf16MatmulTest, ForwardAndBackwardWithinBf16Tolerance) {
   EXPECT_EQ(std::memcmp(dweight.data(), dweight2.data(), dweight.size() * sizeof(float)), 0);
 }
 
+// Inputs rounded by their producer (MatmulInput's bf16 copy) give the products the backend's own
+// rounding gives, bit for bit, and the backend reads the copy: inp's fp32 values are replaced by
+// zeros in the pre-rounded calls, dout's half zeroed in the last.
+TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
+  std::string why;
+  std::optional<Matmul> mm = bf16_matmul(&why);
+  if (!mm) GTEST_SKIP() << "no bf16 matmul: " << why;
+  ASSERT_TRUE(mm->reads_bf16_inputs());
+  const auto [N, C, OC] = GetParam();
+  const std::vector<float> inp = random_vector(1, static_cast<size_t>(N) * C, 1.0);
+  const std::vector<float> weight = random_vector(2, static_cast<size_t>(OC) * C, 0.2);
+  const std::vector<float> bias = random_vector(3, OC, 0.5);
+  const std::vector<float> dout = random_vector(4, static_cast<size_t>(N) * OC, 0.01);
+  const std::vector<float> dweight0 = random_vector(5, static_cast<size_t>(OC) * C, 0.1);
+  const std::vector<float> zeros(inp.size(), 0.0f);
+  std::vector<uint16_t> inp_bf16(inp.size());
+  for (size_t i = 0; i < inp.size(); i++) inp_bf16[i] = detail::to_bf16(inp[i]);
+
+  std::vector<float> out(static_cast<size_t>(N) * OC), out_pre(out.size());
+  mm->forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  mm->forward(out_pre.data(), {zeros.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(out.data(), out_pre.data(), out.size() * sizeof(float)), 0);
+
+  std::vector<float> dinp(inp.size()), dinp_pre(inp.size()), dweight = dweight0, dweight_pre = dweight0;
+  std::vector<float> dbias(OC, 0.0f), dbias_pre(OC, 0.0f);
+  mm->backward(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(), weight.data(), N, C, OC);
+  // dout's copy too; dbias sums dout's fp32 values, which stay.
+  std::vector<uint16_t> dout_bf16(dout.size());
+  for (size_t i = 0; i < dout.size(); i++) dout_bf16[i] = detail::to_bf16(dout[i]);
+  const std::vector<float> dout_half_zero = [&] {  // the fp32 values products must not read
+    std::vector<float> v = dout;
+    for (size_t i = 0; i < v.size(); i += 2) v[i] = 0.0f;
+    return v;
+  }();
+  mm->backward(dinp_pre.data(), dweight_pre.data(), dbias_pre.data(), {dout.data(), dout_bf16.data()},
+               {zeros.data(), inp_bf16.data()}, weight.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(dinp.data(), dinp_pre.data(), dinp.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dweight.data(), dweight_pre.data(), dweight.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dbias.data(), dbias_pre.data(), dbias.size() * sizeof(float)), 0);
+  // The products read dout's copy, not its fp32 values (half of them zeroed here; no dbias).
+  std::vector<float> dinp_copy(inp.size()), dweight_copy = dweight0;
+  mm->backward(dinp_copy.data(), dweight_copy.data(), nullptr, {dout_half_zero.data(), dout_bf16.data()},
+               {zeros.data(), inp_bf16.data()}, weight.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(dinp.data(), dinp_copy.data(), dinp.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(dweight.data(), dweight_copy.data(), dweight.size() * sizeof(float)), 0);
+
+  // The fp32 kind reads inp and ignores the copy.
+  Matmul fp32;
+  ASSERT_FALSE(fp32.reads_bf16_inputs());
+  std::vector<float> out32(out.size()), out32_ref(out.size());
+  fp32.forward(out32.data(), {inp.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
+  kernels::matmul_forward(out32_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
+  EXPECT_EQ(std::memcmp(out32.data(), out32_ref.data(), out32.size() * sizeof(float)), 0);
+}
+
 // Odd sizes (no multiple of the kernels' blocking), GPT shapes (C=64, 3C, 4C) and a vocab head.
 INSTANTIATE_TEST_SUITE_P(Shapes, Bf16MatmulTest,
                          ::testing::Values(Shape{37, 53, 29}, Shape{1, 7, 5}, Shape{128, 64, 192},
@@ -191,18 +247,70 @@ class ScopedMatmulEnv {
   std::optional<std::string> old_;
 };
 
-TEST(MatmulTest, AutoTakesBf16OnlyWithOneDnnAndAmx) {
-  using detail::auto_matmul_kind;
-  EXPECT_EQ(auto_matmul_kind({true, true, true, "avx512_core_amx"}), MatmulKind::kBf16);
-  // AVX512-BF16 without AMX (this machine): bf16 products measured 0.5x OpenBLAS fp32.
-  EXPECT_EQ(auto_matmul_kind({true, true, false, "avx512_core_bf16"}), MatmulKind::kFp32);
-  EXPECT_EQ(auto_matmul_kind({true, false, false, "avx512_core"}), MatmulKind::kFp32);
-  EXPECT_EQ(auto_matmul_kind({false, false, false, ""}), MatmulKind::kFp32);
+MatmulSupport support_of(bool dnnl, const char* isa, const char* vendor, int family, int model) {
+  const std::string i = isa;
+  return {dnnl, i == "avx512_core_bf16" || i == "avx512_core_amx", i == "avx512_core_amx", i, {vendor, family, model}};
+}
+
+// auto's table of CPU families, row by row (docs/model.md, "Matrix products").
+TEST(MatmulTest, AutoFollowsTheTableOfCpuFamilies) {
+  const auto kind = [](const MatmulSupport& s) { return auto_matmul_choice(s).kind; };
+  // AMX tiles (Sapphire Rapids and later): bf16.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_amx", "GenuineIntel", 6, 143)), MatmulKind::kBf16);
+  // Intel AVX512-BF16 without AMX (the measured Xeon, family 6 model 207; Cooper Lake): fp32.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "GenuineIntel", 6, 207)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "GenuineIntel", 6, 85)), MatmulKind::kFp32);
+  // AMD Zen 4 (family 25 with AVX512-BF16: EPYC 9004 model 17, Ryzen 7000 model 97): bf16.
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17)), MatmulKind::kBf16);
+  EXPECT_EQ(kind(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 97)), MatmulKind::kBf16);
+  // Zen 3 is family 25 too, but has no bf16 units: fp32, as every CPU without them.
+  EXPECT_EQ(kind(support_of(true, "avx2", "AuthenticAMD", 25, 1)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(true, "avx512_core", "GenuineIntel", 6, 85)), MatmulKind::kFp32);
+  // No oneDNN: fp32 whatever the CPU.
+  EXPECT_EQ(kind(support_of(false, "", "AuthenticAMD", 25, 17)), MatmulKind::kFp32);
+  EXPECT_EQ(kind(support_of(false, "", "GenuineIntel", 6, 143)), MatmulKind::kFp32);
+  for (const MatmulSupport& s : {support_of(true, "avx512_core_amx", "GenuineIntel", 6, 143),
+                                 support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17),
+                                 support_of(true, "avx2", "AuthenticAMD", 25, 1)}) {
+    EXPECT_TRUE(auto_matmul_choice(s).known) << s.isa;
+  }
+  // The start-up line names the row and the CPU.
+  const MatmulChoice zen4 = auto_matmul_choice(support_of(true, "avx512_core_bf16", "AuthenticAMD", 25, 17));
+  EXPECT_EQ(zen4.row, "AMD Zen 4");
+  EXPECT_NE(zen4.why.find("AuthenticAMD family 25 model 17"), std::string::npos) << zen4.why;
+}
+
+// A CPU with bf16 units and no row (a later AMD family, another vendor, an Intel family after 6)
+// gets fp32, the safe choice, and a line saying how to measure and pin the kind.
+TEST(MatmulTest, AutoGivesAnUnknownCpuFp32AndSaysHowToMeasure) {
+  for (const MatmulSupport& s : {support_of(true, "avx512_core_bf16", "AuthenticAMD", 26, 2),
+                                 support_of(true, "avx512_core_bf16", "HygonGenuine", 24, 0),
+                                 support_of(true, "avx512_core_bf16", "GenuineIntel", 19, 1),
+                                 support_of(true, "avx512_core_bf16", "", 0, 0)}) {
+    const MatmulChoice c = auto_matmul_choice(s);
+    EXPECT_EQ(c.kind, MatmulKind::kFp32) << c.why;
+    EXPECT_FALSE(c.known) << c.why;
+    EXPECT_NE(c.why.find("build/bench/matmul_bench"), std::string::npos) << c.why;
+    EXPECT_NE(c.why.find("ZINF_MATMUL"), std::string::npos) << c.why;
+  }
+  // detail::auto_matmul_kind is the choice's kind.
+  const MatmulSupport zen5 = support_of(true, "avx512_core_bf16", "AuthenticAMD", 26, 2);
+  EXPECT_EQ(detail::auto_matmul_kind(zen5), MatmulKind::kFp32);
+}
+
+TEST(MatmulTest, SupportDescribesThisMachine) {
   const MatmulSupport s = matmul_support();
   EXPECT_EQ(s.amx, s.isa == "avx512_core_amx");
   if (s.amx) {
     EXPECT_TRUE(s.bf16_units);
   }
+#if defined(__x86_64__)
+  EXPECT_EQ(s.cpu.vendor.size(), 12u);
+  EXPECT_GE(s.cpu.family, 6);
+#endif
+  std::printf("this machine: %s family %d model %d, %s: auto %s (%s)\n", s.cpu.vendor.c_str(), s.cpu.family,
+              s.cpu.model, s.isa.c_str(), std::string(matmul_kind_name(auto_matmul_choice(s).kind)).c_str(),
+              auto_matmul_choice(s).row.c_str());
 }
 
 TEST(MatmulTest, ResolveFollowsPrecisionHardwareAndOverride) {

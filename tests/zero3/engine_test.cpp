@@ -190,8 +190,9 @@ TEST(EngineTest, OffloadDevicesGiveBitIdenticalTraining) {
   }
 }
 
-// auto gives bf16 configs fp32 products on CPUs without AMX; this pins oneDNN's bf16 products
-// (where they run) so that their path through the engine is covered on every machine.
+// auto gives bf16 configs fp32 products on most CPUs (its table: docs/model.md, "Matrix
+// products"); this pins oneDNN's bf16 products (where they run) so that their path through the
+// engine is covered on every machine with bf16 units.
 TEST(EngineTest, Bf16ProductsGiveBitIdenticalTrainingAcrossOffloadDevices) {
   const model::MatmulSupport support = model::matmul_support();
   if (!support.dnnl_built || !support.bf16_units) GTEST_SKIP() << "no bf16 products here (" << support.isa << ")";
