@@ -5,18 +5,15 @@
 
 #include <fmt/format.h>
 
+#include "common/cuda_last_error.h"
 #include "zinf/log.h"
 
 namespace zinf::aio::detail {
 
 namespace {
-// Every failure here is tolerated (the buffer stays usable, only unregistered). CUDA keeps it as
-// the thread's last error, which the GPU layer's launch checks read: clear it while it is still
-// that error, or the next kernel launch on this thread would be reported as failing with it.
-void forget_cuda_error(cudaError_t err) {
-  if (err != cudaSuccess && cudaPeekAtLastError() == err) (void)cudaGetLastError();
-}
-
+// Every failure here is tolerated (the buffer stays usable, only unregistered), so each is cleared
+// from the thread's last error (forget_cuda_error), or the next kernel launch on this thread
+// would be reported as failing with it.
 bool gpu_present() {
   static const bool present = [] {
     int count = 0;

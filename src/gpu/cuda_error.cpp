@@ -30,10 +30,6 @@ Status cublas_status(cublasStatus_t err, std::string_view what) {
   return Status::internal(std::move(message));
 }
 
-void forget_error(cudaError_t err) {
-  if (err != cudaSuccess && cudaPeekAtLastError() == err) (void)cudaGetLastError();
-}
-
 Status last_launch_status(std::string_view kernel) {
   return cuda_status(cudaGetLastError(), fmt::format("launch of {}", kernel));
 }

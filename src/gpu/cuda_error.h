@@ -7,6 +7,7 @@
 
 #include <string_view>
 
+#include "common/cuda_last_error.h"
 #include "zinf/status.h"
 
 namespace zinf::gpu {
@@ -19,12 +20,8 @@ Status cublas_status(cublasStatus_t err, std::string_view what);
 // The error of the last kernel launch on this thread (cudaGetLastError), as a Status.
 Status last_launch_status(std::string_view kernel);
 
-// Call after a CUDA failure the caller tolerates (a refused registration, a probe, a query that
-// says "not ready", a failed free in a destructor). CUDA keeps the last error per thread and
-// cudaGetLastError(), which launch checks read, would otherwise report it as the next launch's
-// failure. Clears it only when it is still `err`, so an unread earlier error is not lost; sticky
-// errors (a broken context) stay, as CUDA keeps them anyway.
-void forget_error(cudaError_t err);
+// After a CUDA failure the caller tolerates: common/cuda_last_error.h's rule.
+inline void forget_error(cudaError_t err) { forget_cuda_error(err); }
 
 }  // namespace zinf::gpu
 

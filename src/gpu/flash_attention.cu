@@ -10,7 +10,8 @@
 #include "gpu/kernel_util.cuh"
 
 namespace zinf::gpu {
-// Kernel parameter types: outside the anonymous namespace, which nvcc's host stubs cannot name.
+// Kernel parameter types: outside the anonymous namespace, because the host-side launch code nvcc
+// generates must be able to name them.
 namespace flash {
 
 // Where one call's tensors live. Head h of row (b, t) of q starts at element

@@ -14,19 +14,13 @@
 
 #include <fmt/format.h>
 
+#include "common/cuda_last_error.h"
 #include "zero3/comm_nccl_device.h"
 #include "zero3/rank_order_sum.h"
 #include "zinf/zero3/comm_nccl.h"
 
 namespace zinf::zero3 {
 namespace {
-
-// A tolerated CUDA failure ("not ready", a probe) stays the thread's last error, which a later
-// launch check would report as its own; clear it while it is still that error (src/gpu's
-// forget_error, which this file cannot use: NCCL builds need not have the GPU layer).
-void forget_cuda_error(cudaError_t e) {
-  if (e != cudaSuccess && cudaPeekAtLastError() == e) (void)cudaGetLastError();
-}
 
 Status cuda_check(std::string_view what, cudaError_t e) {
   if (e == cudaSuccess) return Status::ok();

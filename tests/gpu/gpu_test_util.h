@@ -10,6 +10,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/cuda_last_error.h"
+
 namespace zinf::gpu::testing {
 
 // Empty when a device is usable; otherwise why not (CUDA's own words).
@@ -17,7 +19,7 @@ inline std::string why_no_gpu() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    if (cudaPeekAtLastError() == err) (void)cudaGetLastError();  // tolerated: not a later launch's error
+    forget_cuda_error(err);  // tolerated: not a later launch's error
     return std::string("no usable CUDA device: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
   }
   if (count == 0) return "no CUDA device on this machine";
