@@ -97,7 +97,7 @@ struct Memory {
   std::unique_ptr<HostParamSink> sink;                          // over copies (bf16)
 };
 
-Memory allocate_memory(const OptimizerLayout& layout) {
+Memory allocate_memory(const PartitionLayout& layout) {
   Memory mem;
   std::uint32_t x = 12345;
   for (const SubGroup& g : layout.subgroups) {
@@ -132,7 +132,7 @@ StepInputs inputs(const Memory& mem, std::int64_t step) {
 }
 
 // The same step in memory: the compute-bound ideal.
-double memory_step(const OptimizerLayout& layout, const optim::Optimizer& opt, Memory& mem, std::int64_t step) {
+double memory_step(const PartitionLayout& layout, const optim::Optimizer& opt, Memory& mem, std::int64_t step) {
   const auto t0 = Clock::now();
   for (std::size_t g = 0; g < layout.subgroups.size(); ++g) {
     const std::size_t n = layout.subgroups[g].numel;
@@ -286,7 +286,7 @@ int main(int argc, char** argv) {
 
   // Set up: master weights streamed in, then one untimed step creates the moments.
   auto sw = check(OptimizerSwapper::create(swap_config(o, true), partitions(o), make_adamw(), *handle));
-  const OptimizerLayout layout = sw->layout();
+  const PartitionLayout layout = sw->layout();
   const std::uint64_t tile = sw->tile_elements();
   std::printf("params %llu in %zu sub-group(s); pinned budget %.2f GB; tile %llu elements (pipelined)\n",
               static_cast<unsigned long long>(o.params), layout.subgroups.size(), sw->pool().capacity() / 1e9,

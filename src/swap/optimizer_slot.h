@@ -38,7 +38,7 @@ struct Overlap {
   bool empty() const { return last <= first; }
 };
 
-inline Overlap overlap(const OptimizerLayout& l, std::size_t p, std::uint64_t lo, std::uint64_t hi) {
+inline Overlap overlap(const PartitionLayout& l, std::size_t p, std::uint64_t lo, std::uint64_t hi) {
   const std::uint64_t begin = l.offset_in_subgroup[p];
   return Overlap{std::max(lo, begin), std::min(hi, begin + l.params[p].numel)};
 }

@@ -46,7 +46,7 @@ Result<std::unique_ptr<OptimizerSwapper>> OptimizerSwapper::create(const Optimiz
     return Status::invalid_argument("offload_optimizer.nvme_path is required when the device is nvme");
   }
   std::unique_ptr<OptimizerSwapper> sw(new OptimizerSwapper(config, std::move(optimizer)));
-  sw->layout_ = OptimizerLayout::build(std::move(params), config.sub_group_size);
+  sw->layout_ = PartitionLayout::build(std::move(params), config.sub_group_size);
   ZINF_RETURN_IF_ERROR(sw->open_stores(handle, mode));
   ZINF_RETURN_IF_ERROR(sw->plan_tiles(handle));
   return sw;
@@ -57,20 +57,20 @@ Status OptimizerSwapper::plan_tiles(aio::Handle& handle) {
   const std::size_t gsize = config_.swap_gradients ? dtype_size(config_.gradient_dtype) : 0;
   const std::size_t per_element = 4 * (1 + states) + gsize + 2;
   const std::size_t stages = 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0);
-  const std::uint64_t largest = std::max(layout_.largest_subgroup(), OptimizerLayout::kAlign);
+  const std::uint64_t largest = std::max(layout_.largest_subgroup(), PartitionLayout::kAlign);
   PinnedPoolOptions po;
   po.budget = PoolBudget{"offload_optimizer", config_.buffer_count,
                          config_.buffer_size != 0 ? config_.buffer_size : static_cast<std::size_t>(largest), 4};
   po.pin_memory = config_.pin_memory;
   ZINF_RETURN_IF_ERROR(po.budget.checked_bytes().status());
-  tile_ = std::min(align_down(po.budget.bytes() / (stages * per_element), OptimizerLayout::kAlign), largest);
+  tile_ = std::min(align_down(po.budget.bytes() / (stages * per_element), PartitionLayout::kAlign), largest);
   if (tile_ == 0) {
-    const std::uint64_t need = stages * per_element * OptimizerLayout::kAlign;
+    const std::uint64_t need = stages * per_element * PartitionLayout::kAlign;
     return Status::resource_exhausted(fmt::format(
         "offload_optimizer.buffer_count x buffer_size = {} x {} fp32 elements = {} bytes cannot hold one tile of "
         "{} elements for {} pipeline stage(s) at {} bytes per element ({} bytes); raise "
         "offload_optimizer.buffer_size to at least {} elements",
-        po.budget.buffer_count, po.budget.buffer_size, po.budget.bytes(), OptimizerLayout::kAlign, stages,
+        po.budget.buffer_count, po.budget.buffer_size, po.budget.bytes(), PartitionLayout::kAlign, stages,
         per_element, need, (need + 4 * config_.buffer_count - 1) / (4 * config_.buffer_count)));
   }
   ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::create(po, &handle));

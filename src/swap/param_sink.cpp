@@ -21,7 +21,7 @@ Status HostParamSink::write(std::size_t sg, std::uint64_t first, std::uint64_t c
   return Status::ok();
 }
 
-Result<SwapperParamSink> SwapperParamSink::create(const OptimizerLayout& layout, ParamSwapper& swapper) {
+Result<SwapperParamSink> SwapperParamSink::create(const PartitionLayout& layout, ParamSwapper& swapper) {
   for (const ParamPartition& p : layout.params) {
     Result<TensorInfo> info = swapper.info(p.key);
     if (!info.is_ok() || info->numel != p.numel || info->dtype != swapper.config().dtype) {

@@ -131,7 +131,7 @@ Result<SavedLayout> saved_layout(const ModelLayout& model, const nlohmann::json&
   ZINF_ASSIGN_OR_RETURN(const std::string fingerprint, jsonck::string_key(j, "layout", w));
   ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params, model.modules.size(), static_cast<int>(world)));
   SavedLayout s{std::move(plan), {}, static_cast<std::size_t>(arrays), {}, 0};
-  s.layout = swap::OptimizerLayout::build(layout_partitions(model.params, model.modules, s.plan), sub_group_size);
+  s.layout = swap::PartitionLayout::build(layout_partitions(model.params, model.modules, s.plan), sub_group_size);
   if (s.layout.fingerprint() != fingerprint) {
     return Status::corruption(fmt::format("{}/engine.json: partition layout '{}' does not match its model and {} ranks ('{}')",
                                           folder, fingerprint, world, s.layout.fingerprint()));

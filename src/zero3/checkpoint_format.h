@@ -26,7 +26,7 @@ struct ModelLayout {
 // and checked against the stored fingerprint.
 struct SavedLayout {
   PartitionPlan plan;
-  swap::OptimizerLayout layout;
+  swap::PartitionLayout layout;
   std::size_t arrays = 1;
   std::vector<std::uint64_t> subgroup_bytes_at;  // where each sub-group's arrays start in a rank file
   std::uint64_t rank_file_bytes = 0;             // every rank file's size under this layout
@@ -77,7 +77,7 @@ struct SaveRecord {
   std::string tag;
   std::string precision;
   std::string optimizer;
-  const swap::OptimizerLayout* layout = nullptr;
+  const swap::PartitionLayout* layout = nullptr;
   int world_size = 1;
   bool node_local = false;
   std::size_t arrays = 1;  // the master copy and the optimizer's states

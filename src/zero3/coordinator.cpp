@@ -19,7 +19,7 @@ constexpr std::uint64_t kEndOfPass = std::numeric_limits<std::uint64_t>::max();
 }  // namespace
 
 Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
-                         const swap::OptimizerLayout& layout, ParamTier& tier, GatherTarget& target,
+                         const swap::PartitionLayout& layout, ParamTier& tier, GatherTarget& target,
                          Communicator& comm, const CoordinatorOptions& options,
                          std::vector<model::FloatBuffer>& grad_acc)
     : model_(model),

@@ -91,7 +91,7 @@ class Coordinator final : public model::ParamAccess {
   // layout); the coordinator adds every micro-step's reduced gradients into them. target: where
   // groups are gathered (the model gets pointers into its memory). Every reference must outlive
   // the coordinator.
-  Coordinator(const model::Model& model, const PartitionPlan& plan, const swap::OptimizerLayout& layout,
+  Coordinator(const model::Model& model, const PartitionPlan& plan, const swap::PartitionLayout& layout,
               ParamTier& tier, GatherTarget& target, Communicator& comm, const CoordinatorOptions& options,
               std::vector<model::FloatBuffer>& grad_acc);
 
@@ -146,7 +146,7 @@ class Coordinator final : public model::ParamAccess {
 
   const model::Model& model_;
   const PartitionPlan& plan_;
-  const swap::OptimizerLayout& layout_;
+  const swap::PartitionLayout& layout_;
   ParamTier& tier_;
   GatherTarget& target_;
   Communicator& comm_;

@@ -136,7 +136,7 @@ Status Engine::Impl::init() {
       ds.bf16.enabled ? model::ComputePrecision::kBf16
                       : (ds.fp16.enabled ? model::ComputePrecision::kFp16 : model::ComputePrecision::kFp32)));
   ZINF_ASSIGN_OR_RETURN(plan, model_partition_plan(model->params(), model->modules().size(), comm.world_size()));
-  layout = swap::OptimizerLayout::build(layout_partitions(model->params(), model->modules(), plan),
+  layout = swap::PartitionLayout::build(layout_partitions(model->params(), model->modules(), plan),
                                         static_cast<std::uint64_t>(ds.zero.sub_group_size));
 
   // Optimizer, schedule, loss scaler.

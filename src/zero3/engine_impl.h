@@ -58,7 +58,7 @@ struct Engine::Impl {
   std::unique_ptr<model::Model> model;
   swap::DType dtype;
   PartitionPlan plan;
-  swap::OptimizerLayout layout;
+  swap::PartitionLayout layout;
   double base_lr = 0;
   std::unique_ptr<optim::LrSchedule> schedule;
   std::optional<optim::LossScaler> scaler;

@@ -14,7 +14,7 @@ namespace {
 // over whole sub-groups, so both tiers give the same bits.
 class MemoryOptimizerTier final : public OptimizerTier {
  public:
-  MemoryOptimizerTier(const swap::OptimizerLayout& layout, optim::Optimizer optimizer, optim::ExecOptions exec)
+  MemoryOptimizerTier(const swap::PartitionLayout& layout, optim::Optimizer optimizer, optim::ExecOptions exec)
       : layout_(layout), optimizer_(std::move(optimizer)), exec_(exec) {}
 
   Status allocate() {
@@ -128,7 +128,7 @@ class MemoryOptimizerTier final : public OptimizerTier {
     return first;
   }
 
-  const swap::OptimizerLayout& layout_;
+  const swap::PartitionLayout& layout_;
   optim::Optimizer optimizer_;
   optim::ExecOptions exec_;
   std::vector<std::vector<model::FloatBuffer>> arrays_;  // [which][sub-group]
@@ -176,7 +176,7 @@ class NvmeOptimizerTier final : public OptimizerTier {
 
 }  // namespace
 
-Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::OptimizerLayout& layout,
+Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::PartitionLayout& layout,
                                                                   optim::Optimizer optimizer,
                                                                   const optim::ExecOptions& exec) {
   auto tier = std::make_unique<MemoryOptimizerTier>(layout, std::move(optimizer), exec);

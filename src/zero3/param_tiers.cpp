@@ -20,7 +20,7 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // One host buffer per sub-group, in the padded layout, of the compute dtype.
 class MemoryParamTier final : public ParamTier {
  public:
-  MemoryParamTier(const swap::OptimizerLayout& layout, swap::DType dtype)
+  MemoryParamTier(const swap::PartitionLayout& layout, swap::DType dtype)
       : layout_(layout), dtype_(dtype), sink_({}, dtype) {}
 
   // Pinned (page-locked where RLIMIT_MEMLOCK allows, huge-page backed, pre-faulted) whatever
@@ -61,7 +61,7 @@ class MemoryParamTier final : public ParamTier {
   double io_wait_seconds() const override { return 0.0; }
 
  private:
-  const swap::OptimizerLayout& layout_;
+  const swap::PartitionLayout& layout_;
   swap::DType dtype_;
   std::vector<aio::PinnedBuffer> buffers_;
   std::vector<void*> pointers_;
@@ -72,7 +72,7 @@ class MemoryParamTier final : public ParamTier {
 // Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
 class NvmeParamTier final : public ParamTier {
  public:
-  NvmeParamTier(const swap::OptimizerLayout& layout, std::unique_ptr<swap::ParamSwapper> swapper)
+  NvmeParamTier(const swap::PartitionLayout& layout, std::unique_ptr<swap::ParamSwapper> swapper)
       : layout_(layout), swapper_(std::move(swapper)) {}
 
   Status declare() {
@@ -139,7 +139,7 @@ class NvmeParamTier final : public ParamTier {
   double io_wait_seconds() const override { return io_wait_; }
 
  private:
-  const swap::OptimizerLayout& layout_;
+  const swap::PartitionLayout& layout_;
   std::unique_ptr<swap::ParamSwapper> swapper_;
   std::mutex mutex_;
   std::unordered_set<std::size_t> staged_;  // prefetched, not yet read
@@ -149,7 +149,7 @@ class NvmeParamTier final : public ParamTier {
 
 }  // namespace
 
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::PartitionLayout& layout, swap::DType dtype,
                                                           OptimizerTier* optimizer) {
   auto tier = std::make_unique<MemoryParamTier>(layout, dtype);
   const bool in_place = dtype == swap::DType::kF32 && optimizer != nullptr && !layout.subgroups.empty() &&
@@ -162,7 +162,7 @@ Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerL
   return std::unique_ptr<ParamTier>(std::move(tier));
 }
 
-Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
+Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::PartitionLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle) {
   ZINF_ASSIGN_OR_RETURN(auto swapper, swap::ParamSwapper::create(config, handle));
   auto tier = std::make_unique<NvmeParamTier>(layout, std::move(swapper));

@@ -22,7 +22,7 @@ namespace zinf::zero3 {
 // What the tiers are made from besides ds_config.
 struct TierContext {
   const config::DsConfig& ds;
-  const swap::OptimizerLayout& layout;  // must outlive the tiers
+  const swap::PartitionLayout& layout;  // must outlive the tiers
   int rank = 0;
   swap::DType dtype = swap::DType::kF32;  // the parameters' compute dtype
   std::shared_ptr<aio::FaultInjector> aio_faults;  // null: none (tests inject I/O faults here)

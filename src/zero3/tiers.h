@@ -1,6 +1,6 @@
 // Internal: where this rank's parameter partitions (compute dtype) and optimizer state live.
 //
-// Both tiers use the optimizer layout (swap::OptimizerLayout): partitions packed into
+// Both tiers use the optimizer layout (swap::PartitionLayout): partitions packed into
 // sub-groups, each partition at a kAlign-aligned offset. The parameter tier holds the copy the
 // model computes with (bf16/fp16, or fp32 when training in fp32); the optimizer tier holds the
 // fp32 master weights and the optimizer's states. "memory" tiers are host arrays (offload
@@ -55,10 +55,10 @@ class ParamTier {
 // weights stay in memory holds no copy: its partitions are those master weights (the optimizer
 // step updates them in place; its sink's memory is theirs, so handing them over copies
 // nothing). `optimizer` must outlive the parameter tier.
-Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::OptimizerLayout& layout, swap::DType dtype,
+Result<std::unique_ptr<ParamTier>> make_memory_param_tier(const swap::PartitionLayout& layout, swap::DType dtype,
                                                           OptimizerTier* optimizer = nullptr);
 // device nvme (fp32, bf16 or fp16).
-Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::OptimizerLayout& layout,
+Result<std::unique_ptr<ParamTier>> make_nvme_param_tier(const swap::PartitionLayout& layout,
                                                         const swap::ParamSwapConfig& config, aio::Handle& handle);
 
 class OptimizerTier {
@@ -86,7 +86,7 @@ class OptimizerTier {
   virtual std::uint64_t bytes_moved() const = 0;
 };
 
-Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::OptimizerLayout& layout,
+Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::PartitionLayout& layout,
                                                                   optim::Optimizer optimizer,
                                                                   const optim::ExecOptions& exec);
 Result<std::unique_ptr<OptimizerTier>> make_nvme_optimizer_tier(const swap::OptimizerSwapConfig& config,

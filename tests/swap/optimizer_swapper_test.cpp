@@ -29,8 +29,8 @@ namespace {
 using testing::TempDir;
 using namespace testing;  // the optimizer test helpers
 
-TEST(OptimizerLayout, PacksPartitionsIntoAlignedSubGroups) {
-  const OptimizerLayout l = OptimizerLayout::build(kParams, 8000);
+TEST(PartitionLayout, PacksPartitionsIntoAlignedSubGroups) {
+  const PartitionLayout l = PartitionLayout::build(kParams, 8000);
   // {wte, h.0.attn} reach 8000; {h.0.mlp} alone; {h.0.ln, h.1.attn} reach 7001 < 8000, then h.1.mlp...
   ASSERT_EQ(l.subgroups.size(), 4u);
   EXPECT_EQ(l.subgroups[0].param_count, 2u);
@@ -41,8 +41,8 @@ TEST(OptimizerLayout, PacksPartitionsIntoAlignedSubGroups) {
   EXPECT_EQ(l.subgroups[2].param_count, 3u);  // h.0.ln + h.1.attn (7001) + h.1.mlp closes it
   EXPECT_EQ(l.subgroups[2].param_numel, 19001u);
   EXPECT_EQ(l.subgroups[3].first_param, 6u);
-  for (std::size_t p = 0; p < kParams.size(); ++p) EXPECT_EQ(l.offset_in_subgroup[p] % OptimizerLayout::kAlign, 0u);
-  EXPECT_NE(l.fingerprint(), OptimizerLayout::build(kParams, 9000).fingerprint());
+  for (std::size_t p = 0; p < kParams.size(); ++p) EXPECT_EQ(l.offset_in_subgroup[p] % PartitionLayout::kAlign, 0u);
+  EXPECT_NE(l.fingerprint(), PartitionLayout::build(kParams, 9000).fingerprint());
 }
 
 // The same steps on in-memory arrays with the same kernels: the reference.
@@ -252,7 +252,7 @@ INSTANTIATE_TEST_SUITE_P(ReadOrWrite, OptimizerSwapperFault, ::testing::Values(t
 // optimizer that reused its buffer before the ticket was ready would hand over other values.
 class DeferredSink final : public ParamSink {
  public:
-  DeferredSink(const OptimizerLayout& layout, DType dtype) : dtype_(dtype) {
+  DeferredSink(const PartitionLayout& layout, DType dtype) : dtype_(dtype) {
     for (const SubGroup& g : layout.subgroups) copies.emplace_back(g.numel * dtype_size(dtype));
     worker_ = std::thread([this] { run(); });
   }
@@ -268,7 +268,7 @@ class DeferredSink final : public ParamSink {
   void* host_subgroup(std::size_t) override { return nullptr; }
   Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
                std::vector<SwapTicket>& pending) override {
-    if (first % OptimizerLayout::kAlign != 0 || (first + count) % OptimizerLayout::kAlign != 0) ++misaligned;
+    if (first % PartitionLayout::kAlign != 0 || (first + count) % PartitionLayout::kAlign != 0) ++misaligned;
     SwapCompletion done;
     pending.push_back(done.ticket());
     {

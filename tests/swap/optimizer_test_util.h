@@ -33,14 +33,14 @@ inline MasterSource initial_source() {
 }
 
 struct InMemory {
-  OptimizerLayout layout;
+  PartitionLayout layout;
   optim::Optimizer opt;
   std::vector<std::vector<float>> master;
   std::vector<std::vector<std::vector<float>>> states;  // (sub-group, state)
   std::vector<std::vector<std::uint16_t>> copies;  // 16-bit copies of copy_dtype (fp32: none)
   DType copy_dtype = DType::kBF16;
 
-  InMemory(const OptimizerLayout& l, const optim::Optimizer& o) : layout(l), opt(o) {
+  InMemory(const PartitionLayout& l, const optim::Optimizer& o) : layout(l), opt(o) {
     for (const SubGroup& g : layout.subgroups) {
       master.emplace_back(g.numel, 0.0f);
       states.emplace_back(opt.state_count(), std::vector<float>(g.numel, 0.0f));
@@ -72,7 +72,7 @@ HostParamSink host_sink(std::vector<std::vector<T>>& copies, DType dtype = DType
 }
 
 // Gradients for one step: (sub-group,) buffers of dtype in the padded layout, zero in the padding.
-inline std::vector<std::vector<std::byte>> make_grads(const OptimizerLayout& l, DType dtype, std::uint64_t seed) {
+inline std::vector<std::vector<std::byte>> make_grads(const PartitionLayout& l, DType dtype, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 0.01f);
   std::vector<std::vector<std::byte>> out;

@@ -39,7 +39,7 @@ class CheckpointFormatTest : public ::testing::Test {
     model_ = std::move(gpt).value();
     auto plan = model_partition_plan(model_->params(), model_->modules().size(), 2);
     ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
-    layout_ = swap::OptimizerLayout::build(layout_partitions(model_->params(), model_->modules(), *plan), 20000);
+    layout_ = swap::PartitionLayout::build(layout_partitions(model_->params(), model_->modules(), *plan), 20000);
     std::uint64_t rank_bytes = 0;
     for (const swap::SubGroup& sg : layout_.subgroups) rank_bytes += sg.numel * 3 * sizeof(float);
     record_ = detail::SaveRecord{"global_step7", "bf16", "AdamW", &layout_, 2, false, 3,
@@ -49,7 +49,7 @@ class CheckpointFormatTest : public ::testing::Test {
   }
 
   std::unique_ptr<model::GptModel> model_;
-  swap::OptimizerLayout layout_;
+  swap::PartitionLayout layout_;
   detail::SaveRecord record_;
 };
 

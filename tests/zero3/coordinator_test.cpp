@@ -146,7 +146,7 @@ class CountingTarget final : public GatherTarget {
 struct Harness {
   ChainModel model;
   PartitionPlan plan;
-  swap::OptimizerLayout layout;
+  swap::PartitionLayout layout;
   std::unique_ptr<Communicator> comm = make_local_communicator();
   std::vector<model::FloatBuffer> grad_acc;
   std::unique_ptr<RecordingTier> tier;
@@ -155,7 +155,7 @@ struct Harness {
 
   Harness(int n, const CoordinatorOptions& options)
       : model(n), plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
-    layout = swap::OptimizerLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
+    layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     for (const swap::SubGroup& sg : layout.subgroups) {
       grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
       std::fill(grad_acc.back().span().begin(), grad_acc.back().span().end(), 0.0f);

@@ -44,7 +44,7 @@ config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const test
 
 // Every partition read back from the parameter tier equals the optimizer's master weights
 // rounded to the tier's dtype, bit for bit.
-void expect_params_are_rounded_master(Tiers& t, const swap::OptimizerLayout& layout) {
+void expect_params_are_rounded_master(Tiers& t, const swap::PartitionLayout& layout) {
   const DType dtype = t.params->dtype();
   for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
     std::vector<float> master(layout.subgroups[sg].numel);
@@ -73,7 +73,7 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
   const auto [param_device, optimizer_device, dtype] = GetParam();
   testing::TempDir dir;
   const config::DsConfig ds = ds_for(param_device, optimizer_device, dir);
-  const swap::OptimizerLayout layout = swap::OptimizerLayout::build(kPartitions, 5000);
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
   ASSERT_EQ(layout.subgroups.size(), 2u);
   optim::AdamParams adam;
   adam.lr = 1e-2;

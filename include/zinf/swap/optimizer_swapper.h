@@ -3,7 +3,7 @@
 // Parameter partitions are packed, in order, into sub-groups that close once they hold
 // sub_group_size elements (a partition is never split). Each sub-group has flat fp32 tensors in
 // the store: the master weights and the optimizer's states (Adam: exp_avg, exp_avg_sq). In a
-// sub-group every partition starts at a multiple of OptimizerLayout::kAlign elements (the gap
+// sub-group every partition starts at a multiple of PartitionLayout::kAlign elements (the gap
 // is zero padding), so every transfer is 4 KiB aligned; gradients and 16-bit copies in memory
 // use the same padded layout.
 //
@@ -43,6 +43,7 @@
 #include "zinf/optim/isa.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/status.h"
+#include "zinf/swap/partition_layout.h"
 #include "zinf/swap/pinned_pool.h"
 #include "zinf/swap/swap_store.h"
 #include "zinf/swap/types.h"
@@ -67,32 +68,8 @@ struct OptimizerSwapConfig {
   optim::ExecOptions exec;       // how the kernels run
 };
 
-struct ParamPartition {
-  std::string key;  // the parameter swapper's key for it: the partition group's module, e.g. "h.3.attn"
-  std::uint64_t numel = 0;
-};
-
-struct SubGroup {
-  std::size_t first_param = 0;
-  std::size_t param_count = 0;
-  std::uint64_t numel = 0;       // flat length with padding (a multiple of kAlign)
-  std::uint64_t param_numel = 0; // elements of its partitions
-};
-
-struct OptimizerLayout {
-  static constexpr std::uint64_t kAlign = 2048;  // elements: 4 KiB of 16-bit values
-
-  std::vector<ParamPartition> params;
-  std::vector<std::size_t> subgroup_of;  // per partition
-  std::vector<std::uint64_t> offset_in_subgroup;  // per partition, a multiple of kAlign
-  std::vector<SubGroup> subgroups;
-  std::uint64_t sub_group_size = 0;
-
-  static OptimizerLayout build(std::vector<ParamPartition> params, std::uint64_t sub_group_size);
-  std::uint64_t largest_subgroup() const;
-  // Changes when partitions, sizes or sub_group_size do (stored to refuse a mismatched reopen).
-  std::string fingerprint() const;
-};
+// The name this layout had before it was used beyond the optimizer (kept for code written then).
+using OptimizerLayout [[deprecated("renamed PartitionLayout (zinf/swap/partition_layout.h)")]] = PartitionLayout;
 
 // Fills `out` with elements [offset, offset + out.size()) of partition `param` (fp32 master).
 using MasterSource = std::function<Status(std::size_t param, std::uint64_t offset, std::span<float> out)>;
@@ -133,7 +110,7 @@ class OptimizerSwapper {
   OptimizerSwapper(const OptimizerSwapper&) = delete;
   OptimizerSwapper& operator=(const OptimizerSwapper&) = delete;
 
-  const OptimizerLayout& layout() const { return layout_; }
+  const PartitionLayout& layout() const { return layout_; }
   const OptimizerSwapConfig& config() const { return config_; }
   std::uint64_t tile_elements() const { return tile_; }
   // Whether the master weights have been written (init_master, or a reopened store).
@@ -211,7 +188,7 @@ class OptimizerSwapper {
 
   OptimizerSwapConfig config_;
   optim::Optimizer optimizer_;
-  OptimizerLayout layout_;
+  PartitionLayout layout_;
   std::unique_ptr<SwapStore> store_;
   std::unique_ptr<SwapStore> grad_store_;
   std::unique_ptr<PinnedPool> pool_;

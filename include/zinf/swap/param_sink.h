@@ -1,7 +1,7 @@
 // ParamSink: where an optimizer step puts the updated parameter copies the model computes with.
 //
 // The optimizer (a memory optimizer tier or the OptimizerSwapper) updates fp32 master weights
-// sub-group by sub-group, in the OptimizerLayout's padded layout. The parameter tier keeps a
+// sub-group by sub-group, in the PartitionLayout's padded layout. The parameter tier keeps a
 // copy of them in the compute dtype; its sink says which dtype and where, so the optimizer
 // has one path whatever holds the parameters:
 //   - host_subgroup(sg) != nullptr: sub-group sg's copy is host memory the optimizer writes
@@ -40,7 +40,7 @@ class ParamSink {
   virtual void* host_subgroup(std::size_t sg) = 0;
   // Takes elements [first, first + count) of sub-group sg's copy from src (count elements of
   // dtype(), padded layout) and appends what completes the transfer to `pending`. first and
-  // first + count are multiples of OptimizerLayout::kAlign (so src is readable up to each
+  // first + count are multiples of PartitionLayout::kAlign (so src is readable up to each
   // partition's aligned end); src must stay valid and unchanged until every ticket is ready.
   virtual Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
                        std::vector<SwapTicket>& pending) = 0;
@@ -70,15 +70,15 @@ class HostParamSink final : public ParamSink {
 class SwapperParamSink final : public ParamSink {
  public:
   // Fails naming the partition when one is not in the swapper with its size.
-  static Result<SwapperParamSink> create(const OptimizerLayout& layout, ParamSwapper& swapper);
+  static Result<SwapperParamSink> create(const PartitionLayout& layout, ParamSwapper& swapper);
   DType dtype() const override;
   void* host_subgroup(std::size_t) override { return nullptr; }
   Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
                std::vector<SwapTicket>& pending) override;
 
  private:
-  SwapperParamSink(const OptimizerLayout& layout, ParamSwapper& swapper) : layout_(&layout), swapper_(&swapper) {}
-  const OptimizerLayout* layout_;
+  SwapperParamSink(const PartitionLayout& layout, ParamSwapper& swapper) : layout_(&layout), swapper_(&swapper) {}
+  const PartitionLayout* layout_;
   ParamSwapper* swapper_;
 };
 

@@ -1,15 +1,16 @@
-// OptimizerLayout: packing parameter partitions into aligned sub-groups.
+// PartitionLayout: packing parameter partitions into aligned sub-groups.
 #include <algorithm>
 
 #include <fmt/format.h>
 
 #include "common/checksum.h"
-#include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/partition_layout.h"
+#include "zinf/swap/types.h"
 
 namespace zinf::swap {
 
-OptimizerLayout OptimizerLayout::build(std::vector<ParamPartition> params, std::uint64_t sub_group_size) {
-  OptimizerLayout l;
+PartitionLayout PartitionLayout::build(std::vector<ParamPartition> params, std::uint64_t sub_group_size) {
+  PartitionLayout l;
   l.sub_group_size = sub_group_size;
   l.params = std::move(params);
   SubGroup open;
@@ -34,13 +35,13 @@ OptimizerLayout OptimizerLayout::build(std::vector<ParamPartition> params, std::
   return l;
 }
 
-std::uint64_t OptimizerLayout::largest_subgroup() const {
+std::uint64_t PartitionLayout::largest_subgroup() const {
   std::uint64_t n = 0;
   for (const SubGroup& g : subgroups) n = std::max(n, g.numel);
   return n;
 }
 
-std::string OptimizerLayout::fingerprint() const {
+std::string PartitionLayout::fingerprint() const {
   // XXH3 over the partition keys and sizes. Named "xxh3" in the text, so a fingerprint from
   // before (FNV-1a, "hash ...") visibly differs in kind, not just in value.
   Checksum64 h;
