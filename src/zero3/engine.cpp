@@ -10,7 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "device/host_device.h"
 #include "zero3/coordinator.h"
+#include "zero3/device_gather_target.h"
 #include "zero3/engine_impl.h"
 #include "zero3/tier_factory.h"
 #include "zinf/log.h"
@@ -159,7 +161,16 @@ Status Engine::Impl::init() {
   counters.loss_scale = scaler->scale();
 
   // Tiers, and where the coordinator gathers.
-  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults},
+  if (options.device.kind == EngineDevice::Kind::kHostDevice) {
+    device::HostDeviceOptions d;
+    d.seed = options.device.seed;
+    d.max_delay = std::chrono::microseconds(options.device.max_delay_us);
+    d.poison_new_blocks = options.device.poison_new_blocks;
+    d.memory_cap = static_cast<std::size_t>(options.device.memory_cap_bytes);
+    device = device::HostDevice::create(d);
+  }
+  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults,
+                                                            device.get()},
                                                 optim::Optimizer(opt_config)));
   handle = std::move(tiers.handle);
   optimizer = std::move(tiers.optimizer);
@@ -248,6 +259,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const auto t0 = Clock::now();
   StepReport r;
   const double io_before = params->io_wait_seconds() + optimizer->io_wait_seconds();
+  const auto* device_target = dynamic_cast<const DeviceGatherTarget*>(gather.get());
+  const DeviceGatherStats device_before = device_target != nullptr ? device_target->device_stats() : DeviceGatherStats{};
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
   for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
@@ -272,6 +285,15 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
   }
   r.live_high_water = coordinator->stats().live_high_water;
+  if (device_target != nullptr) {
+    const DeviceGatherStats& d = device_target->device_stats();
+    r.h2d_bytes = d.h2d_bytes - device_before.h2d_bytes;
+    r.d2h_bytes = d.d2h_bytes - device_before.d2h_bytes;
+    r.device_wait_s = d.ready_wait_s - device_before.ready_wait_s;
+    r.download_wait_s = d.download_wait_s - device_before.download_wait_s;
+    r.staging_wait_s = d.staging_wait_s - device_before.staging_wait_s;
+    r.device_peak_bytes = device_target->device().allocator_stats().peak_reserved;
+  }
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();

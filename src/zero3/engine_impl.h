@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "device/device.h"
 #include "zero3/coordinator.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/handle.h"
@@ -62,6 +63,7 @@ struct Engine::Impl {
   double base_lr = 0;
   std::unique_ptr<optim::LrSchedule> schedule;
   std::optional<optim::LossScaler> scaler;
+  std::unique_ptr<device::Device> device;  // EngineDevice kHostDevice; outlives the gather target
   std::unique_ptr<aio::Handle> handle;
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "zero3/device_gather_target.h"
+
 namespace zinf::zero3 {
 namespace {
 
@@ -86,7 +88,11 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   }
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
   ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
-  t.gather = make_host_gather_target();
+  if (context.device != nullptr) {
+    ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device));
+  } else {
+    t.gather = make_host_gather_target();
+  }
   return t;
 }
 
