@@ -247,25 +247,29 @@ TEST(EngineTest, PipeliningAndLiveBudgetDoNotChangeResults) {
 // every offload device, precision and activation checkpointing, under random stream delays and
 // with new device blocks poisoned.
 TEST(EngineTest, HostDeviceGivesBitIdenticalTraining) {
-  constexpr int kDeviceSteps = 6;
-  for (const std::string precision : {"bf16", "fp32"}) {
-    for (const bool recompute : {false, true}) {
-      for (const std::string where : {"none", "cpu", "nvme"}) {
-        RunSetup host;
-        host.precision = precision;
-        host.recompute = recompute;
-        host.param_device = where;
-        host.optim_device = where;
-        RunSetup on_device = host;
-        on_device.device.kind = EngineDevice::Kind::kHostDevice;
-        on_device.device.seed = 17;
-        on_device.device.max_delay_us = 200;
-        on_device.device.poison_new_blocks = true;
-        const std::string what = fmt::format("{}, activation checkpointing {}, offload {}", precision,
-                                             recompute ? "on" : "off", where);
-        expect_identical(train(host, kDeviceSteps), train(on_device, kDeviceSteps), what);
-      }
-    }
+  constexpr int kDeviceSteps = 4;
+  struct Case {
+    const char* precision;
+    bool recompute;
+    const char* where;
+  };
+  // Every offload device in bf16, each precision, and activation checkpointing in each.
+  const Case cases[] = {{"bf16", false, "none"}, {"bf16", false, "cpu"}, {"bf16", false, "nvme"},
+                        {"fp32", false, "nvme"}, {"bf16", true, "cpu"},  {"fp32", true, "none"}};
+  for (const Case& c : cases) {
+    RunSetup host;
+    host.precision = c.precision;
+    host.recompute = c.recompute;
+    host.param_device = c.where;
+    host.optim_device = c.where;
+    RunSetup on_device = host;
+    on_device.device.kind = EngineDevice::Kind::kHostDevice;
+    on_device.device.seed = 17;
+    on_device.device.max_delay_us = 200;
+    on_device.device.poison_new_blocks = true;
+    const std::string what = fmt::format("{}, activation checkpointing {}, offload {}", c.precision,
+                                         c.recompute ? "on" : "off", c.where);
+    expect_identical(train(host, kDeviceSteps), train(on_device, kDeviceSteps), what);
   }
 }
 
