@@ -261,6 +261,13 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const double io_before = params->io_wait_seconds() + optimizer->io_wait_seconds();
   const auto* device_target = dynamic_cast<const DeviceGatherTarget*>(gather.get());
   const DeviceGatherStats device_before = device_target != nullptr ? device_target->device_stats() : DeviceGatherStats{};
+  // Copy-stream seconds so far (NaN: not measured by this device).
+  auto copy_seconds = [&](device::StreamRole role) {
+    auto s = device_target->device().copy_seconds(role);
+    return s.is_ok() ? s.value() : std::numeric_limits<double>::quiet_NaN();
+  };
+  const double h2d_before = device_target != nullptr ? copy_seconds(device::StreamRole::kH2D) : 0.0;
+  const double d2h_before = device_target != nullptr ? copy_seconds(device::StreamRole::kD2H) : 0.0;
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
   for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
@@ -293,6 +300,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     r.download_wait_s = d.download_wait_s - device_before.download_wait_s;
     r.staging_wait_s = d.staging_wait_s - device_before.staging_wait_s;
     r.device_peak_bytes = device_target->device().allocator_stats().peak_reserved;
+    r.h2d_copy_s = copy_seconds(device::StreamRole::kH2D) - h2d_before;
+    r.d2h_copy_s = copy_seconds(device::StreamRole::kD2H) - d2h_before;
   }
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.

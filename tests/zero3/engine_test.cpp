@@ -292,6 +292,9 @@ TEST(EngineTest, HostDeviceStepReportsItsTraffic) {
     EXPECT_GE(r->h2d_bytes, 2 * params * sizeof(float)) << "step " << step;
     EXPECT_GE(r->d2h_bytes, 2 * params * sizeof(float)) << "step " << step;
     EXPECT_GT(r->device_peak_bytes, 0u);
+    // The host device times its copies: the step's GB/s have a denominator.
+    EXPECT_GT(r->h2d_copy_s, 0.0);
+    EXPECT_GT(r->d2h_copy_s, 0.0);
     EXPECT_LE(r->live_high_water, static_cast<std::uint64_t>(s.max_live));
   }
 }

@@ -2,6 +2,7 @@
 #include "device_traffic.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -23,6 +24,8 @@ void DeviceTraffic::add(const zero3::StepReport& r) {
   d2h_ += r.d2h_bytes;
   peak_ = std::max(peak_, r.device_peak_bytes);
   seconds_ += r.seconds;
+  h2d_copy_s_ += r.h2d_copy_s;
+  d2h_copy_s_ += r.d2h_copy_s;
   pass_s_ += r.forward_s + r.backward_s;
   wait_s_ += r.device_wait_s;
   download_wait_s_ += r.download_wait_s;
@@ -44,17 +47,26 @@ void DeviceTraffic::add_json(nlohmann::json& line, const zero3::StepReport& r) {
   line["download_wait_s"] = r.download_wait_s;
   line["staging_wait_s"] = r.staging_wait_s;
   line["device_peak_bytes"] = r.device_peak_bytes;
+  // Transfer rates while copying; null where the device does not time its copies.
+  auto rate = [](std::uint64_t bytes, double s) {
+    return std::isfinite(s) && s > 0 ? nlohmann::json(static_cast<double>(bytes) / s / 1e9) : nlohmann::json();
+  };
+  line["h2d_gbps"] = rate(r.h2d_bytes, r.h2d_copy_s);
+  line["d2h_gbps"] = rate(r.d2h_bytes, r.d2h_copy_s);
 }
 
 std::string DeviceTraffic::summary() const {
   if (steps_ == 0) return "";
   const double per_step = 1.0 / static_cast<double>(steps_);
+  auto rate = [](std::uint64_t bytes, double s) {
+    return std::isfinite(s) && s > 0 ? fmt::format("{:.1f} GB/s", static_cast<double>(bytes) / s / 1e9)
+                                     : std::string("rate not measured");
+  };
   return fmt::format(
-      "device: {} steps; per step: parameters up {:.1f} MiB, gradients down {:.1f} MiB ({:.2f} GB/s of step time "
-      "both ways); compute waited for uploads {:.1f}% of the passes, for gradient downloads {:.3f} s, for staging "
-      "{:.3f} s; peak device memory {:.1f} MiB\n",
-      steps_, h2d_ * per_step / kMiB, d2h_ * per_step / kMiB,
-      seconds_ > 0 ? static_cast<double>(h2d_ + d2h_) / seconds_ / 1e9 : 0.0,
+      "device: {} steps; per step: parameters up {:.1f} MiB ({}), gradients down {:.1f} MiB ({}); compute waited "
+      "for uploads {:.1f}% of the passes, for gradient downloads {:.3f} s, for staging {:.3f} s; peak device memory "
+      "{:.1f} MiB\n",
+      steps_, h2d_ * per_step / kMiB, rate(h2d_, h2d_copy_s_), d2h_ * per_step / kMiB, rate(d2h_, d2h_copy_s_),
       pass_s_ > 0 ? 100.0 * wait_s_ / pass_s_ : 0.0, download_wait_s_ * per_step, staging_wait_s_ * per_step,
       peak_ / kMiB);
 }

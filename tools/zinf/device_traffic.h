@@ -26,6 +26,7 @@ class DeviceTraffic {
 
  private:
   std::uint64_t steps_ = 0, h2d_ = 0, d2h_ = 0, peak_ = 0;
+  double h2d_copy_s_ = 0, d2h_copy_s_ = 0;
   double seconds_ = 0, pass_s_ = 0, wait_s_ = 0, download_wait_s_ = 0, staging_wait_s_ = 0;
 };
 

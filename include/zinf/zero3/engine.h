@@ -80,6 +80,9 @@ struct StepReport {
   // staging buffers, and the most device memory held at once (the caching allocator's peak).
   std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
   double device_wait_s = 0, download_wait_s = 0, staging_wait_s = 0;
+  // Seconds the H2D and D2H copy streams spent copying this step (their GB/s: bytes / these);
+  // NaN where the device does not measure them.
+  double h2d_copy_s = 0, d2h_copy_s = 0;
   std::uint64_t device_peak_bytes = 0;
 };
 
