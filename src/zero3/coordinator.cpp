@@ -466,6 +466,7 @@ void Coordinator::accumulate(std::size_t group, const float* reduced) {
   float* acc = grad_acc_[layout_.subgroup_of[group]].data() + layout_.offset_in_subgroup[group];
   const std::size_t per_rank = plan_.group(group).per_rank;
   for (std::size_t i = 0; i < per_rank; ++i) acc[i] += reduced[i];
+  if (on_added_) on_added_(group);
 }
 
 Status Coordinator::drain_downloads(bool wait) {

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <vector>
@@ -112,6 +113,10 @@ class Coordinator final : public model::ParamAccess {
   // After an optimizer step changed the partitions: every gathered copy is stale.
   void invalidate_gathered();
   const CoordinatorStats& stats() const { return stats_; }
+  // Called with each partition whose reduced gradient has just been added into the rank's
+  // partition (from the thread that drives the passes); empty: none. The engine sets it for the
+  // last micro-batch, whose additions are final (early_step.h).
+  void set_on_gradient_added(std::function<void(std::size_t partition)> fn) { on_added_ = std::move(fn); }
   std::uint64_t live_elements() const { return live_; }
 
   Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
@@ -195,6 +200,7 @@ class Coordinator final : public model::ParamAccess {
   std::chrono::steady_clock::time_point pass_start_;
   bool backward_seen_ = false;
   CoordinatorStats stats_;
+  std::function<void(std::size_t)> on_added_;
 };
 
 }  // namespace zinf::zero3

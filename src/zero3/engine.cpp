@@ -201,6 +201,15 @@ Status Engine::Impl::init() {
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
   coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
+  if (options.overlap_optimizer) {
+    if (early_steps_possible(*optimizer, *params, layout)) {
+      early = std::make_unique<EarlyStepper>(layout, *optimizer, grad_acc);
+    } else {
+      log(LogLevel::kNotice, fmt::format("{}: the optimizer step cannot overlap backward with parameters on {} and "
+                                         "optimizer state on {} (it needs both in memory); it runs after backward",
+                                         ds.source, params->describe(), optimizer->describe()));
+    }
+  }
   return Status::ok();
 }
 
@@ -278,13 +287,35 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   // The optimizer state the step reads first does not depend on the gradients: its reads run
   // under the passes (into the swapper's own slots; kept for the next step if this one fails).
   ZINF_RETURN_IF_ERROR(optimizer->read_ahead());
+  const std::int64_t k = counters.schedule_k;
+  // The step's inputs for a gradient scale (the step count, LR and momentum are known now).
+  auto step_inputs = [&](double grad_scale) {
+    swap::StepInputs in;
+    in.ctx.step = counters.updates + 1;
+    in.ctx.lr = schedule ? schedule->lr(k) : base_lr;
+    if (schedule) in.ctx.beta1 = schedule->momentum(k);
+    in.grad_scale = grad_scale;
+    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
+    in.sink = &params->sink();
+    return in;
+  };
   double loss_sum = 0;
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
+    if (early && &mb == &micro_batches.back()) {
+      // The last micro-batch's additions are final: each sub-group may step as soon as its are.
+      early->begin(step_inputs(1.0 / scale));
+      coordinator->set_on_gradient_added([this](std::size_t p) { early->partition_final(p); });
+    }
     coordinator->begin_pass(true);
     auto loss = model->forward_backward(mb.inputs, mb.targets, mb.B, mb.T, *coordinator, grad_loss_scale);
-    if (!loss.is_ok()) return loss.status();
-    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
+    Status ended = loss.is_ok() ? coordinator->end_pass() : loss.status();
+    coordinator->set_on_gradient_added(nullptr);
+    if (!ended.is_ok()) {
+      // Early steps taken under this pass are rolled back: the step did not happen.
+      if (early) (void)early->stats(), (void)early->finish(nullptr);
+      return ended;
+    }
     const double pass = since(p0);
     r.forward_s += coordinator->stats().backward_start_s;
     r.backward_s += pass - coordinator->stats().backward_start_s;
@@ -306,8 +337,17 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();
-  for (const model::FloatBuffer& g : grad_acc) {
-    ZINF_ASSIGN_OR_RETURN(optim::GradStats s, optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+  std::vector<optim::GradStats> sg_stats;
+  if (early) {
+    ZINF_ASSIGN_OR_RETURN(sg_stats, early->stats());
+  } else {
+    for (const model::FloatBuffer& g : grad_acc) {
+      ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
+                            optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+      sg_stats.push_back(s);
+    }
+  }
+  for (const optim::GradStats& s : sg_stats) {
     reduced[1] += s.sq_norm;
     if (!s.finite()) reduced[2] += 1.0;
   }
@@ -317,11 +357,19 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const bool overflow = reduced[2] > 0.0 || !std::isfinite(reduced[1]);
   ++counters.steps;
   r.step = counters.steps;
-  const std::int64_t k = counters.schedule_k;
   r.lr = schedule ? schedule->lr(k) : base_lr;
+  // Keeps or rolls back the early steps and takes the rest of the step (in: null when skipped).
+  auto finish_early = [&](const swap::StepInputs* in) -> Status {
+    ZINF_ASSIGN_OR_RETURN(EarlyStepReport e, early->finish(in));
+    r.early_subgroups = e.stepped_early;
+    r.early_rolled_back = e.rolled_back;
+    r.optimizer_hidden_s = e.hidden_s;
+    return Status::ok();
+  };
   if (overflow) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
+    if (early) ZINF_RETURN_IF_ERROR(finish_early(nullptr));
     ZINF_RETURN_IF_ERROR(scaler->update(true));
   } else {
     const double norm = std::sqrt(reduced[1]);
@@ -330,14 +378,12 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     if (options.ds.gradient_clipping > 0.0) {
       grad_scale = optim::clip_gradients(norm, scale, options.ds.gradient_clipping).grad_scale;
     }
-    swap::StepInputs in;
-    in.ctx.step = counters.updates + 1;
-    in.ctx.lr = r.lr;
-    if (schedule) in.ctx.beta1 = schedule->momentum(k);
-    in.grad_scale = grad_scale;
-    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
-    in.sink = &params->sink();
-    ZINF_RETURN_IF_ERROR(optimizer->step(in));
+    const swap::StepInputs in = step_inputs(grad_scale);
+    if (early) {
+      ZINF_RETURN_IF_ERROR(finish_early(&in));
+    } else {
+      ZINF_RETURN_IF_ERROR(optimizer->step(in));
+    }
     ZINF_RETURN_IF_ERROR(params->flush());
     coordinator->invalidate_gathered();
     ZINF_RETURN_IF_ERROR(scaler->update(false));

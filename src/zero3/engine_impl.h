@@ -7,6 +7,7 @@
 
 #include "device/device.h"
 #include "zero3/coordinator.h"
+#include "zero3/early_step.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/handle.h"
 #include "zinf/model/float_buffer.h"
@@ -70,6 +71,7 @@ struct Engine::Impl {
   std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it
   std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
   std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<EarlyStepper> early;  // EngineOptions::overlap_optimizer where the tiers allow
   EngineCounters counters;
 
  private:

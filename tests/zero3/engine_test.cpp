@@ -45,6 +45,8 @@ struct RunSetup {
   std::int64_t prefetch_bucket = 4000;
   std::shared_ptr<aio::FaultInjector> faults;  // for the NVMe tiers' aio requests
   EngineDevice device;  // where gathered parameters and gradients live
+  bool overlap_optimizer = false;
+  double clipping = 1.0;  // gradient_clipping
   bool recompute = false;  // activation checkpointing
 };
 
@@ -74,7 +76,7 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
   return fmt::format(R"({{
     "train_micro_batch_size_per_gpu": 2,
     "gradient_accumulation_steps": {gas},
-    "gradient_clipping": 1.0,
+    "gradient_clipping": {clip},
     {precision}
     "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
     "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 3e-3, "warmup_num_steps": 5, "warmup_type": "linear"}}}},
@@ -86,7 +88,7 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
     }},
     "aio": {{"block_size": 65536, "queue_depth": 4}}
   }})",
-                     fmt::arg("gas", s.gas),
+                     fmt::arg("gas", s.gas), fmt::arg("clip", s.clipping),
                      fmt::arg("precision", s.precision == "bf16"   ? R"("bf16": {"enabled": true},)"
                                            : s.precision == "fp16" ? R"("fp16": {"enabled": true, "initial_scale_power": 12, "loss_scale_window": 4},)"
                                                                    : ""),
@@ -97,6 +99,7 @@ std::string config_text(const RunSetup& s, const std::string& nvme) {
 struct RunResult {
   std::vector<float> losses;
   std::vector<std::vector<float>> weights;
+  std::vector<StepReport> reports;
 };
 
 class Trainer {
@@ -109,6 +112,7 @@ class Trainer {
     EngineOptions options{ds.value(), 7, ""};
     options.aio_faults = s.faults;
     options.device = s.device;
+    options.overlap_optimizer = s.overlap_optimizer;
     auto engine = Engine::create(tiny_model(s.recompute), std::move(options), *comm_);
     status_ = engine.status();
     if (engine.is_ok()) engine_ = std::move(engine).value();
@@ -136,6 +140,7 @@ class Trainer {
       auto r = engine_->train_step(micro);
       if (!r.is_ok()) return r.status();
       out->losses.push_back(static_cast<float>(r->loss));
+      out->reports.push_back(r.value());
     }
     out->weights.clear();
     for (std::size_t p = 0; p < engine_->model().params().size(); ++p) {
@@ -271,6 +276,53 @@ TEST(EngineTest, HostDeviceGivesBitIdenticalTraining) {
                                          c.recompute ? "on" : "off", c.where);
     expect_identical(train(host, kDeviceSteps), train(on_device, kDeviceSteps), what);
   }
+}
+
+// The optimizer stepped sub-group by sub-group during the last backward (early_step.h) gives the
+// step at the end's bits, whether the early steps are kept (nothing clips) or rolled back (the
+// step clips); both happen in these runs. (A skipped step's rollback: tier_factory_test's
+// EarlyStepper test, as fp16 here overflows nowhere or everywhere.)
+TEST(EngineTest, OverlappedOptimizerGivesTheStepAtTheEndsBits) {
+  struct Case {
+    const char* precision;
+    const char* where;
+    double clipping;
+  };
+  // fp32 in memory: the parameters are the master weights themselves (updated in place).
+  const Case cases[] = {{"bf16", "none", 100.0}, {"bf16", "cpu", 1.0}, {"fp32", "none", 1.0},
+                        {"fp32", "cpu", 100.0},  {"fp16", "cpu", 100.0}};
+  std::uint64_t kept = 0, rolled_back = 0;
+  for (const Case& c : cases) {
+    RunSetup at_end;
+    at_end.precision = c.precision;
+    at_end.param_device = c.where;
+    at_end.optim_device = c.where;
+    at_end.clipping = c.clipping;
+    at_end.sub_group = 1000;  // several sub-groups, so some step while backward goes on
+    RunSetup overlapped = at_end;
+    overlapped.overlap_optimizer = true;
+    const RunResult a = train(at_end, 8);
+    const RunResult b = train(overlapped, 8);
+    expect_identical(a, b, fmt::format("{}, offload {}, clipping {}", c.precision, c.where, c.clipping));
+    for (const StepReport& r : b.reports) {
+      kept += r.early_subgroups;
+      rolled_back += r.early_rolled_back;
+      EXPECT_EQ(r.early_subgroups > 0 && r.early_rolled_back > 0, false) << "a step keeps all or none";
+    }
+  }
+  EXPECT_GT(kept, 0u) << "no early step was ever kept: the overlap never happened";
+  EXPECT_GT(rolled_back, 0u) << "no clipped step: the rollback path was not exercised";
+}
+
+// NVMe optimizer state cannot step one sub-group alone: a notice, and the step at the end.
+TEST(EngineTest, OverlappedOptimizerFallsBackWithNvmeState) {
+  RunSetup s;
+  s.param_device = "nvme";
+  s.optim_device = "nvme";
+  s.overlap_optimizer = true;
+  const RunResult r = train(s, 2);
+  ASSERT_EQ(r.reports.size(), 2u);
+  EXPECT_EQ(r.reports[1].early_subgroups + r.reports[1].early_rolled_back, 0u);
 }
 
 // Its step report says what moved: parameters up, gradients down, the device memory it held.
@@ -417,7 +469,7 @@ TEST(EngineTest, ResumeContinuesBitIdentically) {
     EXPECT_EQ(client.value(), R"({"note": "x"})");
     EXPECT_EQ(t.engine().counters().steps, 10);
     ASSERT_TRUE(t.run(10, kSteps, &second).is_ok());
-    RunResult joined{first.losses, second.weights};
+    RunResult joined{first.losses, second.weights, {}};
     joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
     expect_identical(full, joined, "resume at step 10, device " + device);
   }
@@ -444,7 +496,7 @@ TEST(EngineTest, ResumeIntoAnotherSubGroupSizeContinuesBitIdentically) {
   auto client = t.engine().load_checkpoint(ckpt.path(), "");
   ASSERT_TRUE(client.is_ok()) << client.status().to_string();
   ASSERT_TRUE(t.run(6, 12, &second).is_ok());
-  RunResult joined{first.losses, second.weights};
+  RunResult joined{first.losses, second.weights, {}};
   joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
   expect_identical(full, joined, "resume at step 6 with sub_group_size 50000");
 }

@@ -69,6 +69,7 @@ struct TrainOptions {
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
   std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
   bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
+  bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
 };
 
@@ -122,6 +123,10 @@ class Progress {
     if (breakdown) {
       line += fmt::format(" | fwd {:.3f}s bwd {:.3f}s optim {:.3f}s io-wait {:.3f}s", r.forward_s, r.backward_s,
                           r.optimizer_s, r.io_wait_s) +
+              (r.early_subgroups + r.early_rolled_back > 0
+                   ? fmt::format(" (hidden {:.3f}s{})", r.optimizer_hidden_s,
+                                 r.early_rolled_back > 0 ? ", rolled back" : "")
+                   : std::string()) +
               DeviceTraffic::step_line(r);
     }
     if (tty_) {
@@ -523,6 +528,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.seed = o.seed;
     eo.device.max_delay_us = o.host_device_delay_us;
   }
+  eo.overlap_optimizer = o.overlap_optimizer;
   if (run_model.hf) {
     eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
       return hf->read_param(index, out).with_context("--model-dir");
@@ -632,6 +638,11 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"io_wait_s", r.io_wait_s},
                              {"nvme_bytes", engine->bytes_moved()}};
       DeviceTraffic::add_json(line, r);
+      if (eo.overlap_optimizer) {
+        line["optimizer_hidden_s"] = r.optimizer_hidden_s;
+        line["early_subgroups"] = r.early_subgroups;
+        line["early_rolled_back"] = r.early_rolled_back;
+      }
       if (gpu_step) {
         for (const auto& f : device::kStepTimeSeconds) line[f.json_key] = gpu_step->times.*f.member;
         for (const auto& f : device::kStepTimeCounts) line[f.json_key] = gpu_step->times.*f.member;
@@ -690,6 +701,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
                 "keep gathered parameters and gradients in the memory of a host device (streams as threads) and move "
                 "them through its copy streams: the device-resident engine's orchestration on the CPU, the same "
                 "results as without; prints what it moved and how long compute waited");
+  cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
+                "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
+                "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "
+                "parameters and optimizer state in memory (offload none or cpu)");
   cmd->add_option("--host-device-delay-us", o->host_device_delay_us,
                   "with --host-device: a random delay up to this many microseconds before each stream item (implies "
                   "--host-device)")

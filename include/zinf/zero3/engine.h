@@ -54,6 +54,11 @@ struct EngineOptions {
   std::shared_ptr<aio::FaultInjector> aio_faults = {};
   // Where the coordinator keeps gathered parameters and gradients (see EngineDevice).
   EngineDevice device = {};
+  // Step each sub-group's optimizer during the last micro-batch's backward, as soon as its
+  // gradients are final, and keep it unless the step clips or overflows (then it is rolled back
+  // and taken at the end): the same bits as the step at the end. Needs the optimizer state and the
+  // parameters in memory (offload none or cpu); otherwise a notice, and the step at the end.
+  bool overlap_optimizer = false;
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
@@ -83,6 +88,10 @@ struct StepReport {
   // Seconds the H2D and D2H copy streams spent copying this step (their GB/s: bytes / these);
   // NaN where the device does not measure them.
   double h2d_copy_s = 0, d2h_copy_s = 0;
+  // EngineOptions::overlap_optimizer: sub-groups stepped during backward and kept, or rolled back
+  // (the step clipped or overflowed), and the seconds of optimizer work that ran under the passes.
+  std::uint64_t early_subgroups = 0, early_rolled_back = 0;
+  double optimizer_hidden_s = 0;
   std::uint64_t device_peak_bytes = 0;
 };
 
