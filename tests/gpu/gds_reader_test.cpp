@@ -1,0 +1,203 @@
+// The device reader's direct path (aio.use_gds): parameter partitions from the swap files into
+// device memory through GPUDirect Storage, against the fake libcufile on the host device (its
+// "device" memory is host memory, and the fake really reads the files into it), bit for bit
+// against the bounce path; a refused registration falls back with one notice; read errors name
+// the partition, the file and the offset. On a GPU, both paths into real device memory.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "device/host_device.h"
+#include "gpu/cuda_device.h"
+#include "gpu/gds_storage.h"
+#include "gpu_test_util.h"
+#include "nvme_param_fixture.h"
+#include "zero3/param_device_reader.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using testing::NoticeCapture;
+using testing::NvmeParamFixture;
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// GPUDirect Storage through the fake libcufile (its path from meson: ZINF_FAKE_CUFILE).
+DirectPathRequest fake_gds() {
+  return DirectPathRequest{.use_gds = true, .open_storage = [] {
+    return gpu::open_gds_storage(gpu::GdsStorageOptions{.library = std::getenv("ZINF_FAKE_CUFILE"), .host_memory = true});
+  }};
+}
+
+// Every partition read by `reader` into a fresh device block, as host bytes.
+std::vector<std::vector<std::byte>> read_all(ParamDeviceReader& reader, device::Device& dev,
+                                             const NvmeParamFixture& f) {
+  std::vector<std::vector<std::byte>> out;
+  for (std::size_t p = 0; p < f.layout.params.size(); ++p) {
+    const std::size_t n = reader.partition_bytes(p);
+    auto block = dev.allocate(n + 1, device::StreamRole::kH2D, "partition");
+    EXPECT_TRUE(block.is_ok()) << block.status().to_string();
+    if (!block.is_ok()) return out;
+    // One byte past the start: the direct path takes any alignment, as cuFile does.
+    std::byte* dst = static_cast<std::byte*>(block->data()) + 1;
+    const Status s = reader.read(p, dst);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    std::vector<std::byte> host(n);
+    if (dev.host_addressable()) {
+      std::memcpy(host.data(), dst, n);
+    } else {
+      EXPECT_EQ(cudaMemcpy(host.data(), dst, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    }
+    out.push_back(std::move(host));
+  }
+  return out;
+}
+
+class GdsReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* fake = std::getenv("ZINF_FAKE_CUFILE");
+    if (fake == nullptr || *fake == '\0') GTEST_SKIP() << "ZINF_FAKE_CUFILE is not set (run through meson test)";
+    ASSERT_TRUE(f_.make().is_ok());
+  }
+  NvmeParamFixture f_;
+  std::unique_ptr<device::HostDevice> dev_ =
+      device::HostDevice::create({.max_delay = std::chrono::microseconds(200), .seed = 21, .poison_new_blocks = true});
+};
+
+TEST_F(GdsReaderTest, TheDirectPathGivesTheBounceBytesBitForBit) {
+  NoticeCapture notices;
+  auto direct = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, fake_gds());
+  ASSERT_TRUE(direct.is_ok()) << direct.status().to_string();
+  ASSERT_TRUE((*direct)->direct()) << (*direct)->why_bounce();
+  EXPECT_NE((*direct)->describe().find("GPUDirect Storage (") , std::string::npos) << (*direct)->describe();
+  auto bounce = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, DirectPathRequest{});
+  ASSERT_TRUE(bounce.is_ok()) << bounce.status().to_string();
+  const auto by_files = read_all(**direct, *dev_, f_);
+  const auto by_host = read_all(**bounce, *dev_, f_);
+  ASSERT_EQ(by_files.size(), f_.contents.size());
+  for (std::size_t p = 0; p < by_files.size(); ++p) {
+    EXPECT_EQ(by_files[p], by_host[p]) << f_.layout.params[p].key;
+    EXPECT_EQ(by_files[p], f_.contents[p]) << f_.layout.params[p].key;
+  }
+  std::uint64_t total = 0;
+  for (const auto& c : f_.contents) total += c.size();
+  EXPECT_EQ((*direct)->bytes_direct(), total);
+  EXPECT_EQ((*direct)->bytes_bounced(), 0u);
+  EXPECT_TRUE(notices.matching("use_gds").empty()) << "the direct path is no notice";
+}
+
+TEST_F(GdsReaderTest, ShortTransfersStillGiveEveryByte) {
+  ScopedEnv cap("FAKE_CUFILE_MAX_TRANSFER", "1000");
+  auto direct = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, fake_gds());
+  ASSERT_TRUE(direct.is_ok() && (*direct)->direct());
+  const auto got = read_all(**direct, *dev_, f_);
+  ASSERT_EQ(got.size(), f_.contents.size());
+  for (std::size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], f_.contents[p]) << f_.layout.params[p].key;
+}
+
+TEST_F(GdsReaderTest, CpuTierPartitionsComeFromMemory) {
+  NvmeParamFixture f;
+  ASSERT_TRUE(f.make(/*max_in_cpu=*/3001).is_ok());
+  auto direct = ParamDeviceReader::create(f.layout, *f.tier, *dev_, fake_gds());
+  ASSERT_TRUE(direct.is_ok() && (*direct)->direct());
+  const auto got = read_all(**direct, *dev_, f);
+  for (std::size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], f.contents[p]) << f.layout.params[p].key;
+  EXPECT_EQ((*direct)->bytes_bounced(), f.contents[0].size() + f.contents[1].size());
+}
+
+TEST_F(GdsReaderTest, ARefusedRegistrationBouncesWithOneNoticeNamingTheFileAndCode) {
+  ScopedEnv refuse("FAKE_CUFILE_REGISTER_FAIL", "5027");
+  NoticeCapture notices;
+  for (int i = 0; i < 2; ++i) {
+    auto reader = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, fake_gds());
+    ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+    EXPECT_FALSE((*reader)->direct());
+    const auto got = read_all(**reader, *dev_, f_);
+    for (std::size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], f_.contents[p]) << f_.layout.params[p].key;
+  }
+  const std::string file = f_.tier->nvme_swapper()->store().data_files()[0];
+  const auto said = notices.matching("aio.use_gds is true, but");
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("cuFileHandleRegister " + file), std::string::npos) << said[0];
+  EXPECT_NE(said[0].find("cuFile error 5027 CU_FILE_HANDLE_NOT_REGISTERED"), std::string::npos) << said[0];
+}
+
+TEST_F(GdsReaderTest, AReadErrorNamesThePartitionTheFileAndTheOffset) {
+  auto direct = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, fake_gds());
+  ASSERT_TRUE(direct.is_ok() && (*direct)->direct());
+  // Partition 2 ('h.1.mlp', 90000 bytes) starts in file 0 at the offset locate() gives.
+  auto spans = f_.tier->nvme_swapper()->store().locate("h.1.mlp", 0, 90000);
+  ASSERT_TRUE(spans.is_ok());
+  const swap::FileSpan first = spans->front();
+  const std::string file = f_.tier->nvme_swapper()->store().data_files()[first.file];
+  auto block = dev_->allocate(90000, device::StreamRole::kH2D, "partition");
+  ASSERT_TRUE(block.is_ok());
+  {
+    ScopedEnv fail("FAKE_CUFILE_FAIL", "eio");
+    const Status s = (*direct)->read(2, block->data());
+    EXPECT_EQ(s.code(), ErrorCode::kIoError);
+    EXPECT_NE(s.message().find("parameter partition 'h.1.mlp' (90000 bytes) into device memory via GPUDirect Storage"),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find(fmt::format("cuFileRead {} offset {} length {}", file, first.file_offset, first.length)),
+              std::string::npos)
+        << s.message();
+    EXPECT_NE(s.message().find("Input/output error"), std::string::npos) << s.message();
+  }
+  {
+    ScopedEnv fail("FAKE_CUFILE_FAIL", "5044");
+    const Status s = (*direct)->read(2, block->data());
+    EXPECT_NE(s.message().find("cuFile error 5044 CU_FILE_IO_ERROR"), std::string::npos) << s.message();
+  }
+  EXPECT_TRUE((*direct)->read(2, block->data()).is_ok()) << "the reader works after a failure";
+}
+
+TEST(GdsStorage, AMissingLibraryIsUnsupportedNamingIt) {
+  auto s = gpu::open_gds_storage(gpu::GdsStorageOptions{.library = "libcufile-not-installed.so.0"});
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_EQ(s.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.status().message().find("GPUDirect Storage unavailable: cannot load libcufile-not-installed.so.0"),
+            std::string::npos)
+      << s.status().message();
+}
+
+// On a GPU: both paths into real device memory give the written bytes. The direct path needs the
+// real libcufile and a file system and driver that register the swap files; where they do not,
+// the reader bounces, and the test says which path ran and why.
+TEST(GdsReaderOnGpu, BothPathsFillDeviceMemoryWithTheStoredBytes) {
+  ZINF_REQUIRE_GPU();
+  NvmeParamFixture f;
+  ASSERT_TRUE(f.make().is_ok());
+  auto dev = gpu::make_cuda_device();
+  ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+  const DirectPathRequest real{.use_gds = true, .open_storage = [] { return gpu::open_gds_storage(); }};
+  for (const DirectPathRequest& request : {DirectPathRequest{}, real}) {
+    auto reader = ParamDeviceReader::create(f.layout, *f.tier, **dev, request);
+    ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
+    std::printf("use_gds %s: %s%s%s\n", request.use_gds ? "true" : "false", (*reader)->describe().c_str(),
+                (*reader)->why_bounce().empty() ? "" : "; why not direct: ", (*reader)->why_bounce().c_str());
+    const auto got = read_all(**reader, **dev, f);
+    ASSERT_EQ(got.size(), f.contents.size());
+    for (std::size_t p = 0; p < got.size(); ++p) EXPECT_EQ(got[p], f.contents[p]) << f.layout.params[p].key;
+  }
+}
+
+}  // namespace
+}  // namespace zinf::zero3
