@@ -49,7 +49,11 @@ struct NvmeParamFixture {
     swap::ParamSwapper& swapper = *tier->nvme_swapper();
     for (std::size_t p = 0; p < layout.params.size(); ++p) {
       std::vector<std::byte> bytes(layout.params[p].numel * 2);
-      for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<std::byte>((p * 131 + i * 37) ^ (i >> 7));
+      // No period: a piece copied to the wrong place, or a staging buffer overwritten early, shows.
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        const std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull + p * 0xBF58476D1CE4E5B9ull;
+        bytes[i] = static_cast<std::byte>((x ^ (x >> 29)) >> 24);
+      }
       ZINF_RETURN_IF_ERROR(swapper.write(layout.params[p].key, bytes.data()).wait());
       contents.push_back(std::move(bytes));
     }

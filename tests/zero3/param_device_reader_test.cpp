@@ -64,8 +64,11 @@ TEST(ParamDeviceReader, BouncesEveryPartitionIntoDeviceMemoryUnderRandomDelays) 
 
 TEST(ParamDeviceReader, ServesCpuTierPartitionsFromMemory) {
   NvmeParamFixture f;
-  ASSERT_TRUE(f.make(/*max_in_cpu=*/3001).is_ok());  // the first partition (3000) and the next (1)
-  auto dev = device::HostDevice::create({.seed = 12, .poison_new_blocks = true});
+  // The first three partitions (3000, 1, 45000 elements): the last comes to the sink in one call,
+  // several staging buffers' worth, so a staging buffer is reused while its copy may be queued.
+  ASSERT_TRUE(f.make(/*max_in_cpu=*/48001).is_ok());
+  auto dev = device::HostDevice::create(
+      {.max_delay = std::chrono::microseconds(300), .seed = 12, .poison_new_blocks = true});
   auto reader = ParamDeviceReader::create(f.layout, *f.tier, *dev, DirectPathRequest{});
   ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
   expect_reads_all(**reader, *dev, f);
