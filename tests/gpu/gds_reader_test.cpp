@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,17 +47,20 @@ DirectPathRequest fake_gds() {
   }};
 }
 
-// Every partition read by `reader` into a fresh device block, as host bytes.
+// Every partition read by `reader` into a fresh device block, as host bytes, `shift` bytes past a
+// 4 KiB boundary (0: the fake's O_DIRECT descriptor serves the aligned pieces; 1: its buffered
+// one serves all: the direct path takes any alignment, as cuFile does).
 std::vector<std::vector<std::byte>> read_all(ParamDeviceReader& reader, device::Device& dev,
-                                             const NvmeParamFixture& f) {
+                                             const NvmeParamFixture& f, std::size_t shift = 1) {
+  constexpr std::uintptr_t kPage = 4096;
   std::vector<std::vector<std::byte>> out;
   for (std::size_t p = 0; p < f.layout.params.size(); ++p) {
     const std::size_t n = reader.partition_bytes(p);
-    auto block = dev.allocate(n + 1, device::StreamRole::kH2D, "partition");
+    auto block = dev.allocate(n + kPage + shift, device::StreamRole::kH2D, "partition");
     EXPECT_TRUE(block.is_ok()) << block.status().to_string();
     if (!block.is_ok()) return out;
-    // One byte past the start: the direct path takes any alignment, as cuFile does.
-    std::byte* dst = static_cast<std::byte*>(block->data()) + 1;
+    const auto base = reinterpret_cast<std::uintptr_t>(block->data());
+    std::byte* dst = reinterpret_cast<std::byte*>((base + kPage - 1) / kPage * kPage + shift);
     const Status s = reader.read(p, dst);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
     std::vector<std::byte> host(n);
@@ -90,16 +94,18 @@ TEST_F(GdsReaderTest, TheDirectPathGivesTheBounceBytesBitForBit) {
   EXPECT_NE((*direct)->describe().find("GPUDirect Storage (") , std::string::npos) << (*direct)->describe();
   auto bounce = ParamDeviceReader::create(f_.layout, *f_.tier, *dev_, DirectPathRequest{});
   ASSERT_TRUE(bounce.is_ok()) << bounce.status().to_string();
-  const auto by_files = read_all(**direct, *dev_, f_);
-  const auto by_host = read_all(**bounce, *dev_, f_);
-  ASSERT_EQ(by_files.size(), f_.contents.size());
-  for (std::size_t p = 0; p < by_files.size(); ++p) {
-    EXPECT_EQ(by_files[p], by_host[p]) << f_.layout.params[p].key;
-    EXPECT_EQ(by_files[p], f_.contents[p]) << f_.layout.params[p].key;
+  for (const std::size_t shift : {0, 1}) {
+    const auto by_files = read_all(**direct, *dev_, f_, shift);
+    const auto by_host = read_all(**bounce, *dev_, f_, shift);
+    ASSERT_EQ(by_files.size(), f_.contents.size());
+    for (std::size_t p = 0; p < by_files.size(); ++p) {
+      EXPECT_EQ(by_files[p], by_host[p]) << f_.layout.params[p].key << " shift " << shift;
+      EXPECT_EQ(by_files[p], f_.contents[p]) << f_.layout.params[p].key << " shift " << shift;
+    }
   }
   std::uint64_t total = 0;
   for (const auto& c : f_.contents) total += c.size();
-  EXPECT_EQ((*direct)->bytes_direct(), total);
+  EXPECT_EQ((*direct)->bytes_direct(), 2 * total);
   EXPECT_EQ((*direct)->bytes_bounced(), 0u);
   EXPECT_TRUE(notices.matching("use_gds").empty()) << "the direct path is no notice";
 }
