@@ -31,6 +31,13 @@ class UnusableStorage final : public device::DirectStorage {
   bool host_memory_;
 };
 
+// use_gds with the stand-in, whose memory is host memory or not.
+DirectPathRequest unusable_gds(bool host_memory) {
+  return DirectPathRequest{.use_gds = true, .open_storage = [host_memory] {
+    return Result<std::shared_ptr<device::DirectStorage>>(std::make_shared<UnusableStorage>(host_memory));
+  }};
+}
+
 // Reads every partition into a fresh device block and compares it with what was written.
 void expect_reads_all(ParamDeviceReader& reader, device::Device& dev, const NvmeParamFixture& f) {
   for (std::size_t p = 0; p < f.layout.params.size(); ++p) {
@@ -97,9 +104,7 @@ TEST(ParamDeviceReader, NoGpuBouncesWithOneNoticeWhateverTheLibrarySays) {
   auto dev = device::HostDevice::create({.seed = 14});
   NoticeCapture notices;
   // Where libcufile is present, and where it is not: on the host device the reason is the device.
-  const DirectPathRequest present{.use_gds = true, .open_storage = [] {
-    return Result<std::shared_ptr<device::DirectStorage>>(std::make_shared<UnusableStorage>(false));
-  }};
+  const DirectPathRequest present = unusable_gds(false);
   const DirectPathRequest absent{.use_gds = true, .open_storage = [] {
     return Result<std::shared_ptr<device::DirectStorage>>(
         Status::unsupported("GPUDirect Storage unavailable: cannot load libcufile.so.0"));
@@ -120,10 +125,7 @@ TEST(ParamDeviceReader, ARefusedSwapFileBouncesNamingTheFileAndTheError) {
   ASSERT_TRUE(f.make().is_ok());
   auto dev = device::HostDevice::create({.seed = 15});
   NoticeCapture notices;
-  const DirectPathRequest request{.use_gds = true, .open_storage = [] {
-    return Result<std::shared_ptr<device::DirectStorage>>(std::make_shared<UnusableStorage>(true));
-  }};
-  auto reader = ParamDeviceReader::create(f.layout, *f.tier, *dev, request);
+  auto reader = ParamDeviceReader::create(f.layout, *f.tier, *dev, unusable_gds(true));
   ASSERT_TRUE(reader.is_ok()) << reader.status().to_string();
   EXPECT_FALSE((*reader)->direct());
   const std::string file = f.tier->nvme_swapper()->store().data_files()[0];
