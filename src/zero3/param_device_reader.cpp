@@ -10,6 +10,19 @@
 #include "zinf/swap/param_swapper.h"
 
 namespace zinf::zero3 {
+namespace {
+
+std::string no_gpu_reason(const device::Device& device) {
+  return fmt::format("there is no GPU (the engine's device is the {})", device.describe());
+}
+
+void notice_bounce(const std::string& why) {
+  // One notice per reason and process: every rank and every engine of a run would say the same.
+  log_once(LogLevel::kNotice, "aio.use_gds: " + why,
+           fmt::format("aio.use_gds is true, but {}: parameter partitions move through pinned host memory", why));
+}
+
+}  // namespace
 
 Result<std::unique_ptr<ParamDeviceReader>> ParamDeviceReader::create(const swap::PartitionLayout& layout,
                                                                      ParamTier& tier, device::Device& device,
@@ -27,10 +40,7 @@ Result<std::unique_ptr<ParamDeviceReader>> ParamDeviceReader::create(const swap:
     log(LogLevel::kInfo, fmt::format("aio.use_gds: parameter partitions move between {} and device memory through {}",
                                      swapper->store().folder(), reader->storage_->describe()));
   } else {
-    // One notice per reason and process: every rank and every engine of a run would say the same.
-    log_once(LogLevel::kNotice, "aio.use_gds: " + reader->why_bounce_,
-             fmt::format("aio.use_gds is true, but {}: parameter partitions move through pinned host memory",
-                         reader->why_bounce_));
+    notice_bounce(reader->why_bounce_);
   }
   return reader;
 }
@@ -49,7 +59,7 @@ std::string ParamDeviceReader::open_direct(const DirectPathRequest& request) {
   // On the host device, "no GPU" is the reason whatever the library says; only a library that
   // addresses host memory (the tests' fake libcufile) can serve it.
   if (device_.host_addressable() && (!storage.is_ok() || !storage.value()->addresses_host_memory())) {
-    return fmt::format("there is no GPU (the engine's device is the {})", device_.describe());
+    return no_gpu_reason(device_);
   }
   if (!storage.is_ok()) return storage.status().message();
   if (!device_.host_addressable() && storage.value()->addresses_host_memory()) {
@@ -137,6 +147,18 @@ Status ParamDeviceReader::read_bounced(const std::string& key, std::byte* dst) {
     if (s.is_ok()) s = w;
   }
   return s;
+}
+
+void note_use_gds_not_served(const config::DsConfig& ds, const device::Device* device) {
+  if (!ds.aio.use_gds || ds.zero.offload_param.device != config::OffloadDevice::kNvme) return;
+  if (device == nullptr) {
+    notice_bounce("this engine gathers parameters in host memory, where GPUDirect Storage has nothing to fill");
+  } else if (device->host_addressable()) {
+    notice_bounce(no_gpu_reason(*device));
+  } else {
+    notice_bounce("the device gather target stages NVMe parameter reads in host memory (it does not use the "
+                  "GPUDirect Storage reader yet)");
+  }
 }
 
 }  // namespace zinf::zero3

@@ -23,6 +23,7 @@
 #include "device/device.h"
 #include "device/direct_storage.h"
 #include "zero3/tiers.h"
+#include "zinf/config/ds_config.h"
 #include "zinf/aio/pinned.h"
 #include "zinf/status.h"
 #include "zinf/swap/partition_layout.h"
@@ -94,5 +95,12 @@ class ParamDeviceReader {
   std::atomic<std::uint64_t> bytes_direct_{0};
   std::atomic<std::uint64_t> bytes_bounced_{0};
 };
+
+// The gather targets make_tiers builds do not read through a ParamDeviceReader yet (the host
+// target has no device memory to fill; the device target stages NVMe reads in host memory): with
+// aio.use_gds and offload_param.device nvme, one notice per reason and process says why the
+// partitions move through pinned host memory. `device`: the gather target's device, or null for
+// host memory. make_tiers calls it.
+void note_use_gds_not_served(const config::DsConfig& ds, const device::Device* device);
 
 }  // namespace zinf::zero3

@@ -10,6 +10,7 @@
 
 #include "device/host_device.h"
 #include "nvme_param_fixture.h"
+#include "zero3/tier_factory.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -133,6 +134,34 @@ TEST(ParamDeviceReader, ARefusedSwapFileBouncesNamingTheFileAndTheError) {
   ASSERT_EQ(said.size(), 1u);
   EXPECT_NE(said[0].find("cuFileHandleRegister " + file + ": cuFile error 5027"), std::string::npos) << said[0];
   expect_reads_all(**reader, *dev, f);
+}
+
+// The gather targets make_tiers builds do not read through the reader yet: use_gds with NVMe
+// parameters is one notice per target kind, naming why, and nothing with the parameters in memory.
+TEST(ParamDeviceReader, TheTierFactorySaysOnceWhyUseGdsIsNotServed) {
+  ::zinf::testing::TempDir dir("use_gds_");
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(testing::kReaderPartitions, 8192);
+  auto host_device = device::HostDevice::create({.max_delay = std::chrono::microseconds(1), .seed = 16});
+  NoticeCapture notices;
+  for (device::Device* gather_device : {static_cast<device::Device*>(nullptr), static_cast<device::Device*>(host_device.get())}) {
+    for (const config::OffloadDevice param : {config::OffloadDevice::kCpu, config::OffloadDevice::kNvme,
+                                              config::OffloadDevice::kNvme}) {
+      config::DsConfig ds;
+      ds.aio.use_gds = true;
+      ds.zero.offload_param.device = param;
+      ds.zero.offload_param.nvme_path = dir.sub("params");
+      ds.zero.offload_param.buffer_size = 16384;
+      ds.zero.offload_param.buffer_count = 3;
+      TierContext context{ds, layout, 0, swap::DType::kBF16, nullptr};
+      context.device = gather_device;
+      Result<Tiers> made = make_tiers(context, optim::Optimizer(optim::OptimizerConfig{optim::AdamParams{}}));
+      ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+    }
+  }
+  EXPECT_EQ(notices.matching("aio.use_gds is true, but this engine gathers parameters in host memory").size(), 1u);
+  EXPECT_EQ(notices.matching("aio.use_gds is true, but there is no GPU (the engine's device is the host device (delays "
+                             "up to 1 us, seed 16))").size(),
+            1u);
 }
 
 TEST(ParamDeviceReader, OnlyAnNvmeTierIsRead) {
