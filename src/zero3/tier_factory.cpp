@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "zero3/device_gather_target.h"
+#include "zero3/param_device_reader.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -93,6 +94,7 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   } else {
     t.gather = make_host_gather_target();
   }
+  note_use_gds_not_served(context.ds, context.device);
   return t;
 }
 

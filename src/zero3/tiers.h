@@ -49,6 +49,9 @@ class ParamTier {
   virtual Status flush() = 0;
   // Seconds spent blocked on parameter reads so far.
   virtual double io_wait_seconds() const = 0;
+  // The swapper of an nvme tier (param_device_reader.h reads its files into device memory),
+  // else nullptr.
+  virtual swap::ParamSwapper* nvme_swapper() { return nullptr; }
 };
 
 // device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
