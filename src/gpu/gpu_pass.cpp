@@ -1,0 +1,75 @@
+// What GptGpu and LlamaGpu share: workspace checks, a pass's token ids, the loss read-back.
+#include "gpu/gpu_pass.h"
+
+#include <fmt/format.h>
+
+#include <climits>
+
+#include "gpu/cuda_error.h"
+
+namespace zinf::gpu {
+
+Status check_workspace(std::string_view who, const void* base, uint64_t bytes, int max_bt, uint64_t need) {
+  if (max_bt < 1 || max_bt > INT_MAX / 4) {
+    return Status::invalid_argument(
+        fmt::format("{}::bind_workspace: max_bt {} outside [1, {}]", who, max_bt, INT_MAX / 4));
+  }
+  if (base == nullptr || reinterpret_cast<std::uintptr_t>(base) % kViewAlign != 0 || bytes < need) {
+    return Status::invalid_argument(fmt::format("{}::bind_workspace: {} bytes at {} for max_bt {}: need {} bytes, "
+                                                "{}-byte aligned",
+                                                who, bytes, base, max_bt, need, kViewAlign));
+  }
+  return Status::ok();
+}
+
+void PassTokens::carve(Carver& cv, size_t max_bt) {
+  inputs_ = cv.take<int32_t>(max_bt);
+  targets_ = cv.take<int32_t>(max_bt);
+  bucket_tokens_ = cv.take<int32_t>(max_bt);
+  bucket_starts_ = cv.take<int32_t>(max_bt + 1);
+  bucket_positions_ = cv.take<int32_t>(max_bt);
+}
+
+Status PassTokens::begin(std::string_view who, std::span<const int32_t> inputs, std::span<const int32_t> targets,
+                         int B, int T, int vocab, int max_seq, int max_bt, bool backward, cudaStream_t stream) {
+  const int64_t bt = static_cast<int64_t>(B) * T;
+  if (B < 1 || T < 1 || T > max_seq || bt > max_bt) {
+    return Status::invalid_argument(fmt::format("{}: B ({}) and T ({}) must be >= 1 with T <= max_seq ({}) and "
+                                                "B*T <= the workspace's {}",
+                                                who, B, T, max_seq, max_bt));
+  }
+  if (inputs.size() != static_cast<size_t>(bt) || targets.size() != static_cast<size_t>(bt)) {
+    return Status::invalid_argument(
+        fmt::format("{}: {} inputs and {} targets for B*T = {}", who, inputs.size(), targets.size(), bt));
+  }
+  for (size_t i = 0; i < targets.size(); i++) {
+    if (targets[i] < 0 || targets[i] >= vocab) {
+      return Status::invalid_argument(
+          fmt::format("{}: target {} at position {} is outside the vocabulary of {}", who, targets[i], i, vocab));
+    }
+  }
+  // Also checks every input id (naming the position).
+  ZINF_ASSIGN_OR_RETURN(buckets_, make_embedding_buckets(inputs, vocab));
+  // Pageable host memory: each copy returns once its source has been staged.
+  auto h2d = [&](int32_t* dst, std::span<const int32_t> src, const char* what) {
+    if (src.empty()) return Status::ok();
+    return cuda_status(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream),
+                       fmt::format("{}: H2D copy of {} ({} bytes)", who, what, src.size_bytes()));
+  };
+  ZINF_RETURN_IF_ERROR(h2d(inputs_, inputs, "input ids"));
+  ZINF_RETURN_IF_ERROR(h2d(targets_, targets, "targets"));
+  if (!backward) return Status::ok();
+  ZINF_RETURN_IF_ERROR(h2d(bucket_tokens_, buckets_.tokens, "embedding bucket tokens"));
+  ZINF_RETURN_IF_ERROR(h2d(bucket_starts_, buckets_.starts, "embedding bucket starts"));
+  return h2d(bucket_positions_, buckets_.positions, "embedding bucket positions");
+}
+
+Result<float> read_loss(const float* device_loss, cudaStream_t stream, std::string_view who) {
+  float loss = 0.0f;
+  ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, device_loss, sizeof loss, cudaMemcpyDeviceToHost, stream),
+                            fmt::format("{}: D2H copy of the loss", who));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), fmt::format("{}: end of pass (cudaStreamSynchronize)", who));
+  return loss;
+}
+
+}  // namespace zinf::gpu
