@@ -135,10 +135,11 @@ uint64_t carve(const model::LlamaConfig& c, int max_bt, char* base, LlamaGpuActi
   return cv.used();
 }
 
-// Where each self_attn parameter sits in its module's list, found by HF name (build_llama_layout's
-// names, the same in every layer); -1 when the configuration has none.
-LlamaGpu::AttnSlots attn_slots(std::span<const model::ParamSpec> params, const model::ModuleSpec& attn) {
-  LlamaGpu::AttnSlots s;
+}  // namespace
+
+// build_llama_layout's names, the same in every layer.
+LlamaGpu::AttnSlots LlamaGpu::attn_slots(std::span<const model::ParamSpec> params, const model::ModuleSpec& attn) {
+  AttnSlots s;
   const std::pair<std::string_view, int*> names[] = {
       {"q_proj.weight", &s.q}, {"q_proj.bias", &s.qb}, {"k_proj.weight", &s.k}, {"k_proj.bias", &s.kb},
       {"v_proj.weight", &s.v}, {"v_proj.bias", &s.vb}, {"o_proj.weight", &s.o}, {"o_proj.bias", &s.ob},
@@ -151,6 +152,8 @@ LlamaGpu::AttnSlots attn_slots(std::span<const model::ParamSpec> params, const m
   }
   return s;
 }
+
+namespace {
 
 // p[i], or nullptr for an absent parameter (i < 0).
 template <typename T>
@@ -251,10 +254,10 @@ Status LlamaGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase,
   // Every layer gets its own slot only when backward will read it without recomputing.
   const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
   for (int l = 0; l < d.L; l++) ZINF_RETURN_IF_ERROR(block_forward(l, own_slots ? l : 0, B, T, access, phase, true));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, norm_module(), phase, [&](const bf16* const* v) {
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, norm_module(config_.n_layer), phase, [&](const bf16* const* v) {
     return rmsnorm_forward(a.xnf, a.rstdf, a.resid[static_cast<size_t>(d.L)], v[0], eps, N, d.C, stream_);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, head_module(), phase, [&](const bf16* const* v) {
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, head_module(config_.n_layer), phase, [&](const bf16* const* v) {
     return linear_forward(*blas_, LinearShape{N, d.C, d.V, logits_ld(d.V)}, a.logits, a.xnf, v[0], nullptr, nullptr,
                           stream_);
   }));
@@ -320,13 +323,13 @@ Status LlamaGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   const int N = B * T;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
   const LinearShape head{N, d.C, d.V, logits_ld(d.V)};
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, head_module(), [&](const bf16* const* v, float* const* g) {
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, head_module(config_.n_layer), [&](const bf16* const* v, float* const* g) {
     ZINF_RETURN_IF_ERROR(linear_backward_input(*blas_, head, a.dx, a.logits, v[0], nullptr, stream_));
     return linear_backward_weight(*blas_, head, g[0], a.logits, a.xnf, stream_);
   }));
   ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C, stream_),
                             "LlamaGpu: zeroing the residual gradient");
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, norm_module(), [&](const bf16* const* v, float* const* g) {
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, norm_module(config_.n_layer), [&](const bf16* const* v, float* const* g) {
     return rmsnorm_backward(a.dres, g[0], a.col_scratch, a.dx, a.resid[static_cast<size_t>(d.L)], v[0], a.rstdf, N,
                             d.C, stream_);
   }));

@@ -64,10 +64,18 @@ class LlamaGpu final : public GpuNet {
   Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
                              GpuParamAccess& access) override;
 
-  // Where each self_attn parameter sits in that module's list; -1 when the configuration has none.
+  // Where each self_attn parameter sits in that module's list, found by its HF name; -1 when the
+  // configuration has none.
   struct AttnSlots {
     int q = -1, qb = -1, k = -1, kb = -1, v = -1, vb = -1, o = -1, ob = -1, qn = -1, kn = -1;
   };
+  static AttnSlots attn_slots(std::span<const model::ParamSpec> params, const model::ModuleSpec& attn);
+
+  // LlamaModel's module numbering (llama.h): embed_tokens, 4 per layer, norm, lm_head.
+  static int embed_module() { return 0; }
+  static int block_module(int layer, int k) { return 1 + 4 * layer + k; }  // k: 0 ln, 1 attn, 2 ln, 3 mlp
+  static int norm_module(int n_layer) { return 1 + 4 * n_layer; }
+  static int head_module(int n_layer) { return 2 + 4 * n_layer; }
 
  private:
   LlamaGpu(const model::LlamaConfig& config, Blas* blas, cudaStream_t stream);
@@ -78,12 +86,6 @@ class LlamaGpu final : public GpuNet {
   Status backward_pass(int B, int T, GpuParamAccess& access);
   Status block_backward(int layer, int slot, int B, int T, GpuParamAccess& access);
   Status attention_backward_body(int slot, int B, int T, const bf16* const* v, float* const* g);
-
-  // LlamaModel's module numbering (llama.h): embed_tokens, 4 per layer, norm, lm_head.
-  static int embed_module() { return 0; }
-  static int block_module(int layer, int k) { return 1 + 4 * layer + k; }  // k: 0 ln, 1 attn, 2 ln, 3 mlp
-  int norm_module() const { return 1 + 4 * config_.n_layer; }
-  int head_module() const { return 2 + 4 * config_.n_layer; }
 
   model::LlamaConfig config_;
   Blas* blas_;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpu_model_test_util.h"
 #include "gpu_test_util.h"
 #include "kernel_test_util.h"
 #include "model_test_util.h"
@@ -27,6 +28,8 @@ namespace {
 
 using model::GptConfig;
 using model::Phase;
+using testing::CpuRun;
+using testing::DeviceParams;
 using testing::rel_l2;
 using testing::TestBuffer;
 
@@ -41,102 +44,10 @@ GptConfig tiny_config(bool checkpointing) {
   return c;
 }
 
-// Parameters away from GPT-2 init so every gradient path carries signal, already bf16 values.
-void set_params(model::LocalParams& lp, std::span<const model::ParamSpec> specs) {
-  uint64_t k = 0;
-  for (const model::ParamSpec& s : specs) {
-    for (float& x : lp.param(s.index)) {
-      const double z = model::detail::normal_from_key(model::detail::hash3(77, k++, 5));
-      const double v = s.init == model::ParamInit::kOnes ? 1.0 + 0.2 * z : 0.1 * z;  // weights and biases
-      x = testing::round_bf16(static_cast<float>(v));
-    }
-  }
-}
-
-// Every parameter on the device as bf16, every gradient fp32 (zeroed at the start); records
-// the protocol calls in RecordingAccess's words.
-class DeviceParams final : public GpuParamAccess {
- public:
-  DeviceParams(std::span<const model::ParamSpec> specs, std::span<const model::ModuleSpec> modules,
-               const model::LocalParams& values)
-      : modules_(modules.begin(), modules.end()) {
-    size_t total = 0;
-    for (const model::ParamSpec& s : specs) {
-      offsets_.push_back(total);
-      total += (s.numel + 127) / 128 * 128;  // 256-byte aligned bf16 views, 512-byte fp32
-    }
-    std::vector<float> host(total, 0.0f);
-    for (const model::ParamSpec& s : specs) {
-      std::span<const float> p = values.param(s.index);
-      std::copy(p.begin(), p.end(), host.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(s.index)]));
-    }
-    values_ = std::make_unique<TestBuffer<uint16_t>>(testing::to_bits(host));
-    grads_ = std::make_unique<TestBuffer<float>>(std::vector<float>(total, 0.0f));
-    numel_.reserve(specs.size());
-    for (const model::ParamSpec& s : specs) numel_.push_back(s.numel);
-  }
-
-  Status acquire(int m, Phase ph, std::span<const bf16*> v) override {
-    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) v[k] = testing::bf(*values_) + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status release(int m, Phase ph) override {
-    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
-    return Status::ok();
-  }
-  Status grad_buffers(int m, std::span<float*> g) override {
-    log.push_back(fmt::format("grads {}", m));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) g[k] = grads_->get() + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status grads_ready(int m) override {
-    log.push_back(fmt::format("ready {}", m));
-    return Status::ok();
-  }
-
-  std::vector<float> grad(int i) const {
-    const std::vector<float> all = grads_->download();
-    const auto b = all.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(i)]);
-    return std::vector<float>(b, b + static_cast<std::ptrdiff_t>(numel_[static_cast<size_t>(i)]));
-  }
-  std::vector<float> all_grads() const { return grads_->download(); }
-  void zero_grads() { grads_->upload(std::vector<float>(grads_->size(), 0.0f)); }
-
-  std::vector<std::string> log;
-
- private:
-  std::vector<model::ModuleSpec> modules_;
-  std::vector<size_t> offsets_;
-  std::vector<size_t> numel_;
-  std::unique_ptr<TestBuffer<uint16_t>> values_;
-  std::unique_ptr<TestBuffer<float>> grads_;
-};
-
-struct CpuRun {
-  float loss = 0.0f;
-  float eval_loss = 0.0f;
-  std::vector<std::vector<float>> grads;
-  std::vector<std::string> log;
-};
-
 CpuRun run_cpu(const GptConfig& c, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T,
                float loss_scale) {
   model::GptModel cpu = model::testing::make_gpt(c);
-  model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
-  set_params(lp, cpu.params());
-  model::testing::RecordingAccess rec(&lp);
-  CpuRun r;
-  r.loss = model::testing::must(cpu.forward_backward(in, tg, B, T, rec, loss_scale));
-  r.log = rec.log;
-  for (const model::ParamSpec& s : cpu.params()) {
-    std::span<const float> g = lp.grad(s.index);
-    r.grads.emplace_back(g.begin(), g.end());
-  }
-  r.eval_loss = model::testing::must(cpu.forward_loss(in, tg, B, T, lp));
-  return r;
+  return testing::run_cpu(cpu, in, tg, B, T, loss_scale);
 }
 
 class GpuGptTest : public ::testing::Test {
@@ -162,10 +73,7 @@ class GpuGptTest : public ::testing::Test {
     const uint64_t bytes = GptGpu::workspace_bytes(c, max_bt);
     s.workspace = std::make_unique<TestBuffer<char>>(bytes);
     EXPECT_TRUE(s.gpt->bind_workspace(s.workspace->get(), bytes, max_bt).is_ok());
-    model::GptModel cpu = model::testing::make_gpt(c);
-    model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
-    set_params(lp, cpu.params());
-    s.params = std::make_unique<DeviceParams>(cpu.params(), cpu.modules(), lp);
+    s.params = testing::device_params(model::testing::make_gpt(c));
     return s;
   }
 

@@ -562,7 +562,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   double first_loss = NAN, last_loss = NAN;
   std::int64_t saved_step = -1;
   // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
-  std::optional<DeviceTimes> gpu_prev = device_times(engine->model());
+  std::optional<DeviceTimes> gpu_prev = device_times(engine->model(), T);
   GpuSteady gpu_steady;
   while (engine->counters().steps < o.steps) {
     ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
@@ -597,7 +597,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (comm.rank() == 0) progress.update(r, ds->wall_clock_breakdown);
     std::optional<DeviceTimes> gpu_step;
     if (gpu_prev) {
-      const DeviceTimes now = device_times(engine->model()).value_or(*gpu_prev);
+      const DeviceTimes now = device_times(engine->model(), T).value_or(*gpu_prev);
       gpu_step = now - *gpu_prev;
       gpu_prev = now;
       if (static_cast<int>(r.step) > start_step + 1) gpu_steady.add(*gpu_step, r);
