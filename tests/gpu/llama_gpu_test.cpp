@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -334,7 +335,12 @@ TEST(GpuLlamaModel, TrainsLikeTheCpuModelAndResumesOnTheCpu) {
 
 const char* const kHfFamilies[] = {"llama32_tiny", "mistral_tiny", "mistral_nemo_tiny", "qwen2_tiny", "qwen3_tiny"};
 
-std::string family_dir(const char* name) { return std::string(ZINF_HF_FAMILIES_DIR) + "/" + name; }
+// ZINF_HF_FAMILIES_DIR in the environment (a bundle's share/hf_families, set by gpu-check), else
+// the source tree's tests/model/data/hf_families.
+std::string family_dir(const char* name) {
+  const char* env = std::getenv("ZINF_HF_FAMILIES_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : ZINF_HF_FAMILIES_DIR) + "/" + name;
+}
 
 // Every tiny HF family folder (--model-dir): 5 steps from its weights on the GPU and on the CPU,
 // every loss within 2e-2 relative.
