@@ -94,7 +94,7 @@ uint64_t carve(const model::GptConfig& c, int max_bt, char* base, GptGpuActivati
 }  // namespace
 
 GptGpu::GptGpu(const model::GptConfig& config, Blas* blas, cudaStream_t stream, GptGpuOptions options)
-    : config_(config), blas_(blas), stream_(stream) {
+    : GpuPassNet("GptGpu", stream, config.vocab_size, config.max_seq), config_(config), blas_(blas) {
   // cuBLASLt wants the GELU aux matrix's leading dimension (4C) to be a multiple of 8.
   const bool gelu_ok = options.fuse_epilogues && (4 * config.n_embd) % 8 == 0;
   fuse_residual_ = options.fuse_epilogues;
@@ -128,27 +128,8 @@ Status GptGpu::bind_workspace(void* base, uint64_t bytes, int max_bt) {
   return Status::ok();
 }
 
-Status GptGpu::begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                          bool backward) {
-  if (acts_ == nullptr) return Status::invalid_argument("GptGpu: no workspace (bind_workspace first)");
-  return acts_->tokens.begin("GptGpu", inputs, targets, B, T, config_.vocab_size, config_.max_seq, max_bt_, backward,
-                             stream_);
-}
-
-Result<float> GptGpu::forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                       GpuParamAccess& access, float loss_scale) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, true));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kForward, loss_scale));
-  ZINF_RETURN_IF_ERROR(backward_pass(B, T, access));
-  return read_loss(acts_->loss, stream_, "GptGpu");
-}
-
-Result<float> GptGpu::forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                   GpuParamAccess& access) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, false));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kEval, 1.0f));
-  return read_loss(acts_->loss, stream_, "GptGpu");
-}
+PassTokens* GptGpu::pass_tokens() { return acts_ != nullptr ? &acts_->tokens : nullptr; }
+const float* GptGpu::pass_loss() const { return acts_ != nullptr ? acts_->loss : nullptr; }
 
 Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, float loss_scale) {
   GptGpuActivations& a = *acts_;

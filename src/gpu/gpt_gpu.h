@@ -39,7 +39,7 @@ struct GptGpuActivations;  // internal: views into the workspace
 //
 // Not thread-safe: one pass at a time. Everything runs on `stream`; a pass returns after the
 // loss has been copied back (one stream synchronisation at its end).
-class GptGpu final : public GpuNet {
+class GptGpu final : public GpuPassNet {
  public:
   // invalid_argument for an invalid config (validate_config) or a null blas; unsupported when
   // the head size is above the attention kernels' 128. `blas` must outlive the model.
@@ -50,7 +50,6 @@ class GptGpu final : public GpuNet {
   const model::GptConfig& config() const { return config_; }
   std::span<const model::ParamSpec> params() const { return params_; }
   std::span<const model::ModuleSpec> modules() const { return modules_; }
-  cudaStream_t stream() const { return stream_; }
 
   // Bytes of device workspace for passes of up to max_bt = B*T positions (activations,
   // scratch, token ids); views are 256-byte aligned.
@@ -58,31 +57,26 @@ class GptGpu final : public GpuNet {
   uint64_t workspace_bytes_for(int max_bt) const override { return workspace_bytes(config_, max_bt); }
   // GpuNet's contract (gpu_pass.h).
   Status bind_workspace(void* base, uint64_t bytes, int max_bt) override;
-  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                 GpuParamAccess& access, float loss_scale) override;
-  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                             GpuParamAccess& access) override;
 
  private:
   GptGpu(const model::GptConfig& config, Blas* blas, cudaStream_t stream, GptGpuOptions options);
-  Status begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T, bool backward);
-  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale);
+  PassTokens* pass_tokens() override;
+  const float* pass_loss() const override;
+  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale) override;
   Status block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, model::Phase phase,
                        bool need_output);
   Status mlp_forward(int slot, int N, bf16* y, const bf16* const* v, bool need_output);
-  Status backward_pass(int B, int T, GpuParamAccess& access);
+  Status backward_pass(int B, int T, GpuParamAccess& access) override;
   Status block_backward(int layer, int slot, int B, int T, GpuParamAccess& access);
 
   model::GptConfig config_;
   Blas* blas_;
-  cudaStream_t stream_;
   bool fuse_residual_;
   bool fuse_gelu_;
   bool fuse_dgelu_;
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
   std::unique_ptr<GptGpuActivations> acts_;
-  int max_bt_ = 0;
 };
 
 }  // namespace zinf::gpu

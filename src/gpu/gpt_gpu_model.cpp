@@ -8,12 +8,8 @@ namespace zinf::gpu {
 
 Result<std::unique_ptr<GptGpuModel>> GptGpuModel::create(const model::GptConfig& config, GptGpuModelOptions options) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::GptModel> cpu, model::GptModel::create(config));
-  auto make_net = [&config](Blas* blas, cudaStream_t stream) -> Result<std::unique_ptr<GpuNet>> {
-    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<GptGpu> net, GptGpu::create(config, blas, stream));
-    return std::unique_ptr<GpuNet>(std::move(net));
-  };
   std::unique_ptr<GptGpuModel> m(new GptGpuModel());
-  ZINF_RETURN_IF_ERROR(m->attach(std::move(cpu), "GPT", options, make_net));
+  ZINF_RETURN_IF_ERROR(m->attach(std::move(cpu), "GPT", options, net_of<GptGpu>(config)));
   return m;
 }
 

@@ -64,11 +64,36 @@ Status PassTokens::begin(std::string_view who, std::span<const int32_t> inputs, 
   return h2d(bucket_positions_, buckets_.positions, "embedding bucket positions");
 }
 
-Result<float> read_loss(const float* device_loss, cudaStream_t stream, std::string_view who) {
+Status GpuPassNet::begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                              bool backward) {
+  PassTokens* tokens = pass_tokens();
+  if (tokens == nullptr) return Status::invalid_argument(fmt::format("{}: no workspace (bind_workspace first)", name_));
+  ZINF_RETURN_IF_ERROR(check_seq(T).with_context(name_));
+  return tokens->begin(name_, inputs, targets, B, T, vocab_, max_seq_, max_bt_, backward, stream_);
+}
+
+Result<float> GpuPassNet::forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
+                                           int T, GpuParamAccess& access, float loss_scale) {
+  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, true));
+  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, model::Phase::kForward, loss_scale));
+  ZINF_RETURN_IF_ERROR(backward_pass(B, T, access));
+  return read_loss();
+}
+
+Result<float> GpuPassNet::forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                                       GpuParamAccess& access) {
+  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, false));
+  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, model::Phase::kEval, 1.0f));
+  return read_loss();
+}
+
+// The end of a pass: the mean loss back, after everything enqueued.
+Result<float> GpuPassNet::read_loss() {
   float loss = 0.0f;
-  ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, device_loss, sizeof loss, cudaMemcpyDeviceToHost, stream),
-                            fmt::format("{}: D2H copy of the loss", who));
-  ZINF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream), fmt::format("{}: end of pass (cudaStreamSynchronize)", who));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, pass_loss(), sizeof loss, cudaMemcpyDeviceToHost, stream_),
+                            fmt::format("{}: D2H copy of the loss", name_));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_),
+                            fmt::format("{}: end of pass (cudaStreamSynchronize)", name_));
   return loss;
 }
 

@@ -157,7 +157,40 @@ class PassTokens {
   EmbeddingBuckets buckets_;             // of the current pass's inputs (host)
 };
 
-// Copies the mean loss (one fp32 on the device) back and waits for the stream: the end of a pass.
-Result<float> read_loss(const float* device_loss, cudaStream_t stream, std::string_view who);
+// The pass every whole-model net runs (GptGpu, LlamaGpu): check and upload the batch's ids
+// (PassTokens), the forward on the stream (and the backward), then read the mean loss back (one
+// stream synchronisation). The net supplies the workspace and the passes.
+class GpuPassNet : public GpuNet {
+ public:
+  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                                 GpuParamAccess& access, float loss_scale) final;
+  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
+                             GpuParamAccess& access) final;
+  cudaStream_t stream() const { return stream_; }
+
+ protected:
+  // `name` names the net in errors ("GptGpu"); vocab and max_seq bound the batch's ids and T.
+  GpuPassNet(const char* name, cudaStream_t stream, int vocab, int max_seq)
+      : name_(name), stream_(stream), vocab_(vocab), max_seq_(max_seq) {}
+
+  // The bound workspace's token views and mean loss; nullptr before bind_workspace.
+  virtual PassTokens* pass_tokens() = 0;
+  virtual const float* pass_loss() const = 0;
+  // A net's own limit on T beyond max_seq (Llama's sliding window); OK by default.
+  virtual Status check_seq(int /*T*/) const { return Status::ok(); }
+  // Enqueues the forward (Phase::kForward: and d(loss * loss_scale)/dlogits; kEval: the loss).
+  virtual Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale) = 0;
+  // Enqueues the backward after a kForward forward_pass.
+  virtual Status backward_pass(int B, int T, GpuParamAccess& access) = 0;
+
+  const char* name_;
+  cudaStream_t stream_;
+  int max_bt_ = 0;  // of the bound workspace
+
+ private:
+  Status begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T, bool backward);
+  Result<float> read_loss();
+  int vocab_, max_seq_;
+};
 
 }  // namespace zinf::gpu

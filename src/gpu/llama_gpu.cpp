@@ -65,20 +65,7 @@ struct LlamaGpuActivations {
 
 namespace {
 
-// Q = n_head * head_dim (the query and attention-output width; C unless head_dim is set apart).
-struct Dims {
-  int C, NH, NKV, hd, Q, KV, I, V, L;
-  explicit Dims(const model::LlamaConfig& c)
-      : C(c.n_embd),
-        NH(c.n_head),
-        NKV(c.n_kv_head),
-        hd(c.head_size()),
-        Q(c.head_size() * c.n_head),
-        KV(c.head_size() * c.n_kv_head),
-        I(c.intermediate_size),
-        V(c.vocab_size),
-        L(c.n_layer) {}
-};
+using Dims = model::detail::LlamaDims;
 
 // The RoPE tables' rows: every T a pass may have (T <= max_seq and T <= B*T <= max_bt).
 int rope_rows(const model::LlamaConfig& c, int max_bt) { return std::min(c.max_seq, max_bt); }
@@ -164,7 +151,7 @@ T at_or_null(const T* p, int i) {
 }  // namespace
 
 LlamaGpu::LlamaGpu(const model::LlamaConfig& config, Blas* blas, cudaStream_t stream)
-    : config_(config), blas_(blas), stream_(stream) {
+    : GpuPassNet("LlamaGpu", stream, config.vocab_size, config.max_seq), config_(config), blas_(blas) {
   model::detail::build_llama_layout(config_, &params_, &modules_);
   ix_ = attn_slots(params_, modules_[static_cast<size_t>(block_module(0, 1))]);
 }
@@ -220,28 +207,8 @@ Status LlamaGpu::bind_workspace(void* base, uint64_t bytes, int max_bt) {
   return Status::ok();
 }
 
-Status LlamaGpu::begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                            bool backward) {
-  if (acts_ == nullptr) return Status::invalid_argument("LlamaGpu: no workspace (bind_workspace first)");
-  ZINF_RETURN_IF_ERROR(check_seq_len(config_, T).with_context("LlamaGpu"));
-  return acts_->tokens.begin("LlamaGpu", inputs, targets, B, T, config_.vocab_size, config_.max_seq, max_bt_,
-                             backward, stream_);
-}
-
-Result<float> LlamaGpu::forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B,
-                                         int T, GpuParamAccess& access, float loss_scale) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, true));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kForward, loss_scale));
-  ZINF_RETURN_IF_ERROR(backward_pass(B, T, access));
-  return read_loss(acts_->loss, stream_, "LlamaGpu");
-}
-
-Result<float> LlamaGpu::forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                     GpuParamAccess& access) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, false));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kEval, 1.0f));
-  return read_loss(acts_->loss, stream_, "LlamaGpu");
-}
+PassTokens* LlamaGpu::pass_tokens() { return acts_ != nullptr ? &acts_->tokens : nullptr; }
+const float* LlamaGpu::pass_loss() const { return acts_ != nullptr ? acts_->loss : nullptr; }
 
 Status LlamaGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, float loss_scale) {
   LlamaGpuActivations& a = *acts_;

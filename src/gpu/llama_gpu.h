@@ -36,7 +36,7 @@ struct LlamaGpuActivations;  // internal: views into the workspace
 //
 // Not thread-safe: one pass at a time. Everything runs on `stream`; a pass returns after the
 // loss has been copied back (one stream synchronisation at its end).
-class LlamaGpu final : public GpuNet {
+class LlamaGpu final : public GpuPassNet {
  public:
   // invalid_argument for an invalid config (validate_llama_config) or a null blas; unsupported
   // when the head size is above the attention kernels' 128. `blas` must outlive the model.
@@ -51,7 +51,6 @@ class LlamaGpu final : public GpuNet {
   const model::LlamaConfig& config() const { return config_; }
   std::span<const model::ParamSpec> params() const { return params_; }
   std::span<const model::ModuleSpec> modules() const { return modules_; }
-  cudaStream_t stream() const { return stream_; }
 
   // Bytes of device workspace for passes of up to max_bt = B*T positions (activations, scratch,
   // token ids, the RoPE tables for min(max_seq, max_bt) positions); views are 256-byte aligned.
@@ -59,10 +58,6 @@ class LlamaGpu final : public GpuNet {
   uint64_t workspace_bytes_for(int max_bt) const override { return workspace_bytes(config_, max_bt); }
   // GpuNet's contract (gpu_pass.h). bind_workspace also uploads the RoPE tables (and waits).
   Status bind_workspace(void* base, uint64_t bytes, int max_bt) override;
-  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                 GpuParamAccess& access, float loss_scale) override;
-  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                             GpuParamAccess& access) override;
 
   // Where each self_attn parameter sits in that module's list, found by its HF name; -1 when the
   // configuration has none.
@@ -79,21 +74,21 @@ class LlamaGpu final : public GpuNet {
 
  private:
   LlamaGpu(const model::LlamaConfig& config, Blas* blas, cudaStream_t stream);
-  Status begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T, bool backward);
-  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale);
+  PassTokens* pass_tokens() override;
+  Status check_seq(int T) const override { return check_seq_len(config_, T); }
+  const float* pass_loss() const override;
+  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale) override;
   Status block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, model::Phase phase,
                        bool need_output);
-  Status backward_pass(int B, int T, GpuParamAccess& access);
+  Status backward_pass(int B, int T, GpuParamAccess& access) override;
   Status block_backward(int layer, int slot, int B, int T, GpuParamAccess& access);
   Status attention_backward_body(int slot, int B, int T, const bf16* const* v, float* const* g);
 
   model::LlamaConfig config_;
   Blas* blas_;
-  cudaStream_t stream_;
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
   std::unique_ptr<LlamaGpuActivations> acts_;
-  int max_bt_ = 0;
   AttnSlots ix_;
   int rope_rows_ = 0;  // rows of the uploaded RoPE tables
 };

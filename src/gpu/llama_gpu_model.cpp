@@ -10,12 +10,8 @@ Result<std::unique_ptr<LlamaGpuModel>> LlamaGpuModel::create(const model::LlamaC
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::LlamaModel> cpu, model::LlamaModel::create(config));
   // Before any device work: a configuration the kernels cannot run fails the same with or without a GPU.
   ZINF_RETURN_IF_ERROR(LlamaGpu::check_config(config));
-  auto make_net = [&config](Blas* blas, cudaStream_t stream) -> Result<std::unique_ptr<GpuNet>> {
-    ZINF_ASSIGN_OR_RETURN(std::unique_ptr<LlamaGpu> net, LlamaGpu::create(config, blas, stream));
-    return std::unique_ptr<GpuNet>(std::move(net));
-  };
   std::unique_ptr<LlamaGpuModel> m(new LlamaGpuModel());
-  ZINF_RETURN_IF_ERROR(m->attach(std::move(cpu), "Llama", options, make_net));
+  ZINF_RETURN_IF_ERROR(m->attach(std::move(cpu), "Llama", options, net_of<LlamaGpu>(config)));
   return m;
 }
 

@@ -82,6 +82,14 @@ class BridgedGpuModel : public model::Model {
  protected:
   // Makes the net once the bridge has its cuBLASLt handle and compute stream.
   using MakeGpuNet = std::function<Result<std::unique_ptr<GpuNet>>(Blas*, cudaStream_t)>;
+  // MakeGpuNet for a net with Net::create(config, blas, stream) (instantiated where Net is complete).
+  template <typename Net, typename Config>
+  static MakeGpuNet net_of(Config config) {
+    return [config = std::move(config)](Blas* blas, cudaStream_t stream) -> Result<std::unique_ptr<GpuNet>> {
+      ZINF_ASSIGN_OR_RETURN(std::unique_ptr<Net> net, Net::create(config, blas, stream));
+      return std::unique_ptr<GpuNet>(std::move(net));
+    };
+  }
   BridgedGpuModel();
   // Once, before any other call: `cpu` is the CPU model of the same configuration (its lists,
   // config_json, describe); `label` names the streams, events and memory in messages ("GPT",

@@ -50,34 +50,11 @@ CpuRun run_cpu(const GptConfig& c, const std::vector<int32_t>& in, const std::ve
   return testing::run_cpu(cpu, in, tg, B, T, loss_scale);
 }
 
-class GpuGptTest : public ::testing::Test {
+class GpuGptTest : public testing::BlasFixture {
  protected:
-  void SetUp() override {
-    ZINF_REQUIRE_GPU();
-    Result<Blas> b = Blas::create();
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    blas_ = std::make_unique<Blas>(std::move(b).value());
+  testing::NetSetup<GptGpu> make(const GptConfig& c, GptGpuOptions options, int max_bt) {
+    return testing::bind_net(GptGpu::create(c, blas_.get(), nullptr, options), model::testing::make_gpt(c), max_bt);
   }
-
-  struct GpuSetup {
-    std::unique_ptr<GptGpu> gpt;
-    std::unique_ptr<TestBuffer<char>> workspace;
-    std::unique_ptr<DeviceParams> params;
-  };
-  GpuSetup make(const GptConfig& c, GptGpuOptions options, int max_bt) {
-    GpuSetup s;
-    Result<std::unique_ptr<GptGpu>> g = GptGpu::create(c, blas_.get(), nullptr, options);
-    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
-    if (!g.is_ok()) return s;
-    s.gpt = std::move(g).value();
-    const uint64_t bytes = GptGpu::workspace_bytes(c, max_bt);
-    s.workspace = std::make_unique<TestBuffer<char>>(bytes);
-    EXPECT_TRUE(s.gpt->bind_workspace(s.workspace->get(), bytes, max_bt).is_ok());
-    s.params = testing::device_params(model::testing::make_gpt(c));
-    return s;
-  }
-
-  std::unique_ptr<Blas> blas_;
 };
 
 constexpr int kB = 2;
@@ -92,17 +69,17 @@ TEST_F(GpuGptTest, MatchesCpuModel) {
       const std::vector<int32_t> in = model::testing::random_tokens(1, kB * kT, c.vocab_size);
       const std::vector<int32_t> tg = model::testing::random_tokens(2, kB * kT, c.vocab_size);
       const CpuRun cpu = run_cpu(c, in, tg, kB, kT, loss_scale);
-      GpuSetup g = make(c, GptGpuOptions{fuse}, kB * kT);
-      ASSERT_TRUE(g.gpt);
-      Result<float> loss = g.gpt->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
+      testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{fuse}, kB * kT);
+      ASSERT_TRUE(g.net);
+      Result<float> loss = g.net->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
       ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
       EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
       EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
-      for (const model::ParamSpec& s : g.gpt->params()) {
+      for (const model::ParamSpec& s : g.net->params()) {
         const std::vector<float> got = g.params->grad(s.index);
         EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
       }
-      Result<float> eval = g.gpt->forward_loss(in, tg, kB, kT, *g.params);
+      Result<float> eval = g.net->forward_loss(in, tg, kB, kT, *g.params);
       ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
       EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
     }
@@ -112,12 +89,12 @@ TEST_F(GpuGptTest, MatchesCpuModel) {
 TEST_F(GpuGptTest, CheckpointingChangesNoBitAndCallsAsTheCpu) {
   const std::vector<int32_t> in = model::testing::random_tokens(3, kB * kT, 100);
   const std::vector<int32_t> tg = model::testing::random_tokens(4, kB * kT, 100);
-  GpuSetup plain = make(tiny_config(false), GptGpuOptions{}, kB * kT);
-  GpuSetup ckpt = make(tiny_config(true), GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(plain.gpt && ckpt.gpt);
+  testing::NetSetup<GptGpu> plain = make(tiny_config(false), GptGpuOptions{}, kB * kT);
+  testing::NetSetup<GptGpu> ckpt = make(tiny_config(true), GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(plain.net && ckpt.net);
   EXPECT_LT(GptGpu::workspace_bytes(tiny_config(true), kB * kT), GptGpu::workspace_bytes(tiny_config(false), kB * kT));
-  Result<float> a = plain.gpt->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
-  Result<float> b = ckpt.gpt->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
+  Result<float> a = plain.net->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
+  Result<float> b = ckpt.net->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
   ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
   EXPECT_EQ(*a, *b);
   EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
@@ -129,12 +106,12 @@ TEST_F(GpuGptTest, DeterministicAndAccumulating) {
   const GptConfig c = tiny_config(false);
   const std::vector<int32_t> in = model::testing::random_tokens(5, kB * kT, c.vocab_size);
   const std::vector<int32_t> tg = model::testing::random_tokens(6, kB * kT, c.vocab_size);
-  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(g.gpt);
-  Result<float> first = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
+  testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(g.net);
+  Result<float> first = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
   ASSERT_TRUE(first.is_ok()) << first.status().to_string();
   const std::vector<float> once = g.params->all_grads();
-  Result<float> second = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
+  Result<float> second = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
   ASSERT_TRUE(second.is_ok());
   EXPECT_EQ(*first, *second);
   // Accumulation, within a tolerance: the tied wte gets two adds per pass (the lm_head product with
@@ -157,26 +134,26 @@ TEST_F(GpuGptTest, DeterministicAndAccumulating) {
   EXPECT_EQ(off, 0u) << "elements outside the accumulation tolerance";
   g.params->zero_grads();
   // A smaller batch in the same workspace, and back.
-  Result<float> small = g.gpt->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f);
+  Result<float> small = g.net->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f);
   ASSERT_TRUE(small.is_ok()) << small.status().to_string();
   g.params->zero_grads();
-  ASSERT_TRUE(g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
+  ASSERT_TRUE(g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
   EXPECT_EQ(g.params->all_grads(), once);
 }
 
 TEST_F(GpuGptTest, BadBatchesAreErrorsBeforeAnyWork) {
   const GptConfig c = tiny_config(false);
-  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(g.gpt);
+  testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(g.net);
   std::vector<int32_t> in(kB * kT, 1), tg(kB * kT, 1);
   tg[5] = c.vocab_size;
-  Status st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  Status st = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
   EXPECT_NE(st.message().find("position 5"), std::string::npos) << st.message();
   tg[5] = 0;
   in[9] = -1;
-  st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  st = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
   EXPECT_NE(st.message().find("position 9"), std::string::npos) << st.message();
-  EXPECT_EQ(g.gpt->forward_backward(in, tg, kB + 1, kT, *g.params, 1.0f).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(g.net->forward_backward(in, tg, kB + 1, kT, *g.params, 1.0f).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(g.params->log.empty());
 }
 

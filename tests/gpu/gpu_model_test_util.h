@@ -7,9 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpu/gpu_pass.h"
@@ -125,6 +127,36 @@ inline CpuRun run_cpu(model::Model& cpu, const std::vector<int32_t>& in, const s
   }
   r.eval_loss = model::testing::must(cpu.forward_loss(in, tg, B, T, lp));
   return r;
+}
+
+// A net (GptGpu, LlamaGpu) bound to a workspace of max_bt positions, with set_params' values of
+// `cpu`'s parameters on the device.
+template <typename Net>
+struct NetSetup {
+  std::unique_ptr<Net> net;
+  std::unique_ptr<TestBuffer<char>> workspace;
+  std::unique_ptr<DeviceParams> params;
+};
+template <typename Net>
+NetSetup<Net> bind_net(Result<std::unique_ptr<Net>> created, const model::Model& cpu, int max_bt) {
+  NetSetup<Net> s;
+  EXPECT_TRUE(created.is_ok()) << created.status().to_string();
+  if (!created.is_ok()) return s;
+  s.net = std::move(created).value();
+  const uint64_t bytes = s.net->workspace_bytes_for(max_bt);
+  s.workspace = std::make_unique<TestBuffer<char>>(bytes);
+  const Status bound = s.net->bind_workspace(s.workspace->get(), bytes, max_bt);
+  EXPECT_TRUE(bound.is_ok()) << bound.to_string();
+  s.params = device_params(cpu);
+  return s;
+}
+
+// Engine runs: every GPU loss within 2e-2 relative of the CPU's (issue #13's figure for bf16).
+inline void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, std::string_view what) {
+  ASSERT_EQ(gpu.size(), cpu.size());
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    EXPECT_NEAR(gpu[i], cpu[i], 2e-2 * std::fabs(cpu[i])) << what << ", step " << i + 1;
+  }
 }
 
 }  // namespace zinf::gpu::testing

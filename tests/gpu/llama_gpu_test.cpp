@@ -43,6 +43,7 @@ namespace {
 using model::LlamaConfig;
 using model::LlamaFamily;
 using testing::CpuRun;
+using testing::expect_close;
 using testing::rel_l2;
 
 LlamaConfig base_config(bool checkpointing = false) {
@@ -107,35 +108,11 @@ CpuRun run_cpu(const LlamaConfig& c, const std::vector<int32_t>& in, const std::
   return testing::run_cpu(cpu, in, tg, B, T, loss_scale);
 }
 
-class GpuLlamaTest : public ::testing::Test {
+class GpuLlamaTest : public testing::BlasFixture {
  protected:
-  void SetUp() override {
-    ZINF_REQUIRE_GPU();
-    Result<Blas> b = Blas::create();
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    blas_ = std::make_unique<Blas>(std::move(b).value());
+  testing::NetSetup<LlamaGpu> make(const LlamaConfig& c, int max_bt) {
+    return testing::bind_net(LlamaGpu::create(c, blas_.get(), nullptr), model::testing::make_llama(c), max_bt);
   }
-
-  struct GpuSetup {
-    std::unique_ptr<LlamaGpu> llama;
-    std::unique_ptr<testing::TestBuffer<char>> workspace;
-    std::unique_ptr<testing::DeviceParams> params;
-  };
-  GpuSetup make(const LlamaConfig& c, int max_bt) {
-    GpuSetup s;
-    Result<std::unique_ptr<LlamaGpu>> g = LlamaGpu::create(c, blas_.get(), nullptr);
-    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
-    if (!g.is_ok()) return s;
-    s.llama = std::move(g).value();
-    const uint64_t bytes = LlamaGpu::workspace_bytes(c, max_bt);
-    s.workspace = std::make_unique<testing::TestBuffer<char>>(bytes);
-    const Status bound = s.llama->bind_workspace(s.workspace->get(), bytes, max_bt);
-    EXPECT_TRUE(bound.is_ok()) << bound.to_string();
-    s.params = testing::device_params(model::testing::make_llama(c));
-    return s;
-  }
-
-  std::unique_ptr<Blas> blas_;
 };
 
 constexpr int kB = 2;
@@ -149,17 +126,17 @@ TEST_F(GpuLlamaTest, MatchesCpuModel) {
       const std::vector<int32_t> in = model::testing::random_tokens(1, kB * kT, c.vocab_size);
       const std::vector<int32_t> tg = model::testing::random_tokens(2, kB * kT, c.vocab_size);
       const CpuRun cpu = run_cpu(c, in, tg, kB, kT, loss_scale);
-      GpuSetup g = make(c, kB * kT);
-      ASSERT_TRUE(g.llama);
-      Result<float> loss = g.llama->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
+      testing::NetSetup<LlamaGpu> g = make(c, kB * kT);
+      ASSERT_TRUE(g.net);
+      Result<float> loss = g.net->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
       ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
       EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
       EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
-      for (const model::ParamSpec& s : g.llama->params()) {
+      for (const model::ParamSpec& s : g.net->params()) {
         const std::vector<float> got = g.params->grad(s.index);
         EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
       }
-      Result<float> eval = g.llama->forward_loss(in, tg, kB, kT, *g.params);
+      Result<float> eval = g.net->forward_loss(in, tg, kB, kT, *g.params);
       ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
       EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
     }
@@ -173,11 +150,11 @@ TEST_F(GpuLlamaTest, CheckpointingChangesNoBitAndCallsAsTheCpu) {
     ckpt_c.activation_checkpointing = true;
     const std::vector<int32_t> in = model::testing::random_tokens(3, kB * kT, plain_c.vocab_size);
     const std::vector<int32_t> tg = model::testing::random_tokens(4, kB * kT, plain_c.vocab_size);
-    GpuSetup plain = make(plain_c, kB * kT);
-    GpuSetup ckpt = make(ckpt_c, kB * kT);
-    ASSERT_TRUE(plain.llama && ckpt.llama);
-    Result<float> a = plain.llama->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
-    Result<float> b = ckpt.llama->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
+    testing::NetSetup<LlamaGpu> plain = make(plain_c, kB * kT);
+    testing::NetSetup<LlamaGpu> ckpt = make(ckpt_c, kB * kT);
+    ASSERT_TRUE(plain.net && ckpt.net);
+    Result<float> a = plain.net->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
+    Result<float> b = ckpt.net->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
     ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
     EXPECT_EQ(*a, *b);
     EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
@@ -192,12 +169,12 @@ TEST_F(GpuLlamaTest, DeterministicAndAccumulating) {
     const LlamaConfig& c = v.config;
     const std::vector<int32_t> in = model::testing::random_tokens(5, kB * kT, c.vocab_size);
     const std::vector<int32_t> tg = model::testing::random_tokens(6, kB * kT, c.vocab_size);
-    GpuSetup g = make(c, kB * kT);
-    ASSERT_TRUE(g.llama);
-    Result<float> first = g.llama->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
+    testing::NetSetup<LlamaGpu> g = make(c, kB * kT);
+    ASSERT_TRUE(g.net);
+    Result<float> first = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
     ASSERT_TRUE(first.is_ok()) << first.status().to_string();
     const std::vector<float> once = g.params->all_grads();
-    Result<float> second = g.llama->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
+    Result<float> second = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
     ASSERT_TRUE(second.is_ok());
     EXPECT_EQ(*first, *second);
     // Accumulation within GptGpu's tolerance: a tied embedding gets two adds per pass (the head's
@@ -220,9 +197,9 @@ TEST_F(GpuLlamaTest, DeterministicAndAccumulating) {
     g.params->zero_grads();
     // A smaller batch in the same workspace, and back.
     ASSERT_TRUE(
-        g.llama->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f).is_ok());
+        g.net->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f).is_ok());
     g.params->zero_grads();
-    ASSERT_TRUE(g.llama->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
+    ASSERT_TRUE(g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
     EXPECT_EQ(g.params->all_grads(), once);
   }
 }
@@ -231,21 +208,21 @@ TEST_F(GpuLlamaTest, BadBatchesAreErrorsBeforeAnyWork) {
   LlamaConfig c = base_config();
   c.family = LlamaFamily::kMistral;
   c.sliding_window = 16;
-  GpuSetup g = make(c, kB * kT);
-  ASSERT_TRUE(g.llama);
+  testing::NetSetup<LlamaGpu> g = make(c, kB * kT);
+  ASSERT_TRUE(g.net);
   std::vector<int32_t> in(kB * kT, 1), tg(kB * kT, 1);
   tg[5] = c.vocab_size;
-  Status st = g.llama->forward_backward(std::span(in).first(kB * 16), std::span(tg).first(kB * 16), kB, 16, *g.params,
+  Status st = g.net->forward_backward(std::span(in).first(kB * 16), std::span(tg).first(kB * 16), kB, 16, *g.params,
                                         1.0f)
                   .status();
   EXPECT_NE(st.message().find("position 5"), std::string::npos) << st.message();
   tg[5] = 0;
   in[9] = -1;
-  st = g.llama->forward_backward(std::span(in).first(kB * 16), std::span(tg).first(kB * 16), kB, 16, *g.params, 1.0f)
+  st = g.net->forward_backward(std::span(in).first(kB * 16), std::span(tg).first(kB * 16), kB, 16, *g.params, 1.0f)
            .status();
   EXPECT_NE(st.message().find("position 9"), std::string::npos) << st.message();
   in[9] = 1;
-  st = g.llama->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();  // T 37 > the window of 16
+  st = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();  // T 37 > the window of 16
   EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(st.message().find("sliding_window"), std::string::npos) << st.message();
   EXPECT_TRUE(g.params->log.empty());
@@ -259,13 +236,6 @@ LlamaConfig engine_config() {
   c.max_seq = zero3::testing::kT;
   c.tie_word_embeddings = true;
   return c;
-}
-
-void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const std::string& what) {
-  ASSERT_EQ(gpu.size(), cpu.size());
-  for (std::size_t i = 0; i < gpu.size(); ++i) {
-    EXPECT_NEAR(gpu[i], cpu[i], 2e-2 * std::fabs(cpu[i])) << what << ", step " << i + 1;
-  }
 }
 
 template <typename T>
