@@ -146,14 +146,8 @@ Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, f
   ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_ln_f(L), phase, [&](const bf16* const* v) {
     return layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[static_cast<size_t>(L)], v[0], v[1], N, C, stream_);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_lm_head(L), phase, [&](const bf16* const* v) {
-    return linear_forward(*blas_, LinearShape{N, C, V, logits_ld(V)}, a.logits, a.lnf, v[0], nullptr, nullptr, stream_);
-  }));
-  // With a backward to come, the same pass leaves d(loss * loss_scale)/dlogits in the logits:
-  // the mean over N positions puts 1/N on every row.
-  ZINF_RETURN_IF_ERROR(softmax_xent(a.logits, a.losses, a.tokens.targets(), N, V, logits_ld(V),
-                                    loss_scale / static_cast<float>(N), phase == Phase::kForward, stream_));
-  return mean_loss(a.loss, a.losses, N, stream_);
+  return head_forward(*blas_, access, modules_, model::module_lm_head(L), phase, a.lnf,
+                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets()}, N, C, loss_scale);
 }
 
 Status GptGpu::block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, Phase phase,
@@ -215,16 +209,10 @@ Status GptGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   GptGpuActivations& a = *acts_;
   const int N = B * T;
   const int C = config_.n_embd;
-  const int V = config_.vocab_size;
   const int L = config_.n_layer;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
-  const LinearShape head{N, C, V, logits_ld(V)};
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, model::module_lm_head(L), [&](const bf16* const* v, float* const* g) {
-    ZINF_RETURN_IF_ERROR(linear_backward_input(*blas_, head, a.dsmall, a.logits, v[0], nullptr, stream_));
-    return linear_backward_weight(*blas_, head, g[0], a.logits, a.lnf, stream_);
-  }));
-  ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C, stream_),
-                            "GptGpu: zeroing the residual gradient");
+  ZINF_RETURN_IF_ERROR(
+      head_backward(*blas_, access, modules_, model::module_lm_head(L), a.lnf, a.logits, a.dsmall, a.dres, N, C));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, model::module_ln_f(L), [&](const bf16* const* v, float* const* g) {
     return layernorm_backward(a.dres, g[0], g[1], a.col_scratch, a.dsmall, a.resid[static_cast<size_t>(L)], v[0],
                               a.lnf_mean, a.lnf_rstd, N, C, stream_);

@@ -6,6 +6,7 @@
 #include <climits>
 
 #include "gpu/cuda_error.h"
+#include "gpu/kernels.h"
 
 namespace zinf::gpu {
 
@@ -85,6 +86,30 @@ Result<float> GpuPassNet::forward_loss(std::span<const int32_t> inputs, std::spa
   ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, false));
   ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, model::Phase::kEval, 1.0f));
   return read_loss();
+}
+
+Status GpuPassNet::head_forward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules,
+                                int head, model::Phase phase, const bf16* x, const HeadBuffers& h, int N, int C,
+                                float loss_scale) {
+  const int V = vocab_;
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules, head, phase, [&](const bf16* const* v) {
+    return linear_forward(blas, LinearShape{N, C, V, logits_ld(V)}, h.logits, x, v[0], nullptr, nullptr, stream_);
+  }));
+  ZINF_RETURN_IF_ERROR(softmax_xent(h.logits, h.losses, h.targets, N, V, logits_ld(V),
+                                    loss_scale / static_cast<float>(N), phase == model::Phase::kForward, stream_));
+  return mean_loss(h.loss, h.losses, N, stream_);
+}
+
+Status GpuPassNet::head_backward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules,
+                                 int head, const bf16* x, const bf16* logits, bf16* dx, float* dres, int N, int C) {
+  const LinearShape shape{N, C, vocab_, logits_ld(vocab_)};
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules, head, [&](const bf16* const* v, float* const* g) {
+    ZINF_RETURN_IF_ERROR(linear_backward_input(blas, shape, dx, logits, v[0], nullptr, stream_));
+    return linear_backward_weight(blas, shape, g[0], logits, x, stream_);
+  }));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dres, 0, sizeof(float) * static_cast<size_t>(N) * C, stream_),
+                            fmt::format("{}: zeroing the residual gradient", name_));
+  return Status::ok();
 }
 
 // The end of a pass: the mean loss back, after everything enqueued.

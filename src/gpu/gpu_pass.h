@@ -11,6 +11,7 @@
 #include <string_view>
 #include <utility>
 
+#include "gpu/blas.h"
 #include "gpu/launch_geometry.h"
 #include "gpu/numerics.h"
 #include "zinf/model/module_calls.h"
@@ -182,6 +183,23 @@ class GpuPassNet : public GpuNet {
   virtual Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale) = 0;
   // Enqueues the backward after a kForward forward_pass.
   virtual Status backward_pass(int B, int T, GpuParamAccess& access) = 0;
+
+  // The LM head (module `head`, tied or not) and the loss: logits (N, logits_ld(V)) = x (N,C) @
+  // W^T, the per-position cross-entropies `losses` (N) and their mean `loss` (1); with
+  // Phase::kForward the logits are then overwritten by d(loss * loss_scale)/dlogits (the mean
+  // puts 1/N on every row).
+  struct HeadBuffers {
+    bf16* logits;
+    float* losses;
+    float* loss;
+    const int32_t* targets;
+  };
+  Status head_forward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int head,
+                      model::Phase phase, const bf16* x, const HeadBuffers& h, int N, int C, float loss_scale);
+  // Its backward from those logits: dx (N,C) bf16 overwritten, the weight's gradient added; then
+  // dres (N,C) fp32, the residual stream's gradient, zeroed for the layers below to add into.
+  Status head_backward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int head,
+                       const bf16* x, const bf16* logits, bf16* dx, float* dres, int N, int C);
 
   const char* name_;
   cudaStream_t stream_;

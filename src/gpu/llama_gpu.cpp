@@ -224,15 +224,8 @@ Status LlamaGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase,
   ZINF_RETURN_IF_ERROR(run_forward(access, modules_, norm_module(config_.n_layer), phase, [&](const bf16* const* v) {
     return rmsnorm_forward(a.xnf, a.rstdf, a.resid[static_cast<size_t>(d.L)], v[0], eps, N, d.C, stream_);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, head_module(config_.n_layer), phase, [&](const bf16* const* v) {
-    return linear_forward(*blas_, LinearShape{N, d.C, d.V, logits_ld(d.V)}, a.logits, a.xnf, v[0], nullptr, nullptr,
-                          stream_);
-  }));
-  // With a backward to come, the same pass leaves d(loss * loss_scale)/dlogits in the logits:
-  // the mean over N positions puts 1/N on every row.
-  ZINF_RETURN_IF_ERROR(softmax_xent(a.logits, a.losses, a.tokens.targets(), N, d.V, logits_ld(d.V),
-                                    loss_scale / static_cast<float>(N), phase == Phase::kForward, stream_));
-  return mean_loss(a.loss, a.losses, N, stream_);
+  return head_forward(*blas_, access, modules_, head_module(d.L), phase, a.xnf,
+                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets()}, N, d.C, loss_scale);
 }
 
 // need_output false (recompute for backward) builds the block's internals, not its output.
@@ -289,13 +282,7 @@ Status LlamaGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   const Dims d(config_);
   const int N = B * T;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
-  const LinearShape head{N, d.C, d.V, logits_ld(d.V)};
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, head_module(config_.n_layer), [&](const bf16* const* v, float* const* g) {
-    ZINF_RETURN_IF_ERROR(linear_backward_input(*blas_, head, a.dx, a.logits, v[0], nullptr, stream_));
-    return linear_backward_weight(*blas_, head, g[0], a.logits, a.xnf, stream_);
-  }));
-  ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C, stream_),
-                            "LlamaGpu: zeroing the residual gradient");
+  ZINF_RETURN_IF_ERROR(head_backward(*blas_, access, modules_, head_module(d.L), a.xnf, a.logits, a.dx, a.dres, N, d.C));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, norm_module(config_.n_layer), [&](const bf16* const* v, float* const* g) {
     return rmsnorm_backward(a.dres, g[0], a.col_scratch, a.dx, a.resid[static_cast<size_t>(d.L)], v[0], a.rstdf, N,
                             d.C, stream_);
@@ -341,7 +328,7 @@ Status LlamaGpu::block_backward(int layer, int slot, int B, int T, GpuParamAcces
                                    d.C, stream_);
   }));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, block_module(layer, 1), [&](const bf16* const* v, float* const* g) {
-    return attention_backward_body(slot, B, T, v, g);
+    return attention_backward_body(la, B, T, v, g);
   }));
   return run_backward(access, modules_, block_module(layer, 0), [&](const bf16* const* v, float* const* g) {
     return summed_rmsnorm_backward(a.dres, g[0], a.col_scratch, a.dx, a.dx2, a.dx3,
@@ -351,13 +338,12 @@ Status LlamaGpu::block_backward(int layer, int slot, int B, int T, GpuParamAcces
 
 // self_attn's backward. On entry dres holds d(res2); on exit dx, dx2, dx3 hold d(xn1)'s q, k and v
 // parts for input_layernorm's backward.
-Status LlamaGpu::attention_backward_body(int slot, int B, int T, const bf16* const* v, float* const* g) {
+Status LlamaGpu::attention_backward_body(const LlamaGpuLayerActs& la, int B, int T, const bf16* const* v,
+                                         float* const* g) {
   LlamaGpuActivations& a = *acts_;
-  const LlamaGpuLayerActs& la = a.layers[static_cast<size_t>(slot)];
   const Dims d(config_);
   const int N = B * T;
-  const size_t NQ = static_cast<size_t>(N) * d.Q;
-  const size_t NKV = static_cast<size_t>(N) * d.KV;
+  const size_t NQ = static_cast<size_t>(N) * d.Q, NKV = static_cast<size_t>(N) * d.KV;
   const AttnSlots& ix = ix_;
   ZINF_RETURN_IF_ERROR(cast_to_bf16(a.dres_bf, a.dres, static_cast<size_t>(N) * d.C, stream_));
   const LinearShape o{N, d.Q, d.C};

@@ -19,6 +19,7 @@
 namespace zinf::gpu {
 
 struct LlamaGpuActivations;  // internal: views into the workspace
+struct LlamaGpuLayerActs;    // internal: one block's activations
 
 // Every family the CPU LlamaModel takes (llama.h: Llama, Mistral, Qwen2, Qwen3): RMSNorm, rotary
 // embeddings (with the configuration's RoPE scaling: the tables are model::rope_frequencies'),
@@ -82,7 +83,7 @@ class LlamaGpu final : public GpuPassNet {
                        bool need_output);
   Status backward_pass(int B, int T, GpuParamAccess& access) override;
   Status block_backward(int layer, int slot, int B, int T, GpuParamAccess& access);
-  Status attention_backward_body(int slot, int B, int T, const bf16* const* v, float* const* g);
+  Status attention_backward_body(const LlamaGpuLayerActs& la, int B, int T, const bf16* const* v, float* const* g);
 
   model::LlamaConfig config_;
   Blas* blas_;

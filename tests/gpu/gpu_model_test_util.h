@@ -151,6 +151,80 @@ NetSetup<Net> bind_net(Result<std::unique_ptr<Net>> created, const model::Model&
   return s;
 }
 
+// The net's training pass and evaluation against the CPU model's at the same parameters (run_cpu):
+// the losses within 2e-2 relative, every parameter's gradient within 5e-2 relative L2 error, and
+// the same module calls in the same order.
+template <typename Net>
+void expect_matches_cpu(NetSetup<Net>& g, const CpuRun& cpu, const std::vector<int32_t>& in,
+                        const std::vector<int32_t>& tg, int B, int T, float loss_scale) {
+  ASSERT_TRUE(g.net);
+  Result<float> loss = g.net->forward_backward(in, tg, B, T, *g.params, loss_scale);
+  ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+  EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
+  EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
+  for (const model::ParamSpec& s : g.net->params()) {
+    const std::vector<float> got = g.params->grad(s.index);
+    EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
+  }
+  Result<float> eval = g.net->forward_loss(in, tg, B, T, *g.params);
+  ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
+  EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
+}
+
+// Without and with activation checkpointing: the same loss and gradients bit for bit, and the
+// recomputing net's calls are the CPU model's with checkpointing (cpu_ckpt).
+template <typename Net>
+void expect_checkpointing_changes_no_bit(NetSetup<Net>& plain, NetSetup<Net>& ckpt, const CpuRun& cpu_ckpt,
+                                         const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B,
+                                         int T) {
+  ASSERT_TRUE(plain.net && ckpt.net);
+  Result<float> a = plain.net->forward_backward(in, tg, B, T, *plain.params, 1.0f);
+  Result<float> b = ckpt.net->forward_backward(in, tg, B, T, *ckpt.params, 1.0f);
+  ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
+  EXPECT_EQ(*a, *b);
+  EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
+  EXPECT_EQ(ckpt.params->log, cpu_ckpt.log) << "recompute calls differ from the CPU model's";
+}
+
+// Two passes give the same loss bits and add their gradients; a smaller batch (the first row) in
+// the same workspace, then the full one again, gives the first pass's gradients bit for bit.
+// Accumulation is within a tolerance: a tied embedding gets two adds per pass (the head's product
+// with beta = 1, then the embedding backward's +=), so after two passes it holds ((h+e)+h)+e, which
+// differs from 2(h+e) by a few fp32 roundings of |h| + |e|. Every element within 1e-5 of the
+// gradients' largest magnitude plus 1e-5 relative; a pass that overwrote instead of adding would be
+// off by the whole gradient.
+template <typename Net>
+void expect_deterministic_and_accumulating(NetSetup<Net>& g, const std::vector<int32_t>& in,
+                                           const std::vector<int32_t>& tg, int B, int T) {
+  ASSERT_TRUE(g.net);
+  Result<float> first = g.net->forward_backward(in, tg, B, T, *g.params, 1.0f);
+  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+  const std::vector<float> once = g.params->all_grads();
+  Result<float> second = g.net->forward_backward(in, tg, B, T, *g.params, 1.0f);  // adds to the same buffers
+  ASSERT_TRUE(second.is_ok());
+  EXPECT_EQ(*first, *second);
+  const std::vector<float> twice = g.params->all_grads();
+  ASSERT_EQ(twice.size(), once.size());
+  float largest = 0.0f;
+  for (float x : once) largest = std::max(largest, std::fabs(x));
+  ASSERT_GT(largest, 0.0f);
+  std::size_t off = 0;
+  for (std::size_t i = 0; i < once.size(); ++i) {
+    const float want = 2.0f * once[i];
+    if (std::fabs(twice[i] - want) > 1e-5f * largest + 1e-5f * std::fabs(want) && off++ < 5) {
+      ADD_FAILURE() << "gradient element " << i << ": after two passes " << twice[i] << ", twice one pass is " << want;
+    }
+  }
+  EXPECT_EQ(off, 0u) << "elements outside the accumulation tolerance";
+  g.params->zero_grads();
+  const std::span<const int32_t> row_in(in.data(), static_cast<size_t>(T)), row_tg(tg.data(), static_cast<size_t>(T));
+  Result<float> small = g.net->forward_backward(row_in, row_tg, 1, T, *g.params, 1.0f);
+  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
+  g.params->zero_grads();
+  ASSERT_TRUE(g.net->forward_backward(in, tg, B, T, *g.params, 1.0f).is_ok());
+  EXPECT_EQ(g.params->all_grads(), once);
+}
+
 // Engine runs: every GPU loss within 2e-2 relative of the CPU's (issue #13's figure for bf16).
 inline void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, std::string_view what) {
   ASSERT_EQ(gpu.size(), cpu.size());

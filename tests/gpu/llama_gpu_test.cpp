@@ -44,7 +44,6 @@ using model::LlamaConfig;
 using model::LlamaFamily;
 using testing::CpuRun;
 using testing::expect_close;
-using testing::rel_l2;
 
 LlamaConfig base_config(bool checkpointing = false) {
   LlamaConfig c;
@@ -127,18 +126,7 @@ TEST_F(GpuLlamaTest, MatchesCpuModel) {
       const std::vector<int32_t> tg = model::testing::random_tokens(2, kB * kT, c.vocab_size);
       const CpuRun cpu = run_cpu(c, in, tg, kB, kT, loss_scale);
       testing::NetSetup<LlamaGpu> g = make(c, kB * kT);
-      ASSERT_TRUE(g.net);
-      Result<float> loss = g.net->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
-      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
-      EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
-      EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
-      for (const model::ParamSpec& s : g.net->params()) {
-        const std::vector<float> got = g.params->grad(s.index);
-        EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
-      }
-      Result<float> eval = g.net->forward_loss(in, tg, kB, kT, *g.params);
-      ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
-      EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
+      testing::expect_matches_cpu(g, cpu, in, tg, kB, kT, loss_scale);
     }
   }
 }
@@ -152,14 +140,8 @@ TEST_F(GpuLlamaTest, CheckpointingChangesNoBitAndCallsAsTheCpu) {
     const std::vector<int32_t> tg = model::testing::random_tokens(4, kB * kT, plain_c.vocab_size);
     testing::NetSetup<LlamaGpu> plain = make(plain_c, kB * kT);
     testing::NetSetup<LlamaGpu> ckpt = make(ckpt_c, kB * kT);
-    ASSERT_TRUE(plain.net && ckpt.net);
-    Result<float> a = plain.net->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
-    Result<float> b = ckpt.net->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
-    ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
-    EXPECT_EQ(*a, *b);
-    EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
     const CpuRun cpu = run_cpu(ckpt_c, in, tg, kB, kT, 1.0f);
-    EXPECT_EQ(ckpt.params->log, cpu.log) << "recompute calls differ from the CPU model's";
+    testing::expect_checkpointing_changes_no_bit(plain, ckpt, cpu, in, tg, kB, kT);
   }
 }
 
@@ -170,37 +152,7 @@ TEST_F(GpuLlamaTest, DeterministicAndAccumulating) {
     const std::vector<int32_t> in = model::testing::random_tokens(5, kB * kT, c.vocab_size);
     const std::vector<int32_t> tg = model::testing::random_tokens(6, kB * kT, c.vocab_size);
     testing::NetSetup<LlamaGpu> g = make(c, kB * kT);
-    ASSERT_TRUE(g.net);
-    Result<float> first = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
-    ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-    const std::vector<float> once = g.params->all_grads();
-    Result<float> second = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
-    ASSERT_TRUE(second.is_ok());
-    EXPECT_EQ(*first, *second);
-    // Accumulation within GptGpu's tolerance: a tied embedding gets two adds per pass (the head's
-    // product with beta = 1, then the embedding backward's +=), so after two passes it differs
-    // from twice one pass by a few fp32 roundings; an overwrite would be off by the whole gradient.
-    const std::vector<float> twice = g.params->all_grads();
-    ASSERT_EQ(twice.size(), once.size());
-    float largest = 0.0f;
-    for (float x : once) largest = std::max(largest, std::fabs(x));
-    ASSERT_GT(largest, 0.0f);
-    std::size_t off = 0;
-    for (std::size_t i = 0; i < once.size(); ++i) {
-      const float want = 2.0f * once[i];
-      if (std::fabs(twice[i] - want) > 1e-5f * largest + 1e-5f * std::fabs(want) && off++ < 5) {
-        ADD_FAILURE() << "gradient element " << i << ": after two passes " << twice[i] << ", twice one pass is "
-                      << want;
-      }
-    }
-    EXPECT_EQ(off, 0u) << "elements outside the accumulation tolerance";
-    g.params->zero_grads();
-    // A smaller batch in the same workspace, and back.
-    ASSERT_TRUE(
-        g.net->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f).is_ok());
-    g.params->zero_grads();
-    ASSERT_TRUE(g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
-    EXPECT_EQ(g.params->all_grads(), once);
+    testing::expect_deterministic_and_accumulating(g, in, tg, kB, kT);
   }
 }
 
