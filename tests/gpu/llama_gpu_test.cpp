@@ -29,6 +29,7 @@
 #include "gpu/llama_gpu_model.h"
 #include "gpu_model_test_util.h"
 #include "gpu_test_util.h"
+#include "llama_variants.h"
 #include "temp_dir.h"
 #include "zinf/model/llama.h"
 #include "zinf/zero3/hf_folder.h"
@@ -42,64 +43,11 @@ namespace {
 
 using model::LlamaConfig;
 using model::LlamaFamily;
+using testing::base_config;
+using testing::Variant;
+using testing::variants;
 using testing::CpuRun;
 using testing::expect_close;
-
-LlamaConfig base_config(bool checkpointing = false) {
-  LlamaConfig c;
-  c.vocab_size = 100;  // not a multiple of 8: the logits rows are padded
-  c.max_seq = 40;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_kv_head = 2;  // two query heads per kv head
-  c.n_embd = 64;    // head size 16
-  c.intermediate_size = 96;
-  c.rms_norm_eps = 1e-5;
-  c.activation_checkpointing = checkpointing;
-  return c;
-}
-
-struct Variant {
-  const char* name;
-  LlamaConfig config;
-};
-
-// The shapes and families every GPU comparison runs.
-std::vector<Variant> variants() {
-  std::vector<Variant> v;
-  v.push_back({"GQA, untied", base_config()});
-  LlamaConfig tied = base_config();
-  tied.tie_word_embeddings = true;
-  v.push_back({"GQA, tied", tied});
-  LlamaConfig bias = base_config();  // Llama's attention_bias
-  bias.qkv_bias = bias.o_bias = true;
-  v.push_back({"Llama attention_bias", bias});
-  LlamaConfig qwen2 = base_config();
-  qwen2.family = LlamaFamily::kQwen2;
-  qwen2.qkv_bias = true;
-  qwen2.tie_word_embeddings = true;
-  v.push_back({"Qwen2: q/k/v biases, tied", qwen2});
-  LlamaConfig qwen3 = base_config();
-  qwen3.family = LlamaFamily::kQwen3;
-  qwen3.qk_norm = true;
-  qwen3.head_dim = 32;  // Q = 128, hidden 64
-  qwen3.rope_scaling.type = model::RopeType::kLinear;
-  qwen3.rope_scaling.factor = 2.0;
-  v.push_back({"Qwen3: q/k norms, head_dim 32 on hidden 64, linear RoPE scaling", qwen3});
-  LlamaConfig wide = base_config();
-  wide.family = LlamaFamily::kMistral;
-  wide.n_head = 2;
-  wide.n_kv_head = 1;
-  wide.head_dim = 128;  // Q = 256, hidden 64
-  v.push_back({"head_dim 128 on hidden 64, 2 query heads on 1 kv head", wide});
-  LlamaConfig mha = base_config();
-  mha.n_embd = 256;
-  mha.n_head = 2;
-  mha.n_kv_head = 2;  // head size 128, no grouping
-  mha.intermediate_size = 128;
-  v.push_back({"hidden 256 / 2 heads = head size 128, multi-head", mha});
-  return v;
-}
 
 CpuRun run_cpu(const LlamaConfig& c, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T,
                float loss_scale) {
