@@ -35,13 +35,48 @@ inline void set_params(model::LocalParams& lp, std::span<const model::ParamSpec>
   }
 }
 
-// Every parameter on the device as bf16, every gradient fp32 (zeroed at the start); records
-// the protocol calls in RecordingAccess's words.
-class DeviceParams final : public GpuParamAccess {
+// A GpuParamAccess over per-parameter value and gradient pointers that records the protocol calls
+// in RecordingAccess's words (model_test_util.h), so a GPU net's calls compare with the CPU's.
+class RecordingGpuAccess : public GpuParamAccess {
+ public:
+  explicit RecordingGpuAccess(std::span<const model::ModuleSpec> modules) : modules_(modules.begin(), modules.end()) {}
+  Status acquire(int m, model::Phase ph, std::span<const bf16*> v) override {
+    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
+    const auto& ids = modules_[static_cast<size_t>(m)].params;
+    for (size_t k = 0; k < ids.size(); k++) v[k] = value(ids[k]);
+    return Status::ok();
+  }
+  Status release(int m, model::Phase ph) override {
+    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
+    return Status::ok();
+  }
+  Status grad_buffers(int m, std::span<float*> g) override {
+    log.push_back(fmt::format("grads {}", m));
+    const auto& ids = modules_[static_cast<size_t>(m)].params;
+    for (size_t k = 0; k < ids.size(); k++) g[k] = grad_buffer(ids[k]);
+    return Status::ok();
+  }
+  Status grads_ready(int m) override {
+    log.push_back(fmt::format("ready {}", m));
+    return Status::ok();
+  }
+
+  std::vector<std::string> log;
+
+ protected:
+  virtual const bf16* value(int param) = 0;
+  virtual float* grad_buffer(int param) = 0;
+
+ private:
+  std::vector<model::ModuleSpec> modules_;
+};
+
+// Every parameter on the device as bf16, every gradient fp32 (zeroed at the start).
+class DeviceParams final : public RecordingGpuAccess {
  public:
   DeviceParams(std::span<const model::ParamSpec> specs, std::span<const model::ModuleSpec> modules,
                const model::LocalParams& values)
-      : modules_(modules.begin(), modules.end()) {
+      : RecordingGpuAccess(modules) {
     size_t total = 0;
     for (const model::ParamSpec& s : specs) {
       offsets_.push_back(total);
@@ -58,27 +93,6 @@ class DeviceParams final : public GpuParamAccess {
     for (const model::ParamSpec& s : specs) numel_.push_back(s.numel);
   }
 
-  Status acquire(int m, model::Phase ph, std::span<const bf16*> v) override {
-    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) v[k] = bf(*values_) + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status release(int m, model::Phase ph) override {
-    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
-    return Status::ok();
-  }
-  Status grad_buffers(int m, std::span<float*> g) override {
-    log.push_back(fmt::format("grads {}", m));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) g[k] = grads_->get() + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status grads_ready(int m) override {
-    log.push_back(fmt::format("ready {}", m));
-    return Status::ok();
-  }
-
   std::vector<float> grad(int i) const {
     const std::vector<float> all = grads_->download();
     const auto b = all.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(i)]);
@@ -87,10 +101,10 @@ class DeviceParams final : public GpuParamAccess {
   std::vector<float> all_grads() const { return grads_->download(); }
   void zero_grads() { grads_->upload(std::vector<float>(grads_->size(), 0.0f)); }
 
-  std::vector<std::string> log;
-
  private:
-  std::vector<model::ModuleSpec> modules_;
+  const bf16* value(int p) override { return bf(*values_) + offsets_[static_cast<size_t>(p)]; }
+  float* grad_buffer(int p) override { return grads_->get() + offsets_[static_cast<size_t>(p)]; }
+
   std::vector<size_t> offsets_;
   std::vector<size_t> numel_;
   std::unique_ptr<TestBuffer<uint16_t>> values_;

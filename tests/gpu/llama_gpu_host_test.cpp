@@ -20,11 +20,10 @@
 namespace zinf::gpu {
 namespace {
 
-// Every parameter as bf16 host memory, every gradient fp32 (zeroed), the calls recorded as
-// RecordingAccess words.
-class HostParams final : public GpuParamAccess {
+// Every parameter as bf16 host memory, every gradient fp32 (zeroed).
+class HostParams final : public testing::RecordingGpuAccess {
  public:
-  HostParams(const model::LlamaModel& m, const model::LocalParams& lp) : modules_(m.modules().begin(), m.modules().end()) {
+  HostParams(const model::LlamaModel& m, const model::LocalParams& lp) : RecordingGpuAccess(m.modules()) {
     for (const model::ParamSpec& s : m.params()) {
       std::span<const float> p = lp.param(s.index);
       std::vector<bf16> v(p.size());
@@ -36,31 +35,11 @@ class HostParams final : public GpuParamAccess {
       grads.emplace_back(p.size(), 0.0f);
     }
   }
-  Status acquire(int m, model::Phase ph, std::span<const bf16*> v) override {
-    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < v.size(); k++) v[k] = values_[static_cast<size_t>(ids[k])].data();
-    return Status::ok();
-  }
-  Status release(int m, model::Phase ph) override {
-    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
-    return Status::ok();
-  }
-  Status grad_buffers(int m, std::span<float*> g) override {
-    log.push_back(fmt::format("grads {}", m));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < g.size(); k++) g[k] = grads[static_cast<size_t>(ids[k])].data();
-    return Status::ok();
-  }
-  Status grads_ready(int m) override {
-    log.push_back(fmt::format("ready {}", m));
-    return Status::ok();
-  }
   std::vector<std::vector<float>> grads;
-  std::vector<std::string> log;
 
  private:
-  std::vector<model::ModuleSpec> modules_;
+  const bf16* value(int p) override { return values_[static_cast<size_t>(p)].data(); }
+  float* grad_buffer(int p) override { return grads[static_cast<size_t>(p)].data(); }
   std::vector<std::vector<bf16>> values_;
 };
 
