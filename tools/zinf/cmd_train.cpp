@@ -508,8 +508,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // The ds_config block, like the flag, turns on block recompute in backward.
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
                         run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
-  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
+  // The window from the CPU model (its sliding window), before it is placed on the device.
   ZINF_ASSIGN_OR_RETURN(const int T, training_window(o, saved, run_model, *the_model, out));
+  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
   if (run_model.hf) {
     eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
