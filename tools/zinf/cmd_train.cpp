@@ -517,8 +517,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // The ds_config block, like the flag, turns on block recompute in backward.
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
                         run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
-  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
+  // The window from the CPU model (its sliding window), before it is placed on the device.
   ZINF_ASSIGN_OR_RETURN(const int T, training_window(o, saved, run_model, *the_model, out));
+  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
   if (o.host_device || o.host_device_delay_us > 0) {
     if (device.device == ComputeDevice::kCuda) {
@@ -581,7 +582,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   double first_loss = NAN, last_loss = NAN;
   std::int64_t saved_step = -1;
   // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
-  std::optional<DeviceTimes> gpu_prev = device_times(engine->model());
+  std::optional<DeviceTimes> gpu_prev = device_times(engine->model(), T);
   GpuSteady gpu_steady;
   while (engine->counters().steps < o.steps) {
     ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
@@ -617,7 +618,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     traffic.add(r);
     std::optional<DeviceTimes> gpu_step;
     if (gpu_prev) {
-      const DeviceTimes now = device_times(engine->model()).value_or(*gpu_prev);
+      const DeviceTimes now = device_times(engine->model(), T).value_or(*gpu_prev);
       gpu_step = now - *gpu_prev;
       gpu_prev = now;
       if (static_cast<int>(r.step) > start_step + 1) gpu_steady.add(*gpu_step, r);
