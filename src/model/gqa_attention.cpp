@@ -25,7 +25,7 @@ detail::HeadRows gqa_head(const float* q, const float* k, const float* v, const 
 namespace detail {
 
 void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
-                              const float* v, float* scratch, const GqaShape& s) {
+                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16) {
   const int blocks = (s.T + attention_block(s.hs) - 1) / attention_block(s.hs);
   // One task per (b, h, query block), costliest (last) query blocks first.
   const size_t tasks = static_cast<size_t>(s.B) * s.NH * blocks;
@@ -33,8 +33,10 @@ void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const fl
     const int bh = static_cast<int>(i / blocks);
     const int qb = blocks - 1 - static_cast<int>(i % blocks);
     const HeadRows hr = gqa_head(q, k, v, s, bh / s.NH, bh % s.NH);
-    attention_forward_block(hr, out + (hr.q - q), lse + static_cast<size_t>(bh) * s.T, s.T, s.hs, qb,
+    const size_t oo = static_cast<size_t>(hr.q - q);
+    attention_forward_block(hr, out + oo, lse + static_cast<size_t>(bh) * s.T, s.T, s.hs, qb,
                             scratch + lane * kAttnLaneFloats);
+    if (out_bf16 != nullptr) round_query_block(out_bf16 + oo, out + oo, s.T, s.hs, qb, hr.o_ld);
   });
 }
 
@@ -68,8 +70,8 @@ void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv
 size_t gqa_attention_scratch_floats() { return default_thread_pool().threads() * detail::kAttnLaneFloats; }
 
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
-                           const GqaShape& s) {
-  detail::gqa_attention_forward_on(default_thread_pool(), out, lse, q, k, v, scratch, s);
+                           const GqaShape& s, uint16_t* out_bf16) {
+  detail::gqa_attention_forward_on(default_thread_pool(), out, lse, q, k, v, scratch, s, out_bf16);
 }
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
