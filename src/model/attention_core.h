@@ -91,7 +91,7 @@ void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const fl
                               const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16 = nullptr);
 void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
                                const float* q, const float* k, const float* v, const float* out, const float* lse,
-                               float* scratch, const GqaShape& s);
+                               float* scratch, const GqaShape& s, uint16_t* dv_bf16 = nullptr);
 // Whether a problem of B*NH heads of T rows is worth the pool (small ones stay on the caller).
 inline bool attention_worth_threads(int B, int NH, int T, int hs) {
   return static_cast<size_t>(B) * NH * T * T * hs >= (size_t{1} << 20);

@@ -42,7 +42,7 @@ void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const fl
 
 void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
                                const float* q, const float* k, const float* v, const float* out, const float* lse,
-                               float* scratch, const GqaShape& s) {
+                               float* scratch, const GqaShape& s, uint16_t* dv_bf16) {
   const int group = s.NH / s.NKV;
   // One task per (b, kv head): it owns that kv head's dk and dv and adds its query heads' parts
   // in head order; each query head's dq is its own.
@@ -62,6 +62,9 @@ void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv
                 attention_backward_head(hr, out + qo, dout + qo, lse + (static_cast<size_t>(b) * s.NH + h) * s.T,
                                         dq + qo, dk_g, dv_g, s.T, s.hs, scratch + lane * kAttnLaneFloats);
               }
+              if (dv_bf16 != nullptr) {  // the kv head's dv, all its query heads added
+                round_block_to_bf16(dv_bf16 + (dv_g - dv), dv_g, s.T, s.hs, static_cast<size_t>(first.kv_ld));
+              }
             });
 }
 
@@ -75,8 +78,9 @@ void gqa_attention_forward(float* out, float* lse, const float* q, const float* 
 }
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s) {
-  detail::gqa_attention_backward_on(default_thread_pool(), dq, dk, dv, dout, q, k, v, out, lse, scratch, s);
+                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s,
+                            uint16_t* dv_bf16) {
+  detail::gqa_attention_backward_on(default_thread_pool(), dq, dk, dv, dout, q, k, v, out, lse, scratch, s, dv_bf16);
 }
 
 void gqa_attention_backward_reference(float* dq, float* dk, float* dv, const float* dout, const float* q,

@@ -67,6 +67,11 @@ struct LlamaActivations {
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
   uint16_t* dres_bf16;                 // (B,T,C) or nullptr: dres in bf16, from the norms' backward
+  // The q, k and v products' output gradients in bf16 ((B,T,Q), (B,T,KV), (B,T,KV)), or nullptr:
+  // from RoPE's backward (or the q/k norms' with qk_norm) and attention's backward.
+  uint16_t* dq_bf16;
+  uint16_t* dk_bf16;
+  uint16_t* dv_bf16;
   float* dx;                           // (B,T,max(C,Q)) scratch gradient: a norm output's first part, or d(atty)
   float* dx2;                          // (B,T,C) scratch gradient: its second part
   float* dbig;                         // (B,T,max(max(Q,C)+2KV, 2I)): dq|dk|dv (then v's part, C wide, over dq), or dact|dup
@@ -162,6 +167,9 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, bool bf16, float* base, 
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
   a->dres_bf16 = half(bt * C);
+  a->dq_bf16 = half(bt * Q);
+  a->dk_bf16 = half(bt * KV);
+  a->dv_bf16 = half(bt * KV);
   a->dx = cv.take(bt * std::max(C, Q));
   a->dx2 = cv.take(bt * C);
   a->dbig = cv.take(bt * std::max(std::max(Q, C) + 2 * KV, 2 * I));
@@ -445,9 +453,12 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), {a.dres, a.dres_bf16}, {la.atty, la.atty_bf16},
                      a.weights.get(attn[ix.o], v[ix.o], d.C, d.Q), N, d.Q, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
-                              k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
-    k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+                              k::GqaShape{B, T, d.NH, d.NKV, d.hd}, a.dv_bf16);
+    // The products read RoPE's output gradients, or with q/k norms those norms' input gradients:
+    // whichever runs last writes the bf16 copies.
+    const bool norms = config_.qk_norm;
+    k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd, norms ? nullptr : a.dq_bf16);
+    k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd, norms ? nullptr : a.dk_bf16);
     // The products' output gradients: dq and dk, or with q/k norms their inputs' gradients.
     float* dq_out = dq;
     float* dk_out = dk;
@@ -455,8 +466,8 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
       dq_out = a.dqk_raw;   // (B,T,Q)
       dk_out = dq_out + NQ;  // (B,T,KV)
       std::memset(dq_out, 0, sizeof(float) * (NQ + static_cast<size_t>(N) * d.KV));
-      k::rmsnorm_backward(dq_out, g[ix.qn], dq, la.qraw, v[ix.qn], la.rstdq, N * d.NH, d.hd);
-      k::rmsnorm_backward(dk_out, g[ix.kn], dk, la.kraw, v[ix.kn], la.rstdk, N * d.NKV, d.hd);
+      k::rmsnorm_backward(dq_out, g[ix.qn], dq, la.qraw, v[ix.qn], la.rstdq, N * d.NH, d.hd, a.dq_bf16);
+      k::rmsnorm_backward(dk_out, g[ix.kn], dk, la.kraw, v[ix.kn], la.rstdk, N * d.NKV, d.hd, a.dk_bf16);
     }
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
     // norm 1's backward sums them in its one pass.
@@ -464,9 +475,9 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     const MatmulInput wq = a.weights.get(attn[ix.q], v[ix.q], d.Q, d.C);
     const MatmulInput wk = a.weights.get(attn[ix.k], v[ix.k], d.KV, d.C);
     const MatmulInput wv = a.weights.get(attn[ix.v], v[ix.v], d.KV, d.C);
-    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), dq_out, xn1, wq, N, d.C, d.Q);
-    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), dk_out, xn1, wk, N, d.C, d.KV);
-    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), dv, xn1, wv, N, d.C, d.KV);
+    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), {dq_out, a.dq_bf16}, xn1, wq, N, d.C, d.Q);
+    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), {dk_out, a.dk_bf16}, xn1, wk, N, d.C, d.KV);
+    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), {dv, a.dv_bf16}, xn1, wv, N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
     // d(block input): the previous block's down_proj backward reads it (the embedding's reads fp32)

@@ -91,9 +91,10 @@ void rope_tables(float* cos, float* sin, int max_seq, std::span<const double> in
 
 namespace {
 
-// Rotates every head of every row by +angle (sign 1) or -angle (sign -1).
+// Rotates every head of every row by +angle (sign 1) or -angle (sign -1); x_bf16, when not
+// nullptr, gets each finished row rounded to bf16.
 void rope_rotate(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
-                 float sign) {
+                 float sign, uint16_t* x_bf16 = nullptr) {
   const int half = head_dim / 2;
   const size_t width = static_cast<size_t>(n_heads) * head_dim;
   parallel_for(static_cast<size_t>(B) * T, row_grain(3 * width), 3 * width, [&](size_t begin, size_t end) {
@@ -111,6 +112,7 @@ void rope_rotate(float* x, const float* cos, const float* sin, int B, int T, int
           hi[i] = b * c[i] + a * si;
         }
       }
+      if (x_bf16 != nullptr) round_block_to_bf16(x_bf16 + bt * width, x + bt * width, 1, static_cast<int>(width), 0);
     }
   });
 }
@@ -121,8 +123,9 @@ void rope_forward(float* x, const float* cos, const float* sin, int B, int T, in
   rope_rotate(x, cos, sin, B, T, n_heads, head_dim, 1.0f);
 }
 
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim) {
-  rope_rotate(dx, cos, sin, B, T, n_heads, head_dim, -1.0f);
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
+                   uint16_t* dx_bf16) {
+  rope_rotate(dx, cos, sin, B, T, n_heads, head_dim, -1.0f, dx_bf16);
 }
 
 void swiglu_forward(float* out, const float* gate, const float* up, size_t n, uint16_t* out_bf16) {

@@ -105,7 +105,7 @@ TEST(Bf16CopiesTest, AttentionWritesTheCopyOfItsOutputAndGradient) {
   }
 }
 
-TEST(Bf16CopiesTest, GroupedQueryAttentionWritesTheCopyOfItsOutput) {
+TEST(Bf16CopiesTest, GroupedQueryAttentionAndRopeWriteTheirCopies) {
   const kernels::GqaShape s{2, 90, 4, 2, 32};
   const size_t BT = static_cast<size_t>(s.B) * s.T, Q = static_cast<size_t>(s.NH) * s.hs,
                KV = static_cast<size_t>(s.NKV) * s.hs;
@@ -118,6 +118,24 @@ TEST(Bf16CopiesTest, GroupedQueryAttentionWritesTheCopyOfItsOutput) {
                                  out_bf16.data());
   EXPECT_TRUE(same_bits(out, out2));
   expect_copy_of("gqa out", out2.data(), out_bf16.data(), out2.size());
+
+  const std::vector<float> dout = normal_values(25, BT * Q);
+  std::vector<float> dq(BT * Q), dk(BT * KV), dv(BT * KV), dq2(dq.size()), dk2(dk.size()), dv2(dv.size());
+  std::vector<uint16_t> dv_bf16(dv.size(), 0);
+  kernels::gqa_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                  out.data(), lse.data(), scratch.data(), s);
+  kernels::gqa_attention_backward(dq2.data(), dk2.data(), dv2.data(), dout.data(), q.data(), k.data(), v.data(),
+                                  out.data(), lse.data(), scratch.data(), s, dv_bf16.data());
+  EXPECT_TRUE(same_bits(dq, dq2) && same_bits(dk, dk2) && same_bits(dv, dv2));
+  expect_copy_of("gqa dv", dv2.data(), dv_bf16.data(), dv2.size());
+
+  std::vector<float> cos(static_cast<size_t>(s.T) * s.hs / 2), sin(cos.size());
+  kernels::rope_tables(cos.data(), sin.data(), s.T, s.hs, 100.0);
+  std::vector<uint16_t> dq_bf16(dq.size(), 0);
+  kernels::rope_backward(dq.data(), cos.data(), sin.data(), s.B, s.T, s.NH, s.hs);
+  kernels::rope_backward(dq2.data(), cos.data(), sin.data(), s.B, s.T, s.NH, s.hs, dq_bf16.data());
+  EXPECT_TRUE(same_bits(dq, dq2));
+  expect_copy_of("rope dq", dq2.data(), dq_bf16.data(), dq2.size());
 }
 
 TEST(Bf16CopiesTest, SwigluWritesTheCopyOfItsOutput) {
@@ -254,9 +272,13 @@ TEST(Bf16CopiesTest, GptPassesReadRightCopiesAcrossStepsWithAndWithoutCheckpoint
 
 TEST(Bf16CopiesTest, LlamaPassesReadRightCopiesAcrossStepsWithAndWithoutCheckpointing) {
   for (bool ckpt : {false, true}) {
-    SCOPED_TRACE(ckpt ? "activation checkpointing, untied head" : "no checkpointing, tied head");
+    SCOPED_TRACE(ckpt ? "activation checkpointing, untied head, Qwen3 (q/k norms, biases)" : "no checkpointing, tied head");
     LlamaConfig c = testing::micro_llama_config(/*tied=*/!ckpt, ckpt);
     c.n_layer = 3;
+    if (ckpt) {  // Qwen3's shape: the q/k norms' backward writes dq's and dk's copies, not RoPE's
+      c.family = LlamaFamily::kQwen3;
+      c.qk_norm = c.qkv_bias = c.o_bias = true;
+    }
     LlamaModel used = testing::make_llama(c), fresh = testing::make_llama(c);
     if (!used.use_matmul(MatmulKind::kBf16).is_ok() || !fresh.use_matmul(MatmulKind::kBf16).is_ok()) {
       GTEST_SKIP() << "no bf16 products here";
