@@ -17,9 +17,12 @@ namespace zinf::model::detail {
 // and the copy serves every later product of that forward_backward() or forward_loss() call.
 //
 // Why the copy stays valid from a module's forward to its backward although the owner gathers
-// the module again in between (and may hand out another pointer): nothing changes a parameter's
-// values inside one forward_backward() (the optimizer steps between calls), so both gathers hold
-// the same values and round to the same bits. begin_pass() drops every copy before the next call.
+// the module again in between (and may hand out another pointer): a parameter's values do not
+// change between its module's first acquire in a pass and the end of that module's backward.
+// The optimizer steps between calls, or, overlapped with backward, steps only parameters whose
+// gradients are final, i.e. whose modules' backward is done and whose copies no later product of
+// the pass reads. So both gathers hold the same values and round to the same bits. begin_pass()
+// drops every copy before the next pass.
 //
 // Memory: one bf16 copy of every weight matrix a product reads, allocated at its first use and
 // kept (no allocation in later steps): a quarter of the fp32 matrices' bytes, counted by bytes()
