@@ -25,7 +25,7 @@ namespace zinf::model::detail {
 // drops every copy before the next pass.
 //
 // Memory: one bf16 copy of every weight matrix a product reads, allocated at its first use and
-// kept (no allocation in later steps): a quarter of the fp32 matrices' bytes, counted by bytes()
+// kept (no allocation in later steps): half the fp32 matrices' bytes, counted by bytes_for()
 // and in the models' activation_bytes(). Not thread-safe (the model's calling thread only).
 class Bf16Weights {
  public:
