@@ -66,6 +66,9 @@ PINNED_CASE = 3
 
 
 MATMUL_LINES = {}  # zinf case -> its "matmul: ..." start-up line
+# zinf cases run with another binary than --zinf: the baseline build (--baseline-zinf).
+BASELINE_CASE = "zinf bf16, baseline build"
+CASE_BIN = {}
 # Environment a case adds: the products `auto` declines, pinned (set by pin_other_products()).
 CASE_ENV = {"zinf bf16, bf16 products": {"ZINF_MATMUL": "bf16"}}
 
@@ -81,12 +84,12 @@ def pin_other_products(auto_kind):
 
 def run_case(case, a, work, configs, rnd):
     name, fw, _, _, key = case
-    tag = f"{fw}-{key}{'-pinned' if name in CASE_ENV else ''}-r{rnd}"
+    tag = f"{fw}-{key}{'-pinned' if name in CASE_ENV else ''}{'-baseline' if name in CASE_BIN else ''}-r{rnd}"
     err_path = os.path.join(work, tag + ".stderr")
     steps = a.warmup + a.steps
     if fw == "zinf":
         log = os.path.join(work, tag + ".jsonl")
-        cmd = [a.zinf, "train", "--model", "small", "--config", configs[key], "--steps", str(steps),
+        cmd = [CASE_BIN.get(name, a.zinf), "train", "--model", "small", "--config", configs[key], "--steps", str(steps),
                "--seed", "1234", "--json-log", log]
     else:
         cmd = [sys.executable, os.path.join(HERE, "peer.py"), fw, "--warmup", str(a.warmup),
@@ -236,6 +239,8 @@ def main():
     ap.add_argument("--steps", type=int, default=4, help="timed steps per run (x rounds in all)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--only", default="", help="comma-separated frameworks: zinf,torch-fp32,torch-bf16,deepspeed")
+    ap.add_argument("--baseline-zinf", default="", help="another zinf binary (e.g. the main branch's build) run as "
+                    "the case '" + BASELINE_CASE + "' beside 'zinf bf16', interleaved, with their ratio printed")
     ap.add_argument("--workdir", default="", help="keep configs, logs and swap here (default: a temporary folder, removed)")
     a = ap.parse_args()
     if not a.matmul_bench:
@@ -253,6 +258,10 @@ def main():
 
     products = [zinf_products(a)]
     pin_other_products(products[0].get("auto"))
+    if a.baseline_zinf:
+        CASE_BIN[BASELINE_CASE] = a.baseline_zinf
+        at = next(i for i, c in enumerate(CASES) if c[0] == "zinf bf16") + 1
+        CASES.insert(at, (BASELINE_CASE, "zinf", "bf16", "memory", "mem_bf16"))
     cases = [c for c in CASES if not a.only or c[1] in a.only.split(",")]
     unavailable = {}
     if any(c[1] == "deepspeed" for c in cases):
@@ -339,8 +348,10 @@ def report(a, cases, samples, roofs, unavailable, elapsed):
     ratio("zinf bf16 / PyTorch bf16 autocast (memory)", "zinf bf16", "PyTorch bf16 autocast", 1.0)
     ratio("zinf bf16 / DeepSpeed ZeRO-3 bf16 (memory)", "zinf bf16", "DeepSpeed ZeRO-3 bf16", 1.0)
     ratio("zinf NVMe / DeepSpeed NVMe (bf16)", "zinf bf16 NVMe", "DeepSpeed ZeRO-3 bf16 NVMe", 1.2)
+    if BASELINE_CASE in CASE_BIN:
+        ratio("zinf bf16 / the baseline build's", "zinf bf16", BASELINE_CASE, 1.0)
     best = max(filter(None, roof.values()), default=None)
-    for name, prec in (("zinf fp32", "fp32"), ("zinf bf16", "bf16")):
+    for name, prec in (("zinf fp32", "fp32"), ("zinf bf16", "bf16"), (BASELINE_CASE, "bf16")):
         compute = compute_precision(name, prec)
         for label, r in ((f"{compute} roof", roof[compute]), ("best roof", best)):
             if name in tps and r:

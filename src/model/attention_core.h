@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 
+#include "model/fused_kernels.h"
 #include "model/llama_kernels.h"
 #include "zinf/thread_pool.h"
 
@@ -43,6 +45,14 @@ struct HeadRows {
 // other thread uses during the call. The result depends only on the inputs.
 void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane);
 
+// The rows attention_forward_block(..., qb, ...) wrote to o, rounded to bf16 into o_bf16 (o's
+// layout, rows o_ld apart): the task that wrote them rounds them while they are in cache.
+inline void round_query_block(uint16_t* o_bf16, const float* o, int T, int hs, int qb, int o_ld) {
+  const int block = attention_block(hs), r0 = qb * block;
+  const size_t at = static_cast<size_t>(r0) * o_ld;
+  round_block_to_bf16(o_bf16 + at, o + at, std::min(block, T - r0), hs, static_cast<size_t>(o_ld));
+}
+
 // Backward of one head, FlashAttention-2 style, recomputing P = exp(S - lse) block by block.
 // dq (T rows of q_ld) is overwritten; dk and dv (T rows of kv_ld) are added to (the caller zeroes
 // them before the first query head of a kv head). Blocks run in a fixed order (query block
@@ -73,14 +83,15 @@ void run_lanes(ThreadPool& pool, size_t tasks, bool parallel, Fn&& task) {
 // The kernels of kernels.h and llama_kernels.h on a given pool (they use default_thread_pool()),
 // so tests can compare thread counts. scratch: pool.threads() * kAttnLaneFloats.
 void attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                          int C, int NH);
+                          int C, int NH, uint16_t* out_bf16 = nullptr);
 void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv, const float* out,
-                           const float* lse, float* scratch, int B, int T, int C, int NH);
+                           const float* lse, float* scratch, int B, int T, int C, int NH,
+                           uint16_t* dqkv_bf16 = nullptr);
 void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
-                              const float* v, float* scratch, const GqaShape& s);
+                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16 = nullptr);
 void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
                                const float* q, const float* k, const float* v, const float* out, const float* lse,
-                               float* scratch, const GqaShape& s);
+                               float* scratch, const GqaShape& s, uint16_t* dv_bf16 = nullptr);
 // Whether a problem of B*NH heads of T rows is worth the pool (small ones stay on the caller).
 inline bool attention_worth_threads(int B, int NH, int T, int hs) {
   return static_cast<size_t>(B) * NH * T * T * hs >= (size_t{1} << 20);

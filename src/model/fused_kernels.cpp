@@ -112,8 +112,8 @@ ZINF_ROW_CLONES void bias_gelu_rows(float* pre, float* out, uint16_t* out_bf16, 
   }
 }
 
-ZINF_ROW_CLONES void round_rows(uint16_t* dst, const float* src, int C, size_t begin, size_t end) {
-  for (size_t n = begin; n < end; n++) round_row(dst + n * C, src + n * C, C);
+ZINF_ROW_CLONES void round_rows(uint16_t* dst, const float* src, int cols, size_t ld, size_t begin, size_t end) {
+  for (size_t n = begin; n < end; n++) round_row(dst + n * ld, src + n * ld, cols);
 }
 
 // Columns [c0, c1) (at most kMaxSlice) of all N rows, each column in row order.
@@ -211,13 +211,16 @@ template <bool kThree>
   }
 }
 
-ZINF_ROW_CLONES void summed_rmsnorm_rows(float* dinp, float* dw_part, const float* d0, const float* d1,
-                                         const float* d2, const float* inp, const float* weight, const float* rstd,
-                                         int C, size_t begin, size_t end) {
+ZINF_ROW_CLONES void summed_rmsnorm_rows(float* dinp, uint16_t* dinp_bf16, float* dw_part, const float* d0,
+                                         const float* d1, const float* d2, const float* inp, const float* weight,
+                                         const float* rstd, int C, size_t begin, size_t end) {
   if (d2 != nullptr) {
     summed_rmsnorm_rows_of<true>(dinp, dw_part, d0, d1, d2, inp, weight, rstd, C, begin, end);
   } else {
     summed_rmsnorm_rows_of<false>(dinp, dw_part, d0, d1, d2, inp, weight, rstd, C, begin, end);
+  }
+  if (dinp_bf16 != nullptr) {  // the chunk's finished rows, still in cache
+    for (size_t n = begin; n < end; n++) round_row(dinp_bf16 + n * C, dinp + n * C, C);
   }
 }
 
@@ -258,7 +261,11 @@ void bias_gelu_forward(float* pre, float* out, const float* bias, int N, int OC,
 void round_to_bf16(uint16_t* dst, const float* src, int N, int C) {
   const size_t work = 2 * static_cast<size_t>(C);
   parallel_for(static_cast<size_t>(N), row_grain(work), work,
-               [&](size_t begin, size_t end) { round_rows(dst, src, C, begin, end); });
+               [&](size_t begin, size_t end) { round_rows(dst, src, C, static_cast<size_t>(C), begin, end); });
+}
+
+void round_block_to_bf16(uint16_t* dst, const float* src, int rows, int cols, size_t ld) {
+  round_rows(dst, src, cols, ld, 0, static_cast<size_t>(rows));
 }
 
 void gelu_backward_bias_grad(float* dpre, float* dbias, const float* pre, int N, int OC, uint16_t* dpre_bf16) {
@@ -299,7 +306,8 @@ void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* re
 }
 
 void summed_rmsnorm_backward(float* dinp, float* dweight, const float* dout0, const float* dout1, const float* dout2,
-                             const float* inp, const float* weight, const float* rstd, int N, int C) {
+                             const float* inp, const float* weight, const float* rstd, int N, int C,
+                             uint16_t* dinp_bf16) {
   // One pass over the rows: each chunk of kSummedRmsNormRows rows sums its dweight terms into its
   // own partial (C); then dweight += the partials in chunk order, columns over threads. The
   // partials live in a buffer of the calling thread that grows to the largest (N, C) seen.
@@ -310,7 +318,7 @@ void summed_rmsnorm_backward(float* dinp, float* dweight, const float* dout0, co
   const size_t row_work = 10 * static_cast<size_t>(C);
   parallel_for(static_cast<size_t>(N), rows, row_work, [&](size_t begin, size_t end) {
     for (size_t b = begin; b < end; b += rows) {
-      summed_rmsnorm_rows(dinp, part + b / rows * C, dout0, dout1, dout2, inp, weight, rstd, C, b,
+      summed_rmsnorm_rows(dinp, dinp_bf16, part + b / rows * C, dout0, dout1, dout2, inp, weight, rstd, C, b,
                           std::min(end, b + rows));
     }
   });

@@ -41,9 +41,13 @@ void residual_layernorm_forward(float* out, float* mean, float* rstd, float* x, 
 void residual_rmsnorm_forward(float* out, float* rstd, float* x, const float* residual, const float* weight,
                               float eps, int N, int C, uint16_t* out_bf16 = nullptr);
 
-// dst (N,C) = src rounded to bf16 (detail::to_bf16), for an activation whose producer writes no
-// bf16 copy itself (attention's output).
+// dst (N,C) = src rounded to bf16 (detail::to_bf16), rows over the pool: the bf16 backend's
+// rounding of an input that has no copy, and the models' per-step weight copies.
 void round_to_bf16(uint16_t* dst, const float* src, int N, int C);
+// The same on the calling thread for a block a producer has just written (rows of ld elements,
+// the first cols of each; dst has src's layout): attention's output rows of one head, a chunk of
+// SwiGLU's output, a norm's gradient row.
+void round_block_to_bf16(uint16_t* dst, const float* src, int rows, int cols, size_t ld);
 
 // RMSNorm's backward when d(out) arrives in parts, one from each product that reads the norm's
 // output (Llama: q, k and v after input_layernorm, gate and up after post_attention_layernorm),
@@ -57,8 +61,11 @@ void round_to_bf16(uint16_t* dst, const float* src, int N, int C);
 // passes. dinp and dweight overlap no input. The chunk sums live in a buffer of the calling
 // thread, grown to the largest N x C seen and then reused (no allocation in later passes).
 inline constexpr int kSummedRmsNormRows = 32;
+// dinp_bf16 (N,C), when not nullptr: the finished dinp rounded to bf16 (the gradient the next
+// bf16 product reads as its dout), as the forward kernels' copies.
 void summed_rmsnorm_backward(float* dinp, float* dweight, const float* dout0, const float* dout1, const float* dout2,
-                             const float* inp, const float* weight, const float* rstd, int N, int C);
+                             const float* inp, const float* weight, const float* rstd, int N, int C,
+                             uint16_t* dinp_bf16 = nullptr);
 
 // Training's cross-entropy and its gradient in one pass per row of logits (N,V):
 // losses[n] = log-sum-exp(row) - row[target] (the sum of exps in double, as the reference), and

@@ -5,7 +5,10 @@
 
 #include <climits>
 #include <cstring>
+#include <span>
+#include <vector>
 
+#include "model/bf16_weights.h"
 #include "model/carver.h"
 #include "model/fused_kernels.h"
 #include "model/kernels.h"
@@ -55,15 +58,34 @@ struct GptActivations {
   float* logits;                  // (B,T,V): logits, then (training) their gradient
   float* losses;                  // (B,T)
   float* dres;                    // (B,T,C) gradient of the residual stream
+  uint16_t* dres_bf16;            // (B,T,C) or nullptr: dres in bf16, from the norms' backward
   float* dsmall;                  // (B,T,C) scratch gradient
   float* dbig;                    // (B,T,4C) scratch gradient (also dqkv)
-  uint16_t* dbig_bf16;            // (B,T,4C) or nullptr: d(c_fc output) in bf16, from GELU's backward
+  uint16_t* dbig_bf16;            // (B,T,4C) or nullptr: d(c_fc output) in bf16 from GELU's backward,
+                                  // then dqkv's (B,T,3C) from attention's backward
   float* att_scratch;             // attention_scratch_floats()
+  // The weights' bf16 copies (bf16 products only): rounded at a weight's first product of a
+  // pass, read again by its backward product.
+  detail::Bf16Weights weights;
 };
 
 namespace {
 
 using detail::Carver;
+
+// The weight matrices the products read, as (module, position in its params): c_attn, attn's
+// c_proj, c_fc, mlp's c_proj, and the tied head's wte.
+std::vector<int> product_weights(const GptConfig& c, std::span<const ModuleSpec> modules) {
+  std::vector<int> w;
+  for (int l = 0; l < c.n_layer; l++) {
+    for (int m : {module_attn(l), module_mlp(l)}) {
+      w.push_back(modules[m].params[0]);
+      w.push_back(modules[m].params[2]);
+    }
+  }
+  w.push_back(modules[module_lm_head(c.n_layer)].params[0]);
+  return w;
+}
 
 // Points every buffer of `a` into `base` for B*T = bt and returns the floats used; the bf16
 // copies only when bf16.
@@ -91,6 +113,7 @@ size_t carve(const GptConfig& c, size_t bt, bool bf16, float* base, GptActivatio
   a->logits = cv.take(bt * c.vocab_size);
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
+  a->dres_bf16 = half(bt * C);
   a->dsmall = cv.take(bt * C);
   a->dbig = cv.take(bt * 4 * C);
   a->dbig_bf16 = half(bt * 4 * C);
@@ -140,7 +163,9 @@ Status GptModel::set_compute_precision(ComputePrecision precision) {
 
 uint64_t GptModel::activation_bytes(int B, int T) const {
   GptActivations counting;
-  return carve(config_, static_cast<size_t>(B) * T, matmul_.reads_bf16_inputs(), nullptr, &counting) * sizeof(float);
+  const bool bf16 = matmul_.reads_bf16_inputs();
+  const size_t weights = bf16 ? detail::Bf16Weights::bytes_for(params_, product_weights(config_, modules_)) : 0;
+  return carve(config_, static_cast<size_t>(B) * T, bf16, nullptr, &counting) * sizeof(float) + weights;
 }
 
 Status GptModel::reserve(int B, int T) {
@@ -161,6 +186,7 @@ Status GptModel::reserve(int B, int T) {
         "model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
   carve(config_, a->cap_bt, bf16, a->storage.data(), a.get());
+  a->weights.configure(params_, bf16);
   acts_ = std::move(a);
   return Status::ok();
 }
@@ -194,6 +220,7 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
   const int C = config_.n_embd;
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
+  a.weights.begin_pass();  // the values may have changed since the last pass
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_wte_wpe(), phase, [&](auto v) {
     k::encoder_forward(a.resid[0], inputs, v[0], v[1], B, T, C);
   }));
@@ -209,8 +236,11 @@ Result<float> GptModel::forward_pass(const int32_t* inputs, const int32_t* targe
     k::residual_layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[L], a.layers[slot(L - 1)].res2, v[0],
                                   v[1], N, C, a.lnf_bf16);
   }));
+  auto head_weight = [&](const float* wte) {
+    return a.weights.get(modules_[module_lm_head(L)].params[0], wte, V, C);
+  };
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_lm_head(L), phase, [&](auto v) {
-    matmul_.forward(a.logits, {a.lnf, a.lnf_bf16}, v[0], nullptr, N, C, V);  // (B,T,V)
+    matmul_.forward(a.logits, {a.lnf, a.lnf_bf16}, head_weight(v[0]), nullptr, N, C, V);  // (B,T,V)
   }));
   if (phase == Phase::kForward) {
     k::softmax_xent_fused(a.logits, a.losses, targets, dloss, N, V);  // logits become dlogits
@@ -233,23 +263,26 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
   const int C = config_.n_embd;
   float* x = a.resid[layer];      // (B,T,C)
   float* y = a.resid[layer + 1];  // (B,T,C)
+  const std::vector<int>& attn = modules_[module_attn(layer)].params;
+  const std::vector<int>& mlp = modules_[module_mlp(layer)].params;
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_1(layer), phase, [&](auto v) {
     k::residual_layernorm_forward(la.ln1, la.ln1_mean, la.ln1_rstd, x, pending, v[0], v[1], N, C, la.ln1_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
-    matmul_.forward(la.qkv, {la.ln1, la.ln1_bf16}, v[0], v[1], N, C, 3 * C);
-    k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head);
-    if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, C);  // once for forward and backward
-    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[2], v[3], N, C, C);  // the residual x: ln_2 adds it
+    matmul_.forward(la.qkv, {la.ln1, la.ln1_bf16}, a.weights.get(attn[0], v[0], 3 * C, C), v[1], N, C, 3 * C);
+    // with its bf16 copy, read by c_proj's forward and backward
+    k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head, la.atty_bf16);
+    // the residual x: ln_2 adds it
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, a.weights.get(attn[2], v[2], C, C), v[3], N, C, C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_ln_2(layer), phase, [&](auto v) {
     k::residual_layernorm_forward(la.ln2, la.ln2_mean, la.ln2_rstd, la.res2, x, v[0], v[1], N, C, la.ln2_bf16);
   }));
   return run_module_forward(access, modules_, module_mlp(layer), phase, [&](auto v) {
-    matmul_.forward(la.fch, {la.ln2, la.ln2_bf16}, v[0], nullptr, N, C, 4 * C);
+    matmul_.forward(la.fch, {la.ln2, la.ln2_bf16}, a.weights.get(mlp[0], v[0], 4 * C, C), nullptr, N, C, 4 * C);
     k::bias_gelu_forward(la.fch, la.fch_gelu, v[1], N, 4 * C, la.fch_gelu_bf16);
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, {la.fch_gelu, la.fch_gelu_bf16}, v[2], v[3], N, 4 * C, C);
+      matmul_.forward(y, {la.fch_gelu, la.fch_gelu_bf16}, a.weights.get(mlp[2], v[2], C, 4 * C), v[3], N, 4 * C, C);
     }
   });
 }
@@ -262,12 +295,13 @@ Status GptModel::backward_pass(const int32_t* inputs, int B, int T, ParamAccess&
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_lm_head(L), [&](auto v, auto g) {
-    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, {a.lnf, a.lnf_bf16}, v[0], N, C, V);
+    const MatmulInput wte = a.weights.get(modules_[module_lm_head(L)].params[0], v[0], V, C);
+    matmul_.backward(a.dsmall, g[0], nullptr, a.logits, {a.lnf, a.lnf_bf16}, wte, N, C, V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_f(L), [&](auto v, auto g) {
-    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[L], v[0], a.lnf_mean, a.lnf_rstd, N,
-                          C);
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[L], v[0], a.lnf_mean, a.lnf_rstd, N, C,
+                          a.dres_bf16);
   }));
   const bool ckpt = config_.activation_checkpointing;
   for (int l = L - 1; l >= 0; l--) {
@@ -288,27 +322,35 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
   const LayerActs& la = a.layers[slot];
   const int N = B * T;
   const int C = config_.n_embd;
+  const std::vector<int>& attn = modules_[module_attn(layer)].params;
+  const std::vector<int>& mlp = modules_[module_mlp(layer)].params;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_mlp(layer), [&](auto v, auto g) {
     float* dfch = a.dbig;  // (B,T,4C)
-    matmul_.backward(dfch, g[2], g[3], a.dres, {la.fch_gelu, la.fch_gelu_bf16}, v[2], N, 4 * C, C);
+    matmul_.backward(dfch, g[2], g[3], {a.dres, a.dres_bf16}, {la.fch_gelu, la.fch_gelu_bf16}, a.weights.get(mlp[2], v[2], C, 4 * C),
+                     N, 4 * C, C);
     // c_fc's bias gradient, and d(pre)'s bf16 copy where the products are bf16, in the same pass
     k::gelu_backward_bias_grad(dfch, g[1], la.fch, N, 4 * C, a.dbig_bf16);
-    matmul_.backward(a.dsmall, g[0], nullptr, {dfch, a.dbig_bf16}, {la.ln2, la.ln2_bf16}, v[0], N, C, 4 * C);
+    matmul_.backward(a.dsmall, g[0], nullptr, {dfch, a.dbig_bf16}, {la.ln2, la.ln2_bf16},
+                     a.weights.get(mlp[0], v[0], 4 * C, C), N, C, 4 * C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_ln_2(layer), [&](auto v, auto g) {
-    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N,
-                          C);
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, la.res2, v[0], la.ln2_mean, la.ln2_rstd, N, C,
+                          a.dres_bf16);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, module_attn(layer), [&](auto v, auto g) {
     float* datty = a.dsmall;  // (B,T,C)
     float* dqkv = a.dbig;     // (B,T,3C)
-    matmul_.backward(datty, g[2], g[3], a.dres, {la.atty, la.atty_bf16}, v[2], N, C, C);
-    k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head);
-    matmul_.backward(a.dsmall, g[0], g[1], dqkv, {la.ln1, la.ln1_bf16}, v[0], N, C, 3 * C);
+    matmul_.backward(datty, g[2], g[3], {a.dres, a.dres_bf16}, {la.atty, la.atty_bf16}, a.weights.get(attn[2], v[2], C, C), N, C,
+                     C);
+    k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head,
+                          a.dbig_bf16);
+    matmul_.backward(a.dsmall, g[0], g[1], {dqkv, a.dbig_bf16}, {la.ln1, la.ln1_bf16}, a.weights.get(attn[0], v[0], 3 * C, C), N,
+                     C, 3 * C);
   }));
   return run_module_backward(access, modules_, module_ln_1(layer), [&](auto v, auto g) {
-    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean,
-                          la.ln1_rstd, N, C);
+    // d(block input): the previous block's MLP backward reads it (the embedding's reads fp32 only)
+    k::layernorm_backward(a.dres, g[0], g[1], a.dsmall, a.resid[layer], v[0], la.ln1_mean, la.ln1_rstd, N, C,
+                          layer > 0 ? a.dres_bf16 : nullptr);
   });
 }
 

@@ -68,7 +68,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C) {
+                        int N, int C, uint16_t* dinp_bf16) {
   // dinp row by row in parallel; dweight and dbias below.
   parallel_for(N, row_grain(8 * C), 8 * C, [&](size_t begin, size_t end) {
     for (size_t n = begin; n < end; n++) {
@@ -93,6 +93,7 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
         float dnorm = weight[i] * dout_n[i];
         dinp_n[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
       }
+      if (dinp_bf16 != nullptr) round_block_to_bf16(dinp_bf16 + n * C, dinp_n, 1, C, C);
     }
   });
   // Columns split over threads, each column summed in row order: the serial loop's bits.

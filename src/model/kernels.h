@@ -20,10 +20,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t
 // out (N,C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int N, int C);
-// dinp (N,C) +=, dweight (C) +=, dbias (C) +=
+// dinp (N,C) +=, dweight (C) +=, dbias (C) +=. dinp_bf16 (N,C), when not nullptr: each finished
+// row of dinp rounded to bf16 (detail::to_bf16), for the bf16 product that reads it next (its dout).
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int N, int C);
+                        int N, int C, uint16_t* dinp_bf16 = nullptr);
 
 // out (N,OC) = inp (N,C) @ weight^T, weight (OC,C), + bias (OC) when bias != nullptr
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
@@ -57,11 +58,15 @@ void softmax_xent_backward(float* probs_to_dlogits, const int32_t* targets, floa
 // block from Q and K. scratch: attention_scratch_floats(), a few blocks per thread of
 // default_thread_pool(), independent of B and T. The bits do not depend on the thread count.
 size_t attention_scratch_floats();
+// out_bf16 (B,T,C), when not nullptr: out rounded to bf16 (detail::to_bf16), written by each task
+// right after its rows of out, for the bf16 product that reads out.
 void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH);
-// dqkv (B,T,3C) overwritten, from dout (B,T,C) and forward's out and lse.
+                       int C, int NH, uint16_t* out_bf16 = nullptr);
+// dqkv (B,T,3C) overwritten, from dout (B,T,C) and forward's out and lse. dqkv_bf16 (B,T,3C),
+// when not nullptr: dqkv rounded to bf16 the same way, each head's columns by its task.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* scratch, int B, int T, int C, int NH);
+                        const float* lse, float* scratch, int B, int T, int C, int NH,
+                        uint16_t* dqkv_bf16 = nullptr);
 // Direct loops, llm.c's attention_forward with (B,NH,T,T) probabilities (the tests' reference).
 void attention_forward_reference(float* out, const float* qkv, int B, int T, int C, int NH);
 // Direct loops for the backward: dqkv (B,T,3C) overwritten (the tests' reference).

@@ -6,8 +6,11 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
+#include <span>
 #include <type_traits>
+#include <vector>
 
+#include "model/bf16_weights.h"
 #include "model/carver.h"
 #include "model/fused_kernels.h"
 #include "model/kernels.h"
@@ -40,8 +43,8 @@ struct LlamaLayerActs {
   float* gate;   // (B,T,I)
   float* up;     // (B,T,I)
   float* act;    // (B,T,I) silu(gate) * up
-  // bf16 copies of the activations products read, forward and backward (the norms write theirs,
-  // atty and act are rounded once after their kernels); nullptr unless the products are bf16.
+  // bf16 copies of the activations products read, forward and backward, written by their
+  // producers (the norms, attention's tasks, SwiGLU); nullptr unless the products are bf16.
   uint16_t* xn1_bf16;   // (B,T,C)
   uint16_t* atty_bf16;  // (B,T,C)
   uint16_t* xn2_bf16;   // (B,T,C)
@@ -63,6 +66,12 @@ struct LlamaActivations {
   float* logits;                       // (B,T,V): logits, then (training) their gradient
   float* losses;                       // (B,T)
   float* dres;                         // (B,T,C) gradient of the residual stream
+  uint16_t* dres_bf16;                 // (B,T,C) or nullptr: dres in bf16, from the norms' backward
+  // The q, k and v products' output gradients in bf16 ((B,T,Q), (B,T,KV), (B,T,KV)), or nullptr:
+  // from RoPE's backward (or the q/k norms' with qk_norm) and attention's backward.
+  uint16_t* dq_bf16;
+  uint16_t* dk_bf16;
+  uint16_t* dv_bf16;
   float* dx;                           // (B,T,max(C,Q)) scratch gradient: a norm output's first part, or d(atty)
   float* dx2;                          // (B,T,C) scratch gradient: its second part
   float* dbig;                         // (B,T,max(max(Q,C)+2KV, 2I)): dq|dk|dv (then v's part, C wide, over dq), or dact|dup
@@ -70,6 +79,9 @@ struct LlamaActivations {
   float* att_scratch;                  // gqa_attention_scratch_floats()
   float* rope_cos;                     // (T, head_dim/2)
   float* rope_sin;                     // (T, head_dim/2)
+  // The weights' bf16 copies (bf16 products only): rounded at a weight's first product of a
+  // pass, read again by its backward product.
+  detail::Bf16Weights weights;
 };
 
 namespace {
@@ -141,6 +153,10 @@ size_t carve(const LlamaConfig& c, size_t bt, size_t t, bool bf16, float* base, 
   a->logits = cv.take(bt * d.V);
   a->losses = cv.take(bt);
   a->dres = cv.take(bt * C);
+  a->dres_bf16 = half(bt * C);
+  a->dq_bf16 = half(bt * Q);
+  a->dk_bf16 = half(bt * KV);
+  a->dv_bf16 = half(bt * KV);
   a->dx = cv.take(bt * std::max(C, Q));
   a->dx2 = cv.take(bt * C);
   a->dbig = cv.take(bt * std::max(std::max(Q, C) + 2 * KV, 2 * I));
@@ -196,7 +212,18 @@ std::string LlamaModel::describe() const {
 
 uint64_t LlamaModel::activation_bytes(int B, int T) const {
   LlamaActivations counting;
-  return carve(config_, static_cast<size_t>(B) * T, T, matmul_.reads_bf16_inputs(), nullptr, &counting) * sizeof(float);
+  const bool bf16 = matmul_.reads_bf16_inputs();
+  // The weight matrices the products read, whose bf16 copies a bf16 run keeps (bf16_weights.h):
+  // q, k, v, o, gate, up, down of every layer and the head (the tied embedding or lm_head).
+  std::vector<int> matrices;
+  const AttnIndex ix(config_);
+  for (int l = 0; l < config_.n_layer; l++) {
+    for (int k : {ix.q, ix.k, ix.v, ix.o}) matrices.push_back(modules_[block_module(l, 1)].params[k]);
+    for (int k : {0, 1, 2}) matrices.push_back(modules_[block_module(l, 3)].params[k]);
+  }
+  matrices.push_back(modules_[head_module()].params[0]);
+  const size_t weights = bf16 ? detail::Bf16Weights::bytes_for(params_, matrices) : 0;
+  return carve(config_, static_cast<size_t>(B) * T, T, bf16, nullptr, &counting) * sizeof(float) + weights;
 }
 
 Status LlamaModel::reserve(int B, int T) {
@@ -228,6 +255,7 @@ Status LlamaModel::reserve(int B, int T) {
         fmt::format("model activations for B={} T={}: cannot allocate {} bytes", B, T, floats * sizeof(float)));
   }
   carve(config_, a->cap_bt, a->cap_t, bf16, a->storage.data(), a.get());
+  a->weights.configure(params_, bf16);
   const RopeFrequencies rope = rope_frequencies(config_, static_cast<int>(a->cap_t));
   k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), rope.inv_freq, rope.attention_factor);
   acts_ = std::move(a);
@@ -275,6 +303,7 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
   LlamaActivations& a = *acts_;
   const Dims d(config_);
   const int N = B * T;
+  a.weights.begin_pass();  // the values may have changed since the last pass
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, embed_module(), phase, [&](auto v) {
     k::embedding_forward(a.resid[0], inputs, v[0], N, d.C);
   }));
@@ -292,7 +321,8 @@ Status LlamaModel::forward_to_logits(const int32_t* inputs, int B, int T, ParamA
                                 a.xnf_bf16);
   }));
   return run_module_forward(access, modules_, head_module(), phase, [&](auto v) {
-    matmul_.forward(a.logits, {a.xnf, a.xnf_bf16}, v[0], nullptr, N, d.C, d.V);  // (B,T,V)
+    const MatmulInput head = a.weights.get(modules_[head_module()].params[0], v[0], d.V, d.C);
+    matmul_.forward(a.logits, {a.xnf, a.xnf_bf16}, head, nullptr, N, d.C, d.V);  // (B,T,V)
   });
 }
 
@@ -308,6 +338,8 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
   const float eps = static_cast<float>(config_.rms_norm_eps);
   float* x = a.resid[layer];      // (B,T,C)
   float* y = a.resid[layer + 1];  // (B,T,C)
+  const std::vector<int>& attn = modules_[block_module(layer, 1)].params;
+  const std::vector<int>& mlp = modules_[block_module(layer, 3)].params;
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 0), phase, [&](auto v) {
     k::residual_rmsnorm_forward(la.xn1, la.rstd1, x, pending, v[0], eps, N, d.C, la.xn1_bf16);
   }));
@@ -315,30 +347,35 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 1), phase, [&](auto v) {
     const bool norms = config_.qk_norm;
     const MatmulInput xn1{la.xn1, la.xn1_bf16};
-    matmul_.forward(norms ? la.qraw : la.q, xn1, v[ix.q], param_or_null(v, ix.qb), N, d.C, d.Q);
-    matmul_.forward(norms ? la.kraw : la.k, xn1, v[ix.k], param_or_null(v, ix.kb), N, d.C, d.KV);
-    matmul_.forward(la.v, xn1, v[ix.v], param_or_null(v, ix.vb), N, d.C, d.KV);
+    const MatmulInput wq = a.weights.get(attn[ix.q], v[ix.q], d.Q, d.C);
+    const MatmulInput wk = a.weights.get(attn[ix.k], v[ix.k], d.KV, d.C);
+    const MatmulInput wv = a.weights.get(attn[ix.v], v[ix.v], d.KV, d.C);
+    matmul_.forward(norms ? la.qraw : la.q, xn1, wq, param_or_null(v, ix.qb), N, d.C, d.Q);
+    matmul_.forward(norms ? la.kraw : la.k, xn1, wk, param_or_null(v, ix.kb), N, d.C, d.KV);
+    matmul_.forward(la.v, xn1, wv, param_or_null(v, ix.vb), N, d.C, d.KV);
     if (norms) {  // Qwen3: RMSNorm over each head (rows of head_dim), before RoPE
       k::rmsnorm_forward(la.q, la.rstdq, la.qraw, v[ix.qn], eps, N * d.NH, d.hd);
       k::rmsnorm_forward(la.k, la.rstdk, la.kraw, v[ix.kn], eps, N * d.NKV, d.hd);
     }
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
-    k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    if (la.atty_bf16 != nullptr) k::round_to_bf16(la.atty_bf16, la.atty, N, d.Q);  // once for forward and backward
+    // with its bf16 copy, read by o_proj's forward and backward
+    k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd},
+                             la.atty_bf16);
     // the residual x: norm 2 adds it
-    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, v[ix.o], param_or_null(v, ix.ob), N, d.Q, d.C);
+    matmul_.forward(la.res2, {la.atty, la.atty_bf16}, a.weights.get(attn[ix.o], v[ix.o], d.C, d.Q),
+                    param_or_null(v, ix.ob), N, d.Q, d.C);
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, block_module(layer, 2), phase, [&](auto v) {
     k::residual_rmsnorm_forward(la.xn2, la.rstd2, la.res2, x, v[0], eps, N, d.C, la.xn2_bf16);
   }));
   return run_module_forward(access, modules_, block_module(layer, 3), phase, [&](auto v) {
-    matmul_.forward(la.gate, {la.xn2, la.xn2_bf16}, v[0], nullptr, N, d.C, d.I);
-    matmul_.forward(la.up, {la.xn2, la.xn2_bf16}, v[1], nullptr, N, d.C, d.I);
-    k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I);
-    if (la.act_bf16 != nullptr) k::round_to_bf16(la.act_bf16, la.act, N, d.I);  // once for forward and backward
+    matmul_.forward(la.gate, {la.xn2, la.xn2_bf16}, a.weights.get(mlp[0], v[0], d.I, d.C), nullptr, N, d.C, d.I);
+    matmul_.forward(la.up, {la.xn2, la.xn2_bf16}, a.weights.get(mlp[1], v[1], d.I, d.C), nullptr, N, d.C, d.I);
+    // with its bf16 copy, read by down_proj's forward and backward
+    k::swiglu_forward(la.act, la.gate, la.up, static_cast<size_t>(N) * d.I, la.act_bf16);
     if (phase != Phase::kRecompute) {  // the residual res2: the next norm adds it
-      matmul_.forward(y, {la.act, la.act_bf16}, v[2], nullptr, N, d.I, d.C);
+      matmul_.forward(y, {la.act, la.act_bf16}, a.weights.get(mlp[2], v[2], d.C, d.I), nullptr, N, d.I, d.C);
     }
   });
 }
@@ -349,11 +386,12 @@ Status LlamaModel::backward_pass(const int32_t* inputs, int B, int T, ParamAcces
   const Dims d(config_);
   const int N = B * T;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, head_module(), [&](auto v, auto g) {
-    matmul_.backward(a.dx, g[0], nullptr, a.logits, {a.xnf, a.xnf_bf16}, v[0], N, d.C, d.V);
+    const MatmulInput head = a.weights.get(modules_[head_module()].params[0], v[0], d.V, d.C);
+    matmul_.backward(a.dx, g[0], nullptr, a.logits, {a.xnf, a.xnf_bf16}, head, N, d.C, d.V);
   }));
   std::memset(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * d.C);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, norm_module(), [&](auto v, auto g) {
-    k::rmsnorm_backward(a.dres, g[0], a.dx, a.resid[d.L], v[0], a.rstdf, N, d.C);
+    k::rmsnorm_backward(a.dres, g[0], a.dx, a.resid[d.L], v[0], a.rstdf, N, d.C, a.dres_bf16);
   }));
   const bool ckpt = config_.activation_checkpointing;
   for (int l = d.L - 1; l >= 0; l--) {
@@ -375,17 +413,22 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
   const Dims d(config_);
   const int N = B * T;
   const size_t NI = static_cast<size_t>(N) * d.I;
+  const std::vector<int>& attn = modules_[block_module(layer, 1)].params;
+  const std::vector<int>& mlp = modules_[block_module(layer, 3)].params;
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 3), [&](auto v, auto g) {
     float* dact = a.dbig;     // (B,T,I), then dgate
     float* dup = a.dbig + NI;  // (B,T,I)
-    matmul_.backward(dact, g[2], nullptr, a.dres, {la.act, la.act_bf16}, v[2], N, d.I, d.C);
+    matmul_.backward(dact, g[2], nullptr, {a.dres, a.dres_bf16}, {la.act, la.act_bf16}, a.weights.get(mlp[2], v[2], d.C, d.I), N,
+                     d.I, d.C);
     k::swiglu_backward(dact, dup, dact, la.gate, la.up, NI);
     // d(xn2) in two parts, gate's and up's; norm 2's backward sums them in its one pass.
-    matmul_.backward(a.dx, g[0], nullptr, dact, {la.xn2, la.xn2_bf16}, v[0], N, d.C, d.I);
-    matmul_.backward(a.dx2, g[1], nullptr, dup, {la.xn2, la.xn2_bf16}, v[1], N, d.C, d.I);
+    matmul_.backward(a.dx, g[0], nullptr, dact, {la.xn2, la.xn2_bf16}, a.weights.get(mlp[0], v[0], d.I, d.C), N, d.C,
+                     d.I);
+    matmul_.backward(a.dx2, g[1], nullptr, dup, {la.xn2, la.xn2_bf16}, a.weights.get(mlp[1], v[1], d.I, d.C), N, d.C,
+                     d.I);
   }));
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 2), [&](auto v, auto g) {
-    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C);
+    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, nullptr, la.res2, v[0], la.rstd2, N, d.C, a.dres_bf16);
   }));
   const AttnIndex ix(config_);
   ZINF_RETURN_IF_ERROR(run_module_backward(access, modules_, block_module(layer, 1), [&](auto v, auto g) {
@@ -394,11 +437,15 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     float* dq = a.dbig;                                   // (B,T,Q), in a slot of (B,T,max(Q,C))
     float* dk = dq + static_cast<size_t>(N) * std::max(d.Q, d.C);  // (B,T,KV)
     float* dv = dk + static_cast<size_t>(N) * d.KV;       // (B,T,KV)
-    matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), a.dres, {la.atty, la.atty_bf16}, v[ix.o], N, d.Q, d.C);
+    matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), {a.dres, a.dres_bf16}, {la.atty, la.atty_bf16},
+                     a.weights.get(attn[ix.o], v[ix.o], d.C, d.Q), N, d.Q, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
-                              k::GqaShape{B, T, d.NH, d.NKV, d.hd});
-    k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
-    k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
+                              k::GqaShape{B, T, d.NH, d.NKV, d.hd}, a.dv_bf16);
+    // The products read RoPE's output gradients, or with q/k norms those norms' input gradients:
+    // whichever runs last writes the bf16 copies.
+    const bool norms = config_.qk_norm;
+    k::rope_backward(dq, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd, norms ? nullptr : a.dq_bf16);
+    k::rope_backward(dk, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd, norms ? nullptr : a.dk_bf16);
     // The products' output gradients: dq and dk, or with q/k norms their inputs' gradients.
     float* dq_out = dq;
     float* dk_out = dk;
@@ -406,18 +453,23 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
       dq_out = a.dqk_raw;   // (B,T,Q)
       dk_out = dq_out + NQ;  // (B,T,KV)
       std::memset(dq_out, 0, sizeof(float) * (NQ + static_cast<size_t>(N) * d.KV));
-      k::rmsnorm_backward(dq_out, g[ix.qn], dq, la.qraw, v[ix.qn], la.rstdq, N * d.NH, d.hd);
-      k::rmsnorm_backward(dk_out, g[ix.kn], dk, la.kraw, v[ix.kn], la.rstdk, N * d.NKV, d.hd);
+      k::rmsnorm_backward(dq_out, g[ix.qn], dq, la.qraw, v[ix.qn], la.rstdq, N * d.NH, d.hd, a.dq_bf16);
+      k::rmsnorm_backward(dk_out, g[ix.kn], dk, la.kraw, v[ix.kn], la.rstdk, N * d.NKV, d.hd, a.dk_bf16);
     }
     // d(xn1) in three parts, q's, k's and v's (v's where dq was: q's product has read it);
     // norm 1's backward sums them in its one pass.
     const MatmulInput xn1{la.xn1, la.xn1_bf16};
-    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), dq_out, xn1, v[ix.q], N, d.C, d.Q);
-    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), dk_out, xn1, v[ix.k], N, d.C, d.KV);
-    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), dv, xn1, v[ix.v], N, d.C, d.KV);
+    const MatmulInput wq = a.weights.get(attn[ix.q], v[ix.q], d.Q, d.C);
+    const MatmulInput wk = a.weights.get(attn[ix.k], v[ix.k], d.KV, d.C);
+    const MatmulInput wv = a.weights.get(attn[ix.v], v[ix.v], d.KV, d.C);
+    matmul_.backward(a.dx, g[ix.q], param_or_null(g, ix.qb), {dq_out, a.dq_bf16}, xn1, wq, N, d.C, d.Q);
+    matmul_.backward(a.dx2, g[ix.k], param_or_null(g, ix.kb), {dk_out, a.dk_bf16}, xn1, wk, N, d.C, d.KV);
+    matmul_.backward(dq, g[ix.v], param_or_null(g, ix.vb), {dv, a.dv_bf16}, xn1, wv, N, d.C, d.KV);
   }));
   return run_module_backward(access, modules_, block_module(layer, 0), [&](auto v, auto g) {
-    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C);
+    // d(block input): the previous block's down_proj backward reads it (the embedding's reads fp32)
+    k::summed_rmsnorm_backward(a.dres, g[0], a.dx, a.dx2, a.dbig, a.resid[layer], v[0], la.rstd1, N, d.C,
+                               layer > 0 ? a.dres_bf16 : nullptr);
   });
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/fused_kernels.h"
 #include "model/parallel.h"
 
 namespace zinf::model::kernels {
@@ -44,7 +45,7 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 }
 
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int N, int C) {
+                      const float* rstd, int N, int C, uint16_t* dinp_bf16) {
   // y = w * x * s with s = (mean(x^2) + eps)^(-1/2), so with norm = x * s and dnorm = w * dout:
   // dx = s * (dnorm - norm * mean(dnorm * norm)). Rows in parallel.
   parallel_for(N, row_grain(6 * C), 6 * C, [&](size_t begin, size_t end) {
@@ -57,6 +58,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
       for (int i = 0; i < C; i++) dot += (weight[i] * dy[i]) * (x[i] * s);
       dot /= static_cast<float>(C);
       for (int i = 0; i < C; i++) dx[i] += (weight[i] * dy[i] - (x[i] * s) * dot) * s;
+      if (dinp_bf16 != nullptr) round_block_to_bf16(dinp_bf16 + n * C, dx, 1, C, C);
     }
   });
   // dweight: columns split over threads, each summed in row order (the serial loop's bits).
@@ -89,9 +91,10 @@ void rope_tables(float* cos, float* sin, int max_seq, std::span<const double> in
 
 namespace {
 
-// Rotates every head of every row by +angle (sign 1) or -angle (sign -1).
+// Rotates every head of every row by +angle (sign 1) or -angle (sign -1); x_bf16, when not
+// nullptr, gets each finished row rounded to bf16.
 void rope_rotate(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
-                 float sign) {
+                 float sign, uint16_t* x_bf16 = nullptr) {
   const int half = head_dim / 2;
   const size_t width = static_cast<size_t>(n_heads) * head_dim;
   parallel_for(static_cast<size_t>(B) * T, row_grain(3 * width), 3 * width, [&](size_t begin, size_t end) {
@@ -109,6 +112,7 @@ void rope_rotate(float* x, const float* cos, const float* sin, int B, int T, int
           hi[i] = b * c[i] + a * si;
         }
       }
+      if (x_bf16 != nullptr) round_block_to_bf16(x_bf16 + bt * width, x + bt * width, 1, static_cast<int>(width), 0);
     }
   });
 }
@@ -119,16 +123,20 @@ void rope_forward(float* x, const float* cos, const float* sin, int B, int T, in
   rope_rotate(x, cos, sin, B, T, n_heads, head_dim, 1.0f);
 }
 
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim) {
-  rope_rotate(dx, cos, sin, B, T, n_heads, head_dim, -1.0f);
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
+                   uint16_t* dx_bf16) {
+  rope_rotate(dx, cos, sin, B, T, n_heads, head_dim, -1.0f, dx_bf16);
 }
 
-void swiglu_forward(float* out, const float* gate, const float* up, size_t n) {
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n, uint16_t* out_bf16) {
   parallel_for(n, 1 << 13, 20, [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; i++) {
       const float g = gate[i];
       const float sig = 1.0f / (1.0f + std::exp(-g));
       out[i] = (g * sig) * up[i];
+    }
+    if (out_bf16 != nullptr) {
+      round_block_to_bf16(out_bf16 + begin, out + begin, 1, static_cast<int>(end - begin), 0);
     }
   });
 }

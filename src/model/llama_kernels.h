@@ -20,9 +20,10 @@ void embedding_backward(float* dtable, const float* dout, const int32_t* tokens,
 // HF LlamaRMSNorm: out (N,C) = weight * (inp * rstd), rstd (N) = 1 / sqrt(mean(inp^2) + eps),
 // saved for backward.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, float eps, int N, int C);
-// dinp (N,C) +=, dweight (C) +=
+// dinp (N,C) +=, dweight (C) +=. dinp_bf16 (N,C), when not nullptr: each finished row of dinp
+// rounded to bf16 (detail::to_bf16), for the bf16 product that reads it next.
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int N, int C);
+                      const float* rstd, int N, int C, uint16_t* dinp_bf16 = nullptr);
 
 // cos, sin (max_seq, head_dim/2): angle t * theta^(-2i/head_dim), computed in double and
 // rounded once (HF computes the angle in fp32; see docs/model.md for the difference).
@@ -35,11 +36,15 @@ void rope_tables(float* cos, float* sin, int max_seq, std::span<const double> in
 // (i, i + head_dim/2) at position t rotated by angle[t][i]:
 //   x[i] <- x[i] cos - x[i + hd/2] sin,  x[i + hd/2] <- x[i + hd/2] cos + x[i] sin.
 void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim);
-// In place on the gradient: the transpose, a rotation by -angle.
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim);
+// In place on the gradient: the transpose, a rotation by -angle. dx_bf16 (B,T,n_heads*head_dim),
+// when not nullptr: the rotated dx rounded to bf16 (detail::to_bf16), row by row, for the bf16
+// product that reads it.
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int n_heads, int head_dim,
+                   uint16_t* dx_bf16 = nullptr);
 
-// out = silu(gate) * up, silu(g) = g * sigmoid(g); n values each.
-void swiglu_forward(float* out, const float* gate, const float* up, size_t n);
+// out = silu(gate) * up, silu(g) = g * sigmoid(g); n values each. out_bf16 (n), when not nullptr:
+// out rounded to bf16 (detail::to_bf16), chunk by chunk while it is in cache.
+void swiglu_forward(float* out, const float* gate, const float* up, size_t n, uint16_t* out_bf16 = nullptr);
 // dgate, dup (n) overwritten from dout; dgate may alias dout.
 void swiglu_backward(float* dgate, float* dup, const float* dout, const float* gate, const float* up, size_t n);
 
@@ -52,12 +57,16 @@ struct GqaShape {
   int B, T, NH, NKV, hs;
 };
 size_t gqa_attention_scratch_floats();
+// out_bf16 (B,T,NH*hs), when not nullptr: out rounded to bf16, as attention_forward's (kernels.h).
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
-                           const GqaShape& s);
+                           const GqaShape& s, uint16_t* out_bf16 = nullptr);
 // dq (B,T,NH*hs), dk and dv (B,T,NKV*hs) overwritten from dout (B,T,NH*hs) and forward's out
-// and lse; a kv head's gradient sums its query heads in head order.
+// and lse; a kv head's gradient sums its query heads in head order. dv_bf16 (B,T,NKV*hs), when
+// not nullptr: dv rounded to bf16, each kv head's columns by its task once they are summed (dq
+// and dk pass through RoPE before a product reads them: rope_backward writes theirs).
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s);
+                            const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s,
+                            uint16_t* dv_bf16 = nullptr);
 // Direct loops over (b, t, h) with the explicit softmax (the tests' reference).
 void gqa_attention_forward_reference(float* out, const float* q, const float* k, const float* v, const GqaShape& s);
 // Direct loops for the backward, same contract as gqa_attention_backward (the tests' reference).

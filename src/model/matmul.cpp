@@ -141,20 +141,20 @@ Status Matmul::use(MatmulKind kind) {
   return Status::ok();
 }
 
-void Matmul::forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C, int OC) {
+void Matmul::forward(float* out, MatmulInput inp, MatmulInput weight, const float* bias, int N, int C, int OC) {
   if (kind_ == MatmulKind::kBf16) {
     bf16_->forward(out, inp, weight, bias, N, C, OC);
   } else {
-    kernels::matmul_forward(out, inp.f32, weight, bias, N, C, OC);
+    kernels::matmul_forward(out, inp.f32, weight.f32, bias, N, C, OC);
   }
 }
 
 void Matmul::backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
-                      const float* weight, int N, int C, int OC) {
+                      MatmulInput weight, int N, int C, int OC) {
   if (kind_ == MatmulKind::kBf16) {
     bf16_->backward(dinp, dweight, dbias, dout, inp, weight, N, C, OC);
   } else {
-    kernels::matmul_backward(dinp, dweight, dbias, dout.f32, inp.f32, weight, N, C, OC);
+    kernels::matmul_backward(dinp, dweight, dbias, dout.f32, inp.f32, weight.f32, N, C, OC);
   }
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -14,7 +15,6 @@
 #include "model/bf16.h"
 #include "model/bf16_matmul.h"
 #include "model/fused_kernels.h"
-#include "model/parallel.h"
 
 namespace zinf::model {
 namespace {
@@ -40,21 +40,29 @@ bool has_bf16_units(dnnl::cpu_isa isa) {
   return isa == dnnl::cpu_isa::avx512_core_bf16 || isa == dnnl::cpu_isa::avx512_core_amx;
 }
 
-using detail::to_bf16;
-
-// dst grows to the largest n seen and is then reused. Returns dst's data.
-const uint16_t* convert(std::vector<uint16_t>& dst, const float* src, size_t n) {
+// dst grows to the largest rows x cols seen and is then reused. Returns dst's data. The rounding
+// is fused_kernels.h's round_to_bf16 (detail::to_bf16 in the vector clone the CPU takes), so a
+// copy a producer wrote and one made here have the same bits.
+const uint16_t* convert(std::vector<uint16_t>& dst, const float* src, int rows, int cols) {
+  const size_t n = static_cast<size_t>(rows) * cols;
   if (dst.size() < n) dst.resize(n);
-  uint16_t* d = dst.data();
-  detail::parallel_for(n, size_t{1} << 16, 1, [&](size_t begin, size_t end) {
-    for (size_t i = begin; i < end; i++) d[i] = to_bf16(src[i]);
-  });
-  return d;
+  kernels::round_to_bf16(dst.data(), src, rows, cols);
+  return dst.data();
 }
 
+std::atomic<bool> check_copies{false};
+std::atomic<uint64_t> copy_mismatches{0};
+
 // The input's bf16 copy where its producer wrote one, else dst filled by convert().
-const uint16_t* rounded(std::vector<uint16_t>& dst, MatmulInput in, size_t n) {
-  return in.bf16 != nullptr ? in.bf16 : convert(dst, in.f32, n);
+const uint16_t* rounded(std::vector<uint16_t>& dst, MatmulInput in, int rows, int cols) {
+  if (in.bf16 == nullptr) return convert(dst, in.f32, rows, cols);
+  if (check_copies.load(std::memory_order_relaxed)) {
+    const size_t n = static_cast<size_t>(rows) * cols;
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += in.bf16[i] != detail::to_bf16(in.f32[i]);
+    copy_mismatches.fetch_add(bad, std::memory_order_relaxed);
+  }
+  return in.bf16;
 }
 
 enum class Product { kForward, kForwardBias, kDinp, kDweight };
@@ -71,21 +79,21 @@ class DnnlBf16Matmul final : public Bf16MatmulBackend {
   // The implementation oneDNN picks for a forward product; "ref" means no fast bf16 kernel.
   std::string probe_impl() { return prepared(Product::kForward, 64, 64, 64).impl; }
 
-  void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C,
+  void forward(float* out, MatmulInput inp, MatmulInput weight, const float* bias, int N, int C,
                int OC) override {
-    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
-    convert(w_, weight, static_cast<size_t>(OC) * C);
+    const uint16_t* a = rounded(a_, inp, N, C);
+    const uint16_t* w = rounded(w_, weight, OC, C);
     const Product p = bias != nullptr ? Product::kForwardBias : Product::kForward;
-    run(p, N, OC, C, a, w_.data(), out, bias);
+    run(p, N, OC, C, a, w, out, bias);
   }
 
   void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp,
-                const float* weight, int N, int C, int OC) override {
-    const uint16_t* d = rounded(d_, dout, static_cast<size_t>(N) * OC);
-    convert(w_, weight, static_cast<size_t>(OC) * C);
-    const uint16_t* a = rounded(a_, inp, static_cast<size_t>(N) * C);
+                MatmulInput weight, int N, int C, int OC) override {
+    const uint16_t* d = rounded(d_, dout, N, OC);
+    const uint16_t* w = rounded(w_, weight, OC, C);
+    const uint16_t* a = rounded(a_, inp, N, C);
     // dinp (N,C) = dout (N,OC) @ weight (OC,C)
-    run(Product::kDinp, N, C, OC, d, w_.data(), dinp, nullptr);
+    run(Product::kDinp, N, C, OC, d, w, dinp, nullptr);
     // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): a sum post-op adds the fp32 product to dweight.
     run(Product::kDweight, OC, C, N, d, a, dweight, nullptr);
     if (dbias != nullptr) kernels::bias_grad(dbias, dout.f32, N, OC);  // fp32 row-order column sums
@@ -177,6 +185,9 @@ class DnnlBf16Matmul final : public Bf16MatmulBackend {
 }  // namespace
 
 namespace detail {
+
+void set_check_bf16_copies(bool on) { check_copies.store(on); }
+uint64_t bf16_copy_mismatches() { return copy_mismatches.load(); }
 
 MatmulSupport probe_matmul_support() {
   const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();

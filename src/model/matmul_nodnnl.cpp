@@ -9,4 +9,7 @@ Result<std::unique_ptr<Bf16MatmulBackend>> make_bf16_matmul_backend() {
 
 MatmulSupport probe_matmul_support() { return MatmulSupport{}; }
 
+void set_check_bf16_copies(bool) {}  // no bf16 backend: nothing reads a copy
+uint64_t bf16_copy_mismatches() { return 0; }
+
 }  // namespace zinf::model::detail

@@ -153,7 +153,8 @@ TEST_P(Bf16MatmulTest, ForwardAndBackwardWithinBf16Tolerance) {
 
 // Inputs rounded by their producer (MatmulInput's bf16 copy) give the products the backend's own
 // rounding gives, bit for bit, and the backend reads the copy: inp's fp32 values are replaced by
-// zeros in the pre-rounded calls, dout's half zeroed in the last.
+// zeros in the pre-rounded calls, dout's half zeroed in the last; the weight's copy (a model's
+// per-pass weight copy, bf16_weights.h) likewise, its fp32 values zeroed.
 TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
   std::string why;
   std::optional<Matmul> mm = bf16_matmul(&why);
@@ -168,10 +169,14 @@ TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
   const std::vector<float> zeros(inp.size(), 0.0f);
   std::vector<uint16_t> inp_bf16(inp.size());
   for (size_t i = 0; i < inp.size(); i++) inp_bf16[i] = detail::to_bf16(inp[i]);
+  const std::vector<float> weight_zeros(weight.size(), 0.0f);
+  std::vector<uint16_t> weight_bf16(weight.size());
+  for (size_t i = 0; i < weight.size(); i++) weight_bf16[i] = detail::to_bf16(weight[i]);
+  const MatmulInput weight_pre{weight_zeros.data(), weight_bf16.data()};
 
   std::vector<float> out(static_cast<size_t>(N) * OC), out_pre(out.size());
   mm->forward(out.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
-  mm->forward(out_pre.data(), {zeros.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
+  mm->forward(out_pre.data(), {zeros.data(), inp_bf16.data()}, weight_pre, bias.data(), N, C, OC);
   EXPECT_EQ(std::memcmp(out.data(), out_pre.data(), out.size() * sizeof(float)), 0);
 
   std::vector<float> dinp(inp.size()), dinp_pre(inp.size()), dweight = dweight0, dweight_pre = dweight0;
@@ -186,7 +191,7 @@ TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
     return v;
   }();
   mm->backward(dinp_pre.data(), dweight_pre.data(), dbias_pre.data(), {dout.data(), dout_bf16.data()},
-               {zeros.data(), inp_bf16.data()}, weight.data(), N, C, OC);
+               {zeros.data(), inp_bf16.data()}, weight_pre, N, C, OC);
   EXPECT_EQ(std::memcmp(dinp.data(), dinp_pre.data(), dinp.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dweight.data(), dweight_pre.data(), dweight.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dbias.data(), dbias_pre.data(), dbias.size() * sizeof(float)), 0);
@@ -197,11 +202,12 @@ TEST_P(Bf16MatmulTest, PreRoundedInputsGiveTheSameBits) {
   EXPECT_EQ(std::memcmp(dinp.data(), dinp_copy.data(), dinp.size() * sizeof(float)), 0);
   EXPECT_EQ(std::memcmp(dweight.data(), dweight_copy.data(), dweight.size() * sizeof(float)), 0);
 
-  // The fp32 kind reads inp and ignores the copy.
+  // The fp32 kind reads inp and weight and ignores the copies.
   Matmul fp32;
   ASSERT_FALSE(fp32.reads_bf16_inputs());
   std::vector<float> out32(out.size()), out32_ref(out.size());
-  fp32.forward(out32.data(), {inp.data(), inp_bf16.data()}, weight.data(), bias.data(), N, C, OC);
+  fp32.forward(out32.data(), {inp.data(), inp_bf16.data()}, {weight.data(), weight_bf16.data()}, bias.data(), N, C,
+               OC);
   kernels::matmul_forward(out32_ref.data(), inp.data(), weight.data(), bias.data(), N, C, OC);
   EXPECT_EQ(std::memcmp(out32.data(), out32_ref.data(), out32.size() * sizeof(float)), 0);
 }

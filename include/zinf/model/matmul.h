@@ -59,10 +59,11 @@ MatmulChoice auto_matmul_choice(const MatmulSupport& s);
 // "matmul: oneDNN bf16 inputs, fp32 accumulation (auto: AMD Zen 4, ...)".
 Result<MatmulKind> resolve_matmul(ComputePrecision precision);
 
-// An input of a product: its fp32 values and, optionally, the same values already rounded to bf16
-// element by element (round to nearest even, as the bf16 backend rounds), written by the kernel
-// that produced them. kBf16 reads the copy instead of rounding the values itself: the same bits,
-// one pass over the input fewer. kFp32 reads the fp32 values only.
+// An input of a product (an activation, a gradient or a weight): its fp32 values and, optionally,
+// the same values already rounded to bf16 element by element (round to nearest even, as the bf16
+// backend rounds), written by the kernel that produced them (or, for a weight, by the model's
+// per-gather copy, bf16_weights.h). kBf16 reads the copy instead of rounding the values itself:
+// the same bits, one pass over the input fewer. kFp32 reads the fp32 values only.
 struct MatmulInput {
   MatmulInput(const float* values) : f32(values) {}  // an fp32 input without a copy (implicit)
   MatmulInput(const float* values, const uint16_t* rounded) : f32(values), bf16(rounded) {}
@@ -93,10 +94,10 @@ class Matmul {
   MatmulKind kind() const { return kind_; }
 
   // out (N,OC) = inp (N,C) @ weight^T + bias (OC) when bias != nullptr
-  void forward(float* out, MatmulInput inp, const float* weight, const float* bias, int N, int C, int OC);
+  void forward(float* out, MatmulInput inp, MatmulInput weight, const float* bias, int N, int C, int OC);
   // dinp (N,C) = dout (N,OC) @ weight (overwritten); dweight (OC,C) += dout^T @ inp;
   // dbias (OC) += column sums of dout's fp32 values (skipped when dbias == nullptr)
-  void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp, const float* weight,
+  void backward(float* dinp, float* dweight, float* dbias, MatmulInput dout, MatmulInput inp, MatmulInput weight,
                 int N, int C, int OC);
   // Whether forward/backward read the inputs' bf16 copies (kind kBf16): the models write bf16
   // copies of the activations and gradients their products read only then.
