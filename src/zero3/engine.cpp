@@ -104,31 +104,6 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(std::unique_ptr<model:
 Engine::Impl::Impl(std::unique_ptr<model::Model> m, const EngineOptions& opts, Communicator& c)
     : options(opts), comm(c), model(std::move(m)), dtype(compute_dtype(opts.ds)) {}
 
-Result<PartitionPlan> model_partition_plan(std::span<const model::ParamSpec> params, std::size_t num_modules,
-                                           int world_size) {
-  std::vector<std::size_t> numels, group_of;
-  std::vector<int> group_of_module(num_modules, -1);
-  int groups = 0;
-  for (const model::ParamSpec& p : params) {
-    int& g = group_of_module[static_cast<std::size_t>(p.module)];
-    if (g < 0) g = groups++;
-    numels.push_back(p.numel);
-    group_of.push_back(static_cast<std::size_t>(g));
-  }
-  return PartitionPlan::create(numels, group_of, world_size);
-}
-
-std::vector<swap::ParamPartition> layout_partitions(std::span<const model::ParamSpec> params,
-                                                    std::span<const model::ModuleSpec> modules,
-                                                    const PartitionPlan& plan) {
-  std::vector<swap::ParamPartition> partitions;
-  for (std::size_t g = 0; g < plan.num_groups(); ++g) {
-    const model::ParamSpec& first = params[plan.group(g).params.front()];
-    partitions.push_back({modules[static_cast<std::size_t>(first.module)].name, plan.group(g).per_rank});
-  }
-  return partitions;
-}
-
 Status Engine::Impl::init() {
   const config::DsConfig& ds = options.ds;
   // The model computes in 16 bits where it can when the run does (its matrix products, matmul.h).
@@ -177,19 +152,19 @@ Status Engine::Impl::init() {
   ZINF_RETURN_IF_ERROR(init_master_weights());
   ZINF_RETURN_IF_ERROR(publish_params());
 
-  CoordinatorOptions co;
-  co.prefetch_bucket_size = static_cast<std::uint64_t>(ds.zero.prefetch_bucket_size);
-  co.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
-  co.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
-  co.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
-  if (co.max_live_parameters == 0) {
+  CoordinatorOptions coordinator_options;
+  coordinator_options.prefetch_bucket_size = static_cast<std::uint64_t>(ds.zero.prefetch_bucket_size);
+  coordinator_options.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
+  coordinator_options.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
+  coordinator_options.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
+  if (coordinator_options.max_live_parameters == 0) {
     log(LogLevel::kNotice, fmt::format("{}: stage3_max_live_parameters 0: no prefetch and nothing kept; only the "
                                        "modules in use are gathered (as the reference, which reads 0 as no prefetch)",
                                        ds.source));
   }
-  co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
-  co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
+  coordinator_options.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
+  coordinator_options.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, grad_acc);
   return Status::ok();
 }
 
@@ -299,7 +274,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     if (options.ds.gradient_clipping > 0.0) {
       grad_scale = optim::clip_gradients(norm, scale, options.ds.gradient_clipping).grad_scale;
     }
-    swap::StepInputs in;
+    swap::StepArgs in;
     in.ctx.step = counters.updates + 1;
     in.ctx.lr = r.lr;
     if (schedule) in.ctx.beta1 = schedule->momentum(k);
@@ -347,7 +322,7 @@ Status Engine::read_full_param(std::size_t index, std::span<float> out) {
   const ParamPlace& place = m.plan.place(index);
   const std::size_t sg = m.layout.subgroup_of[place.group];
   std::vector<float> master(m.layout.subgroups[sg].numel);
-  ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, 0, master));
+  ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, StateArray::master(), master));
   const std::size_t per_rank = m.plan.group(place.group).per_rank;
   const float* mine = master.data() + m.layout.offset_in_subgroup[place.group];
   std::vector<float> all(per_rank * static_cast<std::size_t>(m.comm.world_size()));

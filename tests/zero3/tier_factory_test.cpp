@@ -48,7 +48,7 @@ void expect_params_are_rounded_master(Tiers& t, const swap::PartitionLayout& lay
   const DType dtype = t.params->dtype();
   for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
     std::vector<float> master(layout.subgroups[sg].numel);
-    ASSERT_TRUE(t.optimizer->read_state(sg, 0, master).is_ok());
+    ASSERT_TRUE(t.optimizer->read_state(sg, StateArray::master(), master).is_ok());
     std::vector<float> want = master;
     if (dtype != DType::kF32) {
       std::vector<std::uint16_t> half(master.size());
@@ -105,7 +105,7 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
 
   for (std::int64_t step = 1; step <= 2; ++step) {
     std::vector<std::vector<float>> grads;
-    swap::StepInputs in;
+    swap::StepArgs in;
     in.ctx.step = step;
     for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
       grads.emplace_back(layout.subgroups[sg].numel, 0.0f);
@@ -119,7 +119,7 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
     expect_params_are_rounded_master(t, layout);
   }
   std::vector<float> master(layout.subgroups[0].numel);
-  ASSERT_TRUE(t.optimizer->read_state(0, 0, master).is_ok());
+  ASSERT_TRUE(t.optimizer->read_state(0, StateArray::master(), master).is_ok());
   EXPECT_NE(master[0], initial(0, 0)) << "the step changed nothing: the test would prove nothing";
 }
 
