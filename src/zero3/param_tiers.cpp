@@ -69,7 +69,8 @@ class MemoryParamTier final : public ParamTier {
   swap::HostParamSink sink_;  // over pointers_
 };
 
-// Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
+// Partitions in the parameter swap store, keyed by PartitionLayout::params[i].key (the partition
+// group's module name), staged through the swapper's pool.
 class NvmeParamTier final : public ParamTier {
  public:
   NvmeParamTier(const swap::PartitionLayout& layout, std::unique_ptr<swap::ParamSwapper> swapper)
