@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "temp_dir.h"
+#include "tier_test_config.h"
 #include "zinf/optim/half.h"
 
 namespace zinf::zero3 {
@@ -25,21 +26,8 @@ const std::vector<swap::ParamPartition> kPartitions = {{"a", 3000}, {"b", 1}, {"
 
 float initial(std::size_t p, std::uint64_t i) { return std::sin(0.37f * static_cast<float>(p * 10007 + i)) * 0.5f; }
 
-config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const testing::TempDir& dir) {
-  config::DsConfig ds;
-  ds.zero.sub_group_size = 5000;  // several sub-groups, each partition at a kAlign boundary
-  ds.zero.offload_param.device = param;
-  ds.zero.offload_param.nvme_path = dir.sub("params");
-  ds.zero.offload_param.buffer_count = 3;
-  ds.zero.offload_param.buffer_size = 8192;
-  ds.zero.offload_param.max_in_cpu = 0;
-  ds.zero.offload_optimizer.device = optimizer;
-  ds.zero.offload_optimizer.nvme_path = dir.sub("optimizer");
-  ds.zero.offload_optimizer.buffer_count = 4;
-  ds.zero.offload_optimizer.pipeline_read = ds.zero.offload_optimizer.pipeline_write = true;
-  ds.aio.block_size = 65536;
-  ds.aio.queue_depth = 4;
-  return ds;
+config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const zinf::testing::TempDir& dir) {
+  return testing::tier_ds_config(param, optimizer, dir, 8192);
 }
 
 // Every partition read back from the parameter tier equals the optimizer's master weights
@@ -71,7 +59,7 @@ class TierFactoryTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
   const auto [param_device, optimizer_device, dtype] = GetParam();
-  testing::TempDir dir;
+  zinf::testing::TempDir dir;
   const config::DsConfig ds = ds_for(param_device, optimizer_device, dir);
   const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
   ASSERT_EQ(layout.subgroups.size(), 2u);

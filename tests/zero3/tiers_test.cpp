@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "temp_dir.h"
+#include "tier_test_config.h"
 #include "zero3/tier_factory.h"
 
 namespace zinf::zero3 {
@@ -21,20 +22,8 @@ using swap::DType;
 // "b" is larger than one parameter staging buffer (buffer_size 4096): it streams, never staged.
 const std::vector<swap::ParamPartition> kPartitions = {{"a", 3000}, {"b", 4500}, {"c", 7}};
 
-config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const testing::TempDir& dir) {
-  config::DsConfig ds;
-  ds.zero.sub_group_size = 5000;
-  ds.zero.offload_param.device = param;
-  ds.zero.offload_param.nvme_path = dir.sub("params");
-  ds.zero.offload_param.buffer_count = 3;
-  ds.zero.offload_param.buffer_size = 4096;
-  ds.zero.offload_param.max_in_cpu = 0;
-  ds.zero.offload_optimizer.device = optimizer;
-  ds.zero.offload_optimizer.nvme_path = dir.sub("optimizer");
-  ds.zero.offload_optimizer.buffer_count = 4;
-  ds.aio.block_size = 65536;
-  ds.aio.queue_depth = 4;
-  return ds;
+config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const zinf::testing::TempDir& dir) {
+  return testing::tier_ds_config(param, optimizer, dir, 4096);
 }
 
 optim::Optimizer adamw() {
@@ -45,7 +34,7 @@ optim::Optimizer adamw() {
 }
 
 struct Made {
-  testing::TempDir dir;
+  zinf::testing::TempDir dir;
   swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
   Tiers tiers;
 };
