@@ -13,7 +13,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 "$script" -C "$build" --phase 1,2 --dry-run -o "$tmp/dry" > "$tmp/dry.out" 2>&1 || { cat "$tmp/dry.out"; fail "--dry-run failed"; }
 for want in "phase 1 (budget 300s)" "phase 2 (budget 480s)" "gpu_memory_test --gtest_filter=-*WithoutGpu.*" \
-            "gpu_kernels_test" "gpu_model_test" "nccl_device_test" "comm_nccl_test" "gds_real, gds" \
+            "gpu_kernels_test" "gpu_model_test" "nccl_device_test" "comm_nccl_test" "gds_real, gds" "gds_reader_test" "gds_reader_real, gds" \
             "train_cuda_3, train" "losses_cpu_vs_cuda, compare" "check_small.json" "gpu_copy_bench, bench" \
             "aio_bench --gpu" "a_gpt2_gpu, figure" "b_1p3b_offload_cpu, figure"; do
   grep -qF -- "$want" "$tmp/dry.out" || { cat "$tmp/dry.out"; fail "--dry-run does not list '$want'"; }
