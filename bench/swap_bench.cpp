@@ -121,8 +121,8 @@ Memory allocate_memory(const PartitionLayout& layout) {
   return mem;
 }
 
-StepInputs inputs(const Memory& mem, std::int64_t step) {
-  StepInputs in;
+StepArgs inputs(const Memory& mem, std::int64_t step) {
+  StepArgs in;
   in.ctx.step = step;
   for (std::size_t g = 0; g < mem.grads.size(); ++g) {
     in.grads.push_back(optim::GradView{mem.grads[g].data(), DType::kF32, mem.numel[g], 1.0});

@@ -9,6 +9,7 @@
 // layer itself need not link nlohmann; the includer must include <nlohmann/json.hpp> first.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -54,22 +55,47 @@ const Json* member(const Json& obj, std::string_view key) {
   return it == obj.end() ? nullptr : &*it;
 }
 
-// `v` as an integer in [lo, hi]. A float is refused, whole or not: files zinf writes store
-// integers as integers.
+// The one rule for reading a JSON value as a signed 64-bit integer, shared by the readers of
+// files zinf writes (int_value below) and of ds_config (config/reader.h), which differ only in
+// `floats` and in how they word the error.
+enum class WholeFloats {
+  kRefuse,  // files zinf writes store integers as integers: a float is refused, whole or not
+  kAccept,  // ds_config: 5e8 or 2.0 is the integer it names (as DeepSpeed's Python reads it)
+};
+enum class IntError { kNone, kNotAnInteger, kNotWhole, kOutOfRange };
+struct IntReading {
+  std::int64_t value = 0;
+  IntError error = IntError::kNone;
+};
+
 template <typename Json>
-Result<std::int64_t> int_value(const Json& v, std::int64_t lo, std::int64_t hi, Where w) {
-  std::int64_t out = 0;
+IntReading read_int64(const Json& v, WholeFloats floats) {
   if (v.is_number_unsigned()) {
     const std::uint64_t u = v.template get<std::uint64_t>();
-    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      return bad(w, fmt::format("{} is out of range (expected an integer from {} to {})", u, lo, hi));
-    }
-    out = static_cast<std::int64_t>(u);
-  } else if (v.is_number_integer()) {
-    out = v.template get<std::int64_t>();
-  } else {
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) return {0, IntError::kOutOfRange};
+    return {static_cast<std::int64_t>(u), IntError::kNone};
+  }
+  if (v.is_number_integer()) return {v.template get<std::int64_t>(), IntError::kNone};
+  if (v.is_number_float() && floats == WholeFloats::kAccept) {
+    const double d = v.template get<double>();
+    if (std::floor(d) != d) return {0, IntError::kNotWhole};
+    if (!(std::fabs(d) < 9.2233720368547758e18)) return {0, IntError::kOutOfRange};  // 2^63
+    return {static_cast<std::int64_t>(d), IntError::kNone};
+  }
+  return {0, IntError::kNotAnInteger};
+}
+
+// `v` as an integer in [lo, hi], read with WholeFloats::kRefuse.
+template <typename Json>
+Result<std::int64_t> int_value(const Json& v, std::int64_t lo, std::int64_t hi, Where w) {
+  const IntReading r = read_int64(v, WholeFloats::kRefuse);
+  if (r.error == IntError::kOutOfRange) {
+    return bad(w, fmt::format("{} is out of range (expected an integer from {} to {})", v.dump(), lo, hi));
+  }
+  if (r.error != IntError::kNone) {
     return bad(w, fmt::format("expected an integer from {} to {}, got {}", lo, hi, describe(v)));
   }
+  const std::int64_t out = r.value;
   if (out < lo || out > hi) {
     return bad(w, fmt::format("{} is out of range (expected an integer from {} to {})", out, lo, hi));
   }

@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "common/json_check.h"
+
 namespace zinf::config::detail {
 
 namespace {
@@ -286,28 +288,18 @@ Result<Field<std::int64_t>> ObjectReader::integer(std::string_view key, IntRange
   const Json* v = start(key, f);
   if (v == nullptr) return f;
   std::string expected = describe_int_range(range);
-  bool ok = false;
-  if (v->is_number_integer()) {
-    // number_integer covers signed; unsigned values above INT64_MAX fall out of range below.
-    if (v->is_number_unsigned() && v->get<std::uint64_t>() >
-                                       std::uint64_t(std::numeric_limits<std::int64_t>::max())) {
-      return error(key, fmt::format("expected {}, got {} (out of range)", expected, v->dump()));
-    }
-    f.value = v->get<std::int64_t>();
-    ok = true;
-  } else if (v->is_number_float()) {
-    double d = v->get<double>();
-    if (std::floor(d) != d) {
-      return error(key, fmt::format("expected {}, got {} (not a whole number)", expected,
-                                    format_number(d)));
-    }
-    if (!(std::fabs(d) < 9.2233720368547758e18)) {
-      return error(key, fmt::format("expected {}, got {} (out of range)", expected, format_number(d)));
-    }
-    f.value = static_cast<std::int64_t>(d);
-    ok = true;
+  const jsonck::IntReading r = jsonck::read_int64(*v, jsonck::WholeFloats::kAccept);
+  const std::string shown = v->is_number_float() ? format_number(v->get<double>()) : v->dump();
+  switch (r.error) {
+    case jsonck::IntError::kNone: break;
+    case jsonck::IntError::kNotWhole:
+      return error(key, fmt::format("expected {}, got {} (not a whole number)", expected, shown));
+    case jsonck::IntError::kOutOfRange:
+      return error(key, fmt::format("expected {}, got {} (out of range)", expected, shown));
+    case jsonck::IntError::kNotAnInteger:
+      return error(key, fmt::format("expected {}, got {}", expected, describe_value(*v)));
   }
-  if (!ok) return error(key, fmt::format("expected {}, got {}", expected, describe_value(*v)));
+  f.value = r.value;
   if (f.value < range.min || f.value > range.max) {
     return error(key, fmt::format("expected {}, got {}", expected, f.value));
   }

@@ -122,9 +122,9 @@ Result<std::unique_ptr<device::Device>> make_cuda_device(CudaDeviceOptions optio
   ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(d));
   ZINF_ASSIGN_OR_RETURN(DeviceInfo info, device_info(d));
   ZINF_ASSIGN_OR_RETURN(Stream compute, Stream::create(d, "device compute"));
-  CopyEngineOptions co;
-  co.require_pinned_host = options.require_pinned_host;
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CopyEngine> copies, CopyEngine::create(d, co));
+  CopyEngineOptions copy_options;
+  copy_options.require_pinned_host = options.require_pinned_host;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CopyEngine> copies, CopyEngine::create(d, copy_options));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> alloc, make_device_allocator(d, options.memory_cap));
   return std::unique_ptr<device::Device>(
       std::make_unique<CudaDevice>(d, std::move(info), std::move(compute), std::move(copies), std::move(alloc)));

@@ -59,8 +59,8 @@ void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, con
       std::memset(dq + static_cast<size_t>(t) * 3 * C + C, 0, hs * sizeof(float));
       std::memset(dq + static_cast<size_t>(t) * 3 * C + 2 * C, 0, hs * sizeof(float));
     }
-    const size_t oo = o_offset(b, h, T, C, NH);
-    attention_backward_head(hr, out + oo, dout + oo, lse + i * T, dq, dq + C, dq + 2 * C, T, hs,
+    const size_t o_at = o_offset(b, h, T, C, NH);
+    attention_backward_head(hr, out + o_at, dout + o_at, lse + i * T, dq, dq + C, dq + 2 * C, T, hs,
                             scratch + lane * kAttnLaneFloats);
     if (dqkv_bf16 != nullptr) {  // the head's q, k and v columns, finished
       for (int part = 0; part < 3; part++) {

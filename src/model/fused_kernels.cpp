@@ -82,7 +82,8 @@ void for_column_slices(int N, int OC, size_t work_per_element, Fn&& fn) {
 // The row loops below are compiled for AVX-512, AVX2 and the x86-64 baseline, and one of them is
 // picked when the library loads (GCC's target_clones). -ffp-contract=off keeps fused multiply-add
 // out of all three and the lanes fix the order of every sum, so the three give the same bits;
-// AVX-512 runs the GELU loops about 3x faster than the baseline's SSE2.
+// the wider clones are what make the GELU loops fast (figure: docs/benchmarks.md, "Figures
+// behind choices in the code").
 #if !defined(ZINF_ROW_CLONES) && defined(__x86_64__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define ZINF_ROW_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))

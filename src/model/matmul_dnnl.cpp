@@ -111,9 +111,9 @@ class DnnlBf16Matmul final : public Bf16MatmulBackend {
   // A product's primitive and its memory objects, made once per shape; a call only points the
   // memory objects at this call's buffers and runs the primitive through the C API with a
   // prepared argument array (the C++ execute() builds a vector per call). Once every shape has
-  // run, a call allocates nothing here; oneDNN itself still makes ~5 small allocations per
-  // execution (its execution context), about 450 per GPT `small` step. Its scratchpad stays in
-  // library mode: a user scratchpad measured ~1 more allocation per execution, not fewer.
+  // run, a call allocates nothing here; oneDNN itself still makes a few small allocations per
+  // execution (its execution context; counts in docs/model.md). Its scratchpad stays in library
+  // mode: a user scratchpad did not reduce them (docs/benchmarks.md, "Figures behind choices").
   struct Prepared {
     dnnl::matmul matmul;
     std::string impl;

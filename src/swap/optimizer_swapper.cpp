@@ -169,7 +169,7 @@ Status OptimizerSwapper::commit_metadata(int slot, std::int64_t step, bool state
   return Status::ok();
 }
 
-Status OptimizerSwapper::check_inputs(const StepInputs& in) const {
+Status OptimizerSwapper::check_args(const StepArgs& in) const {
   const std::size_t groups = layout_.subgroups.size();
   if (in.ctx.step < 1) return Status::invalid_argument(fmt::format("optimizer step count {} must be >= 1", in.ctx.step));
   if (config_.swap_gradients && !in.grads.empty()) {
@@ -249,7 +249,7 @@ Status OptimizerSwapper::cancel_read_ahead() {
   return first.with_context("optimizer state read ahead of the step (dropped)");
 }
 
-Status OptimizerSwapper::compute(Slot& s, const Tile& t, const StepInputs& in) {
+Status OptimizerSwapper::compute(Slot& s, const Tile& t, const StepArgs& in) {
   const std::size_t n = static_cast<std::size_t>(t.length);
   std::vector<std::span<float>> states;
   for (float* p : s.states) states.emplace_back(p, n);
@@ -278,7 +278,7 @@ Status OptimizerSwapper::compute(Slot& s, const Tile& t, const StepInputs& in) {
   return st;
 }
 
-Status OptimizerSwapper::issue_writes(Slot& s, const Tile& t, const StepInputs& in, int slot) {
+Status OptimizerSwapper::issue_writes(Slot& s, const Tile& t, const StepArgs& in, int slot) {
   const std::size_t bytes = static_cast<std::size_t>(t.length * 4);
   for (std::size_t which = 0; which <= optimizer_.state_count(); ++which) {
     const float* buffer = which == 0 ? s.master : s.states[which - 1];
@@ -350,7 +350,7 @@ Status OptimizerSwapper::drain() {
 // compute. So a read waits for the state writes (and the copy writes when an fp32 sink is
 // written from the master), and the compute for the copy writes.
 // Tiles below `ahead` had their master and states read by read_ahead().
-Status OptimizerSwapper::run_pipeline(const StepInputs& in, std::size_t ahead) {
+Status OptimizerSwapper::run_pipeline(const StepArgs& in, std::size_t ahead) {
   const bool pread = config_.pipeline_read, pwrite = config_.pipeline_write;
   const std::size_t stages = slots_.size();
   const int next_slot = 1 - slot_;
@@ -385,8 +385,8 @@ Status OptimizerSwapper::run_pipeline(const StepInputs& in, std::size_t ahead) {
   return Status::ok();
 }
 
-Status OptimizerSwapper::step(const StepInputs& in) {
-  ZINF_RETURN_IF_ERROR(check_inputs(in));
+Status OptimizerSwapper::step(const StepArgs& in) {
+  ZINF_RETURN_IF_ERROR(check_args(in));
   if (!master_written_) {
     return Status::invalid_argument("optimizer step before the master weights were written: call init_master()");
   }

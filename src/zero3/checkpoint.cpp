@@ -6,7 +6,7 @@
 //   <tag>/engine.json            format, model, precision, layout fingerprint, world size,
 //                                counters, loss scaler, per-rank file sizes and checksums,
 //                                and the caller's client_state
-//   <tag>/rank<r>.state          for each sub-group, for which in (master, state 0, ...):
+//   <tag>/rank<r>.state          for each sub-group, for each array in (master, state 0, ...):
 //                                that sub-group's padded fp32 array, back to back
 // With checkpoint.use_node_local_storage each node's first rank writes engine.json and `latest`
 // into its own <dir>, which holds only that node's rank files; otherwise rank 0 does, once.
@@ -28,7 +28,7 @@
 #include "common/checksum.h"
 #include "zero3/checkpoint_folder.h"
 #include "zero3/checkpoint_format.h"
-#include "zero3/engine_impl.h"
+#include "zero3/checkpoint_state.h"
 #include "zero3/file_util.h"
 #include "zinf/log.h"
 #include "zinf/zero3/checkpoint.h"
@@ -86,16 +86,7 @@ Status verify_rank_file(const EngineJson& e, const std::string& folder, int r) {
     ZINF_RETURN_IF_ERROR(read_exact(path, off, chunk.data(), n));
     sum.add(chunk.data(), n);
   }
-  // Format 2 recorded the top 53 bits (then carried to rank 0 in a double).
-  const std::uint64_t got = e.format == 2 ? sum.value() >> 11 : sum.value();
-  if (got != info.checksum) {
-    if (e.checksum_algo != kChecksumAlgo) {
-      return Status::corruption(fmt::format(
-          "{}: checksum mismatch: {}/engine.json records {}, and this build checks {}; a checkpoint without "
-          "checksum_algo was saved by an older zinf (FNV-1a checksums) and cannot be verified by this one",
-          path, folder, e.checksum_algo.empty() ? "no checksum_algo" : "checksum_algo \"" + e.checksum_algo + "\"",
-          kChecksumAlgo));
-    }
+  if (sum.value() != info.checksum) {
     return Status::corruption(fmt::format("{}: checksum mismatch ({}); the file is damaged", path, kChecksumAlgo));
   }
   return Status::ok();
@@ -103,13 +94,15 @@ Status verify_rank_file(const EngineJson& e, const std::string& folder, int r) {
 
 }  // namespace
 
-Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state) {
-  Impl& m = *impl_;
+namespace detail {
+
+Status save_checkpoint(const CheckpointState& m, const std::string& dir, const std::string& tag,
+                       const std::string& client_state) {
   ZINF_RETURN_IF_ERROR(check_tag_name(tag).with_context(fmt::format("checkpoint save into {}", dir)));
   const int rank = m.comm.rank();
   const std::string tmp_dir = detail::tmp_tag_folder(dir, tag);
   // Who writes the shared files: rank 0, or each node's first rank for node-local storage.
-  const bool writer = m.options.ds.checkpoint.use_node_local_storage ? m.comm.local_rank() == 0 : rank == 0;
+  const bool writer = m.node_local_storage ? m.comm.local_rank() == 0 : rank == 0;
   // The writer holds <dir>/.zinf_save.lock until the save is over (see prepare_save_folder).
   std::optional<fileio::FileLock> save_lock;
   const Status prepared = writer ? detail::prepare_save_folder(dir, tag, &save_lock) : Status::ok();
@@ -125,11 +118,11 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   Checksum64 sum;
   std::uint64_t bytes = 0;
   std::vector<float> buf;
-  const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
+  const std::size_t arrays = 1 + m.optimizer.optimizer().state_count();
   for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
     buf.resize(m.layout.subgroups[sg].numel);
-    for (std::size_t which = 0; which < arrays; ++which) {
-      ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, which, buf));
+    for (std::size_t position = 0; position < arrays; ++position) {
+      ZINF_RETURN_IF_ERROR(m.optimizer.read_state(sg, StateArray::at_position(position), buf));
       ZINF_RETURN_IF_ERROR(file.append(buf.data(), buf.size() * sizeof(float)));
       sum.add(buf.data(), buf.size() * sizeof(float));
       bytes += buf.size() * sizeof(float);
@@ -143,11 +136,11 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   ZINF_RETURN_IF_ERROR(m.comm.all_gather_u64(mine, sizes));
   if (writer) {
     detail::SaveRecord record{tag,
-                              std::string(swap::dtype_name(m.dtype)),
-                              std::string(m.optimizer->optimizer().config().name()),
+                              std::string(swap::dtype_name(m.precision)),
+                              std::string(m.optimizer.optimizer().config().name()),
                               &m.layout,
                               m.comm.world_size(),
-                              m.options.ds.checkpoint.use_node_local_storage,
+                              m.node_local_storage,
                               arrays,
                               m.counters,
                               {},
@@ -155,7 +148,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
     for (int r = 0; r < m.comm.world_size(); ++r) {
       record.ranks.push_back(SavedRankFile{sizes[static_cast<std::size_t>(r) * 2], sizes[static_cast<std::size_t>(r) * 2 + 1]});
     }
-    ZINF_RETURN_IF_ERROR(write_file_atomic(tmp_dir + "/engine.json", detail::engine_json_text(*m.model, record)));
+    ZINF_RETURN_IF_ERROR(write_file_atomic(tmp_dir + "/engine.json", detail::engine_json_text(m.model, record)));
     ZINF_RETURN_IF_ERROR(sync_dir(tmp_dir));
     detail::save_phase("engine.json written");
     ZINF_RETURN_IF_ERROR(detail::install_tag_folder(dir, tag));
@@ -163,8 +156,7 @@ Status Engine::save_checkpoint(const std::string& dir, const std::string& tag, c
   return m.comm.barrier();
 }
 
-Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::string& requested_tag) {
-  Impl& m = *impl_;
+Result<std::string> load_checkpoint(const CheckpointState& m, const std::string& dir, const std::string& requested_tag) {
   std::string tag = requested_tag;
   if (tag.empty()) {
     ZINF_ASSIGN_OR_RETURN(tag, read_latest_tag(dir));
@@ -177,18 +169,18 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   auto mismatch = [&](const std::string& what, const std::string& saved, const std::string& now) {
     return Status::invalid_argument(fmt::format("{}: checkpoint has {} {}, this run has {}", folder, what, saved, now));
   };
-  const nlohmann::json now_model = detail::model_json(*m.model);
+  const nlohmann::json now_model = detail::model_json(m.model);
   if (e.model != now_model) return mismatch("model", e.model.dump(), now_model.dump());
   const ModelLayout& saved_model = e.model_layout;
-  ZINF_RETURN_IF_ERROR(check_same_params(saved_model, *m.model, folder));
-  if (e.precision != swap::dtype_name(m.dtype)) {
-    return mismatch("precision", e.precision, std::string(swap::dtype_name(m.dtype)));
+  ZINF_RETURN_IF_ERROR(check_same_params(saved_model, m.model, folder));
+  if (e.precision != swap::dtype_name(m.precision)) {
+    return mismatch("precision", e.precision, std::string(swap::dtype_name(m.precision)));
   }
-  if (e.optimizer != m.optimizer->optimizer().config().name()) {
-    return mismatch("optimizer", e.optimizer, std::string(m.optimizer->optimizer().config().name()));
+  if (e.optimizer != m.optimizer.optimizer().config().name()) {
+    return mismatch("optimizer", e.optimizer, std::string(m.optimizer.optimizer().config().name()));
   }
   const SavedLayout& saved = e.saved;
-  const std::size_t arrays = 1 + m.optimizer->optimizer().state_count();
+  const std::size_t arrays = 1 + m.optimizer.optimizer().state_count();
   if (saved.arrays != arrays) {
     return Status::corruption(fmt::format("{}/engine.json: {} arrays per sub-group, the optimizer has {}", folder,
                                           saved.arrays, arrays));
@@ -211,7 +203,7 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
   std::vector<float> buf;
   for (std::size_t sg = 0; sg < m.layout.subgroups.size(); ++sg) {
     buf.resize(m.layout.subgroups[sg].numel);
-    for (std::size_t which = 0; which < arrays; ++which) {
+    for (std::size_t position = 0; position < arrays; ++position) {
       std::fill(buf.begin(), buf.end(), 0.0f);
       for (std::size_t g = m.layout.subgroups[sg].first_param;
            g < m.layout.subgroups[sg].first_param + m.layout.subgroups[sg].param_count; ++g) {
@@ -221,31 +213,22 @@ Result<std::string> Engine::load_checkpoint(const std::string& dir, const std::s
           const std::size_t lo = std::max(mine.begin, theirs.begin), hi = std::min(mine.end, theirs.end);
           if (lo >= hi) continue;
           float* to = buf.data() + m.layout.offset_in_subgroup[g] + (lo - mine.begin);
-          ZINF_RETURN_IF_ERROR(read_exact(detail::rank_file(folder, q), saved.element_offset(g, which, lo - theirs.begin), to,
+          ZINF_RETURN_IF_ERROR(read_exact(detail::rank_file(folder, q), saved.element_offset(g, position, lo - theirs.begin), to,
                                           (hi - lo) * sizeof(float)));
         }
       }
-      ZINF_RETURN_IF_ERROR(m.optimizer->load_state(sg, which, buf).with_context(folder));
+      ZINF_RETURN_IF_ERROR(m.optimizer.load_state(sg, StateArray::at_position(position), buf).with_context(folder));
     }
   }
   if (old_world != m.comm.world_size() || saved.layout.fingerprint() != m.layout.fingerprint()) {
     log(LogLevel::kInfo, fmt::format("{}: re-partitioned from {} to {} ranks ({} -> {})", folder, old_world,
                                      m.comm.world_size(), saved.layout.fingerprint(), m.layout.fingerprint()));
   }
-  m.counters.steps = e.counters.steps;
-  m.counters.updates = e.counters.updates;
-  m.counters.schedule_k = e.counters.schedule_k;
-  optim::LossScaler::State s;
-  s.scale = e.counters.loss_scale;
-  s.iteration = e.counters.scaler_iteration;
-  s.last_overflow_iteration = e.counters.scaler_last_overflow;
-  s.hysteresis_left = e.counters.scaler_hysteresis_left;
-  ZINF_RETURN_IF_ERROR(m.scaler->restore(s).with_context(folder));
-  m.sync_scaler_counters();
-  ZINF_RETURN_IF_ERROR(m.publish_params());
-  m.coordinator->invalidate_gathered();
+  ZINF_RETURN_IF_ERROR(m.restore(e.counters).with_context(folder));
   return e.client_state;
 }
+
+}  // namespace detail
 
 struct CheckpointReader::Impl {
   std::string folder;

@@ -10,7 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "zero3/engine_impl.h"
+#include "zero3/model_partition.h"
+#include "zinf/zero3/engine.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 
@@ -31,37 +32,37 @@ struct SavedLayout {
   std::vector<std::uint64_t> subgroup_bytes_at;  // where each sub-group's arrays start in a rank file
   std::uint64_t rank_file_bytes = 0;             // every rank file's size under this layout
 
-  // Byte offset in a rank file of element `element` of group g's slice in array `which`.
-  std::uint64_t element_offset(std::size_t g, std::size_t which, std::size_t element) const {
+  // Byte offset in a rank file of element `element` of group g's slice in the array at
+  // `position` (StateArray::position(): 0 the master weights, 1 + i the optimizer's state i).
+  std::uint64_t element_offset(std::size_t g, std::size_t position, std::size_t element) const {
     const std::size_t sg = layout.subgroup_of[g];
-    return subgroup_bytes_at[sg] + (which * layout.subgroups[sg].numel + layout.offset_in_subgroup[g] + element) * sizeof(float);
+    return subgroup_bytes_at[sg] + (position * layout.subgroups[sg].numel + layout.offset_in_subgroup[g] + element) * sizeof(float);
   }
 };
 
 struct SavedRankFile {
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0;  // the XXH3-64 of the file (format 2: its top 53 bits)
+  std::uint64_t checksum = 0;  // the XXH3-64 of the file
 };
 
 // Everything a load needs from engine.json, each value checked for type and range.
 struct EngineJson {
-  int format = 0;        // kCheckpointFormat, or kOldestCheckpointFormat .. it
+  int format = 0;        // kCheckpointFormat
   nlohmann::json model;  // the architecture, normalized (a GPT without "type" gets it)
   ModelLayout model_layout;
   SavedLayout saved;
   std::string precision;
   std::string optimizer;
-  std::string checksum_algo;  // "" in checkpoints of older zinf
+  std::string checksum_algo;  // kChecksumAlgo
   bool node_local = false;
   std::vector<SavedRankFile> ranks;
   EngineCounters counters;
   std::string client_state;
 };
 
-// The engine.json format a save writes, and the oldest a load reads. 3: each rank file's whole
-// XXH3-64 (format 2 kept its top 53 bits; 1 partitioned each parameter on its own).
+// The engine.json format a save writes and a load reads: each rank file's whole XXH3-64. (Formats
+// 1 and 2 were never released; a load refuses them as Unsupported.)
 inline constexpr int kCheckpointFormat = 3;
-inline constexpr int kOldestCheckpointFormat = 2;
 
 // The checksum of each rank file, named in engine.json ("checksum_algo").
 inline constexpr const char* kChecksumAlgo = "xxh3-64";

@@ -38,7 +38,7 @@ EarlyStepper::~EarlyStepper() {
   worker_.join();
 }
 
-void EarlyStepper::begin(const swap::StepInputs& speculative) {
+void EarlyStepper::begin(const swap::StepArgs& speculative) {
   std::lock_guard<std::mutex> lock(mu_);
   speculative_ = speculative;
   for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
@@ -109,7 +109,7 @@ Result<std::vector<optim::GradStats>> EarlyStepper::stats() {
   return stats_;
 }
 
-Result<EarlyStepReport> EarlyStepper::finish(const swap::StepInputs* in) {
+Result<EarlyStepReport> EarlyStepper::finish(const swap::StepArgs* in) {
   EarlyStepReport r;
   r.hidden_s = worker_s_;
   const bool keep = in != nullptr && in->grad_scale == speculative_.grad_scale;

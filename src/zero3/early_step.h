@@ -52,7 +52,7 @@ class EarlyStepper {
 
   // Before the last micro-batch's pass: the step as if nothing clips or overflows (its
   // grad_scale is 1 / loss scale).
-  void begin(const swap::StepInputs& speculative);
+  void begin(const swap::StepArgs& speculative);
   // Partition p's gradient is final (called from the thread that drives the passes). When its
   // sub-group's are all final, the worker computes the sub-group's stats and steps it.
   void partition_final(std::size_t p);
@@ -62,7 +62,7 @@ class EarlyStepper {
   // Ends the step. `in`: the step's real inputs, or nullptr when it is skipped (overflow). Keeps
   // the early steps when in->grad_scale is the speculative one, else rolls them back (and rewrites
   // the copies when skipping); then steps what remains.
-  Result<EarlyStepReport> finish(const swap::StepInputs* in);
+  Result<EarlyStepReport> finish(const swap::StepArgs* in);
 
  private:
   void worker_main();
@@ -71,7 +71,7 @@ class EarlyStepper {
   const swap::PartitionLayout& layout_;
   OptimizerTier& optimizer_;
   const std::vector<model::FloatBuffer>& grads_;
-  swap::StepInputs speculative_;
+  swap::StepArgs speculative_;
   std::vector<std::size_t> remaining_;   // per sub-group: partitions not yet final
   // Per sub-group, written by the worker and read after stats() (char: no shared bit words).
   std::vector<char> stepped_;            // stepped early (under a snapshot)

@@ -106,31 +106,6 @@ Result<std::unique_ptr<Engine::Impl>> Engine::Impl::build(std::unique_ptr<model:
 Engine::Impl::Impl(std::unique_ptr<model::Model> m, const EngineOptions& opts, Communicator& c)
     : options(opts), comm(c), model(std::move(m)), dtype(compute_dtype(opts.ds)) {}
 
-Result<PartitionPlan> model_partition_plan(std::span<const model::ParamSpec> params, std::size_t num_modules,
-                                           int world_size) {
-  std::vector<std::size_t> numels, group_of;
-  std::vector<int> group_of_module(num_modules, -1);
-  int groups = 0;
-  for (const model::ParamSpec& p : params) {
-    int& g = group_of_module[static_cast<std::size_t>(p.module)];
-    if (g < 0) g = groups++;
-    numels.push_back(p.numel);
-    group_of.push_back(static_cast<std::size_t>(g));
-  }
-  return PartitionPlan::create(numels, group_of, world_size);
-}
-
-std::vector<swap::ParamPartition> layout_partitions(std::span<const model::ParamSpec> params,
-                                                    std::span<const model::ModuleSpec> modules,
-                                                    const PartitionPlan& plan) {
-  std::vector<swap::ParamPartition> partitions;
-  for (std::size_t g = 0; g < plan.num_groups(); ++g) {
-    const model::ParamSpec& first = params[plan.group(g).params.front()];
-    partitions.push_back({modules[static_cast<std::size_t>(first.module)].name, plan.group(g).per_rank});
-  }
-  return partitions;
-}
-
 Status Engine::Impl::init() {
   const config::DsConfig& ds = options.ds;
   // The model computes in 16 bits where it can when the run does (its matrix products, matmul.h).
@@ -188,19 +163,19 @@ Status Engine::Impl::init() {
   ZINF_RETURN_IF_ERROR(init_master_weights());
   ZINF_RETURN_IF_ERROR(publish_params());
 
-  CoordinatorOptions co;
-  co.prefetch_bucket_size = static_cast<std::uint64_t>(ds.zero.prefetch_bucket_size);
-  co.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
-  co.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
-  co.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
-  if (co.max_live_parameters == 0) {
+  CoordinatorOptions coordinator_options;
+  coordinator_options.prefetch_bucket_size = static_cast<std::uint64_t>(ds.zero.prefetch_bucket_size);
+  coordinator_options.param_persistence_threshold = static_cast<std::uint64_t>(ds.zero.param_persistence_threshold);
+  coordinator_options.model_persistence_threshold = static_cast<std::uint64_t>(ds.zero.model_persistence_threshold);
+  coordinator_options.max_live_parameters = static_cast<std::uint64_t>(ds.zero.max_live_parameters);
+  if (coordinator_options.max_live_parameters == 0) {
     log(LogLevel::kNotice, fmt::format("{}: stage3_max_live_parameters 0: no prefetch and nothing kept; only the "
                                        "modules in use are gathered (as the reference, which reads 0 as no prefetch)",
                                        ds.source));
   }
-  co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
-  co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
+  coordinator_options.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
+  coordinator_options.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, grad_acc);
   if (options.overlap_optimizer) {
     if (early_steps_possible(*optimizer, *params, layout)) {
       early = std::make_unique<EarlyStepper>(layout, *optimizer, grad_acc);
@@ -290,7 +265,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const std::int64_t k = counters.schedule_k;
   // The step's inputs for a gradient scale (the step count, LR and momentum are known now).
   auto step_inputs = [&](double grad_scale) {
-    swap::StepInputs in;
+    swap::StepArgs in;
     in.ctx.step = counters.updates + 1;
     in.ctx.lr = schedule ? schedule->lr(k) : base_lr;
     if (schedule) in.ctx.beta1 = schedule->momentum(k);
@@ -359,7 +334,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   r.step = counters.steps;
   r.lr = schedule ? schedule->lr(k) : base_lr;
   // Keeps or rolls back the early steps and takes the rest of the step (in: null when skipped).
-  auto finish_early = [&](const swap::StepInputs* in) -> Status {
+  auto finish_early = [&](const swap::StepArgs* in) -> Status {
     ZINF_ASSIGN_OR_RETURN(EarlyStepReport e, early->finish(in));
     r.early_subgroups = e.stepped_early;
     r.early_rolled_back = e.rolled_back;
@@ -378,7 +353,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     if (options.ds.gradient_clipping > 0.0) {
       grad_scale = optim::clip_gradients(norm, scale, options.ds.gradient_clipping).grad_scale;
     }
-    const swap::StepInputs in = step_inputs(grad_scale);
+    const swap::StepArgs in = step_inputs(grad_scale);
     if (early) {
       ZINF_RETURN_IF_ERROR(finish_early(&in));
     } else {
@@ -424,7 +399,7 @@ Status Engine::read_full_param(std::size_t index, std::span<float> out) {
   const ParamPlace& place = m.plan.place(index);
   const std::size_t sg = m.layout.subgroup_of[place.group];
   std::vector<float> master(m.layout.subgroups[sg].numel);
-  ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, 0, master));
+  ZINF_RETURN_IF_ERROR(m.optimizer->read_state(sg, StateArray::master(), master));
   const std::size_t per_rank = m.plan.group(place.group).per_rank;
   const float* mine = master.data() + m.layout.offset_in_subgroup[place.group];
   std::vector<float> all(per_rank * static_cast<std::size_t>(m.comm.world_size()));

@@ -1,4 +1,5 @@
-// Internal: the engine's state, shared by engine.cpp and checkpoint.cpp.
+// Internal: the engine's state, shared by engine.cpp and engine_checkpoint.cpp (which hands
+// checkpoints the narrow CheckpointState of checkpoint_state.h).
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 #include "device/device.h"
 #include "zero3/coordinator.h"
 #include "zero3/early_step.h"
+#include "zero3/model_partition.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/handle.h"
 #include "zinf/model/float_buffer.h"
@@ -19,31 +21,7 @@
 
 namespace zinf::zero3 {
 
-// The partition plan the engine uses for a model's parameters on `world_size` ranks: one group per
-// module that owns parameters (a module's parameters are gathered by one collective).
-Result<PartitionPlan> model_partition_plan(std::span<const model::ParamSpec> params, std::size_t num_modules,
-                                           int world_size);
-// The optimizer layout's partitions for that plan: one per group, named after its module.
-std::vector<swap::ParamPartition> layout_partitions(std::span<const model::ParamSpec> params,
-                                                    std::span<const model::ModuleSpec> modules,
-                                                    const PartitionPlan& plan);
-
-// Calls fn(param, first element of param, count, position in out) for the pieces of `out`
-// that hold real parameter values, where `out` is elements [offset, offset + out.size()) of
-// `rank`'s slice of `group`. Elements it does not name are padding.
-template <typename Fn>
-Status for_each_param_piece(const PartitionPlan& plan, std::size_t group, int rank, std::uint64_t offset,
-                            std::size_t count, Fn&& fn) {
-  const GroupSlot& g = plan.group(group);
-  const std::size_t begin = static_cast<std::size_t>(rank) * g.per_rank + offset;  // group flat index
-  const std::size_t end = std::min(begin + count, g.numel);
-  for (std::size_t p : g.params) {
-    const ParamPlace& pl = plan.place(p);
-    const std::size_t lo = std::max(begin, pl.offset), hi = std::min(end, pl.offset + pl.numel);
-    if (lo < hi) ZINF_RETURN_IF_ERROR(fn(p, lo - pl.offset, hi - lo, lo - begin));
-  }
-  return Status::ok();
-}
+struct CheckpointState;
 
 struct Engine::Impl {
   static Result<std::unique_ptr<Impl>> build(std::unique_ptr<model::Model> model, const EngineOptions& options,
@@ -54,6 +32,8 @@ struct Engine::Impl {
   Status publish_params();
   Result<StepReport> train_step(std::span<const MicroBatch> micro_batches);
   void sync_scaler_counters();
+  // What a checkpoint save or load sees of this engine (engine_checkpoint.cpp).
+  CheckpointState checkpoint_state();
 
   EngineOptions options;
   Communicator& comm;

@@ -45,14 +45,14 @@ class MemoryOptimizerTier final : public OptimizerTier {
     return Status::ok();
   }
 
-  Status step(const swap::StepInputs& in) override {
+  Status step(const swap::StepArgs& in) override {
     for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) ZINF_RETURN_IF_ERROR(step_subgroup(in, sg));
     return Status::ok();
   }
 
   bool steps_subgroups() const override { return true; }
 
-  Status step_subgroup(const swap::StepInputs& in, std::size_t sg) override {
+  Status step_subgroup(const swap::StepArgs& in, std::size_t sg) override {
     if (in.grads.size() != layout_.subgroups.size() || sg >= layout_.subgroups.size()) {
       return Status::internal(fmt::format("step of sub-group {} with {} gradient views for {} sub-groups", sg,
                                           in.grads.size(), layout_.subgroups.size()));
@@ -106,14 +106,14 @@ class MemoryOptimizerTier final : public OptimizerTier {
     return Status::ok();
   }
 
-  Status read_state(std::size_t sg, std::size_t which, std::span<float> out) override {
-    ZINF_RETURN_IF_ERROR(check(sg, which, out.size()));
-    std::memcpy(out.data(), arrays_[which][sg].data(), out.size_bytes());
+  Status read_state(std::size_t sg, StateArray array, std::span<float> out) override {
+    ZINF_RETURN_IF_ERROR(check(sg, array, out.size()));
+    std::memcpy(out.data(), arrays_[array.position()][sg].data(), out.size_bytes());
     return Status::ok();
   }
-  Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) override {
-    ZINF_RETURN_IF_ERROR(check(sg, which, in.size()));
-    std::memcpy(arrays_[which][sg].data(), in.data(), in.size_bytes());
+  Status load_state(std::size_t sg, StateArray array, std::span<const float> in) override {
+    ZINF_RETURN_IF_ERROR(check(sg, array, in.size()));
+    std::memcpy(arrays_[array.position()][sg].data(), in.data(), in.size_bytes());
     return Status::ok();
   }
   float* master_in_memory(std::size_t sg) override { return arrays_[0][sg].data(); }
@@ -121,9 +121,10 @@ class MemoryOptimizerTier final : public OptimizerTier {
   std::uint64_t bytes_moved() const override { return 0; }
 
  private:
-  Status check(std::size_t sg, std::size_t which, std::size_t n) const {
-    if (which >= arrays_.size() || sg >= layout_.subgroups.size() || n != layout_.subgroups[sg].numel) {
-      return Status::internal(fmt::format("optimizer state {} of sub-group {} with {} elements", which, sg, n));
+  Status check(std::size_t sg, StateArray array, std::size_t n) const {
+    if (array.position() >= arrays_.size() || sg >= layout_.subgroups.size() || n != layout_.subgroups[sg].numel) {
+      return Status::internal(
+          fmt::format("optimizer state {} of sub-group {} with {} elements", array.position(), sg, n));
     }
     return Status::ok();
   }
@@ -181,17 +182,17 @@ class NvmeOptimizerTier final : public OptimizerTier {
   const optim::Optimizer& optimizer() const override { return swapper_->optimizer(); }
   Status init_master(const swap::MasterSource& source) override { return swapper_->init_master(source); }
   Status read_ahead() override { return swapper_->read_ahead(); }
-  Status step(const swap::StepInputs& in) override {
+  Status step(const swap::StepArgs& in) override {
     Status s = swapper_->step(in);
     account();
     return s;
   }
   Status write_param_copies(swap::ParamSink& sink) override { return swapper_->write_param_copies(sink); }
-  Status read_state(std::size_t sg, std::size_t which, std::span<float> out) override {
-    return swapper_->read_state(sg, which, out);
+  Status read_state(std::size_t sg, StateArray array, std::span<float> out) override {
+    return swapper_->read_state(sg, array.position(), out);
   }
-  Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) override {
-    return swapper_->load_state(sg, which, in);
+  Status load_state(std::size_t sg, StateArray array, std::span<const float> in) override {
+    return swapper_->load_state(sg, array.position(), in);
   }
   double io_wait_seconds() const override { return io_wait_; }
   std::uint64_t bytes_moved() const override { return bytes_; }
@@ -209,7 +210,7 @@ class NvmeOptimizerTier final : public OptimizerTier {
 
 }  // namespace
 
-Status OptimizerTier::step_subgroup(const swap::StepInputs&, std::size_t) {
+Status OptimizerTier::step_subgroup(const swap::StepArgs&, std::size_t) {
   return Status::unsupported(fmt::format("{}: no early steps of single sub-groups", describe()));
 }
 Status OptimizerTier::snapshot(std::size_t) {

@@ -49,10 +49,10 @@ class MemoryParamTier final : public ParamTier {
   void prefetch(std::size_t) override {}
   void drop_prefetch(std::size_t) override {}
 
-  Status read_f32(std::size_t p, std::span<float> dst) override {
-    const std::size_t sg = layout_.subgroup_of[p];
+  Status read_f32(std::size_t partition, std::span<float> dst) override {
+    const std::size_t sg = layout_.subgroup_of[partition];
     const std::byte* src = static_cast<const std::byte*>(pointers_[sg]) +
-                           layout_.offset_in_subgroup[p] * swap::dtype_size(dtype_);
+                           layout_.offset_in_subgroup[partition] * swap::dtype_size(dtype_);
     return optim::convert_to_f32(src, dtype_, dst);
   }
 
@@ -69,7 +69,8 @@ class MemoryParamTier final : public ParamTier {
   swap::HostParamSink sink_;  // over pointers_
 };
 
-// Partitions in the parameter swap store, keyed by parameter name, staged through its pool.
+// Partitions in the parameter swap store, keyed by PartitionLayout::params[i].key (the partition
+// group's module name), staged through the swapper's pool.
 class NvmeParamTier final : public ParamTier {
  public:
   NvmeParamTier(const swap::PartitionLayout& layout, std::unique_ptr<swap::ParamSwapper> swapper)
@@ -92,25 +93,25 @@ class NvmeParamTier final : public ParamTier {
   // At most buffer_count - 1 are staged at once (one buffer stays for streaming), so every
   // staged copy fits in the pool together: a prefetch never waits for memory that only a
   // later prefetch's consumer would free (which would deadlock the reader of the earlier one).
-  void prefetch(std::size_t p) override {
+  void prefetch(std::size_t partition) override {
     const swap::ParamSwapConfig& c = swapper_->config();
-    if (layout_.params[p].numel > c.buffer_size) return;
+    if (layout_.params[partition].numel > c.buffer_size) return;
     std::lock_guard lock(mutex_);
     if (staged_.size() + 1 >= c.buffer_count) return;
-    if (staged_.insert(p).second) (void)swapper_->fetch(layout_.params[p].key);
+    if (staged_.insert(partition).second) (void)swapper_->fetch(layout_.params[partition].key);
   }
 
-  void drop_prefetch(std::size_t p) override {
+  void drop_prefetch(std::size_t partition) override {
     std::lock_guard lock(mutex_);
-    if (staged_.erase(p) > 0) (void)swapper_->release(layout_.params[p].key).wait();
+    if (staged_.erase(partition) > 0) (void)swapper_->release(layout_.params[partition].key).wait();
   }
 
-  Status read_f32(std::size_t p, std::span<float> dst) override {
-    const std::string& key = layout_.params[p].key;
+  Status read_f32(std::size_t partition, std::span<float> dst) override {
+    const std::string& key = layout_.params[partition].key;
     bool staged = false;
     {
       std::lock_guard lock(mutex_);
-      staged = staged_.erase(p) > 0;
+      staged = staged_.erase(partition) > 0;
     }
     const auto t0 = Clock::now();
     if (!staged) {

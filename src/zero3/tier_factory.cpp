@@ -29,57 +29,57 @@ Result<std::unique_ptr<aio::Handle>> make_handle(const config::AioSection& a,
 
 Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c, optim::Optimizer optimizer,
                                                            aio::Handle* handle) {
-  const config::OffloadOptimizerSection& oo = c.ds.zero.offload_optimizer;
-  switch (oo.device) {
+  const config::OffloadOptimizerSection& offload = c.ds.zero.offload_optimizer;
+  switch (offload.device) {
     case config::OffloadDevice::kNone:
     case config::OffloadDevice::kCpu:
       return make_memory_optimizer_tier(c.layout, std::move(optimizer), {});
     case config::OffloadDevice::kNvme: {
-      swap::OptimizerSwapConfig sc;
-      sc.store = swap_store_config(oo.nvme_path, c.rank);
-      sc.buffer_count = static_cast<std::size_t>(oo.buffer_count);
-      sc.pipeline_read = oo.pipeline_read;
-      sc.pipeline_write = oo.pipeline_write;
-      sc.sub_group_size = c.layout.sub_group_size;
-      sc.pin_memory = oo.pin_memory;
-      return make_nvme_optimizer_tier(sc, c.layout.params, std::move(optimizer), *handle, swap::OpenMode::kCreate);
+      swap::OptimizerSwapConfig swap_config;
+      swap_config.store = swap_store_config(offload.nvme_path, c.rank);
+      swap_config.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+      swap_config.pipeline_read = offload.pipeline_read;
+      swap_config.pipeline_write = offload.pipeline_write;
+      swap_config.sub_group_size = c.layout.sub_group_size;
+      swap_config.pin_memory = offload.pin_memory;
+      return make_nvme_optimizer_tier(swap_config, c.layout.params, std::move(optimizer), *handle, swap::OpenMode::kCreate);
     }
   }
   return Status::internal(fmt::format("offload_optimizer.device {} has no tier",
-                                      config::offload_device_name(oo.device)));
+                                      config::offload_device_name(offload.device)));
 }
 
 Result<std::unique_ptr<ParamTier>> make_param_tier(const TierContext& c, OptimizerTier& optimizer,
                                                    aio::Handle* handle) {
-  const config::OffloadParamSection& op = c.ds.zero.offload_param;
-  switch (op.device) {
+  const config::OffloadParamSection& offload = c.ds.zero.offload_param;
+  switch (offload.device) {
     case config::OffloadDevice::kNone:
     case config::OffloadDevice::kCpu:
       return make_memory_param_tier(c.layout, c.dtype, &optimizer);
     case config::OffloadDevice::kNvme: {
-      swap::ParamSwapConfig pc;
-      pc.store = swap_store_config(op.nvme_path, c.rank);
-      pc.buffer_count = static_cast<std::size_t>(op.buffer_count);
-      pc.buffer_size = static_cast<std::size_t>(op.buffer_size);
-      pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
-      pc.pin_memory = op.pin_memory;
-      pc.dtype = c.dtype;
-      return make_nvme_param_tier(c.layout, pc, *handle);
+      swap::ParamSwapConfig swap_config;
+      swap_config.store = swap_store_config(offload.nvme_path, c.rank);
+      swap_config.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+      swap_config.buffer_size = static_cast<std::size_t>(offload.buffer_size);
+      swap_config.max_in_cpu = static_cast<std::uint64_t>(offload.max_in_cpu);
+      swap_config.pin_memory = offload.pin_memory;
+      swap_config.dtype = c.dtype;
+      return make_nvme_param_tier(c.layout, swap_config, *handle);
     }
   }
-  return Status::internal(fmt::format("offload_param.device {} has no tier", config::offload_device_name(op.device)));
+  return Status::internal(fmt::format("offload_param.device {} has no tier", config::offload_device_name(offload.device)));
 }
 
 }  // namespace
 
 swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank) {
-  swap::StoreConfig sc;
-  sc.nvme_paths = {nvme_path};
-  sc.rank = rank;
+  swap::StoreConfig store;
+  store.nvme_paths = {nvme_path};
+  store.rank = rank;
   // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so steps
   // need not fdatasync (failure safety against I/O errors stays: the optimizer's two slots).
-  sc.durable = false;
-  return sc;
+  store.durable = false;
+  return store;
 }
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {

@@ -31,17 +31,35 @@ namespace zinf::zero3 {
 
 class OptimizerTier;
 
+// One of a sub-group's fp32 arrays in an optimizer tier: the master weights, or the optimizer's
+// state i (optim::Optimizer::state_name(i)). position() is its place in the order master, state 0,
+// state 1, ...: the order of a checkpoint's rank file and of the swapper's tensors.
+class StateArray {
+ public:
+  static constexpr StateArray master() { return StateArray(0); }
+  static constexpr StateArray optimizer_state(std::size_t i) { return StateArray(1 + i); }
+  static constexpr StateArray at_position(std::size_t position) { return StateArray(position); }
+  constexpr std::size_t position() const { return position_; }
+  constexpr bool operator==(const StateArray&) const = default;
+
+ private:
+  constexpr explicit StateArray(std::size_t position) : position_(position) {}
+  std::size_t position_;
+};
+
 class ParamTier {
  public:
   virtual ~ParamTier() = default;
   virtual swap::DType dtype() const = 0;
   virtual std::string describe() const = 0;
-  // Starts bringing partition p close (nvme: an async read into pinned staging).
-  virtual void prefetch(std::size_t p) = 0;
+  // `partition` indexes layout().params: the partition of one partition group (a module's
+  // parameters), as PartitionPlan::group() numbers them.
+  // Starts bringing `partition` close (nvme: an async read into pinned staging).
+  virtual void prefetch(std::size_t partition) = 0;
   // Gives up a prefetch that will not be read (the pass left the trace).
-  virtual void drop_prefetch(std::size_t p) = 0;
-  // Writes partition p (layout().params[p].numel elements) as fp32 into dst; waits for it.
-  virtual Status read_f32(std::size_t p, std::span<float> dst) = 0;
+  virtual void drop_prefetch(std::size_t partition) = 0;
+  // Writes `partition` (layout().params[partition].numel elements) as fp32 into dst; waits for it.
+  virtual Status read_f32(std::size_t partition, std::span<float> dst) = 0;
   // Where the optimizer writes this tier's updated partitions (dtype(), the layout's padded
   // sub-groups); valid for the tier's lifetime. An fp32 tier's sink takes the master weights.
   virtual swap::ParamSink& sink() = 0;
@@ -74,7 +92,7 @@ class OptimizerTier {
   // swapper's read_ahead(); memory: nothing). A read error surfaces at that step().
   virtual Status read_ahead() { return Status::ok(); }
   // One step over every sub-group; the updated copies go to in.sink (nullptr: none).
-  virtual Status step(const swap::StepInputs& in) = 0;
+  virtual Status step(const swap::StepArgs& in) = 0;
 
   // Early steps (early_step.h): a sub-group stepped on its own as soon as its gradients are
   // final, under a snapshot that restore() brings back if the step must be taken again. Tiers
@@ -82,16 +100,16 @@ class OptimizerTier {
   virtual bool steps_subgroups() const { return false; }
   // step() over sub-group sg alone (in.grads[sg]); thread-compatible with the passes: touches
   // only sub-group sg's state and sg's part of the sink.
-  virtual Status step_subgroup(const swap::StepInputs& in, std::size_t sg);
+  virtual Status step_subgroup(const swap::StepArgs& in, std::size_t sg);
   // Keeps a copy of sub-group sg's master weights and states; restore(sg) puts it back.
   virtual Status snapshot(std::size_t sg);
   virtual Status restore(std::size_t sg);
   // Rewrites every copy in `sink` from the current master weights (after init and resume).
   virtual Status write_param_copies(swap::ParamSink& sink) = 0;
-  // which: 0 master, 1 + i the optimizer's state i. out: subgroups[sg].numel elements.
-  virtual Status read_state(std::size_t sg, std::size_t which, std::span<float> out) = 0;
+  // Sub-group sg's committed `array` into out (subgroups[sg].numel elements).
+  virtual Status read_state(std::size_t sg, StateArray array, std::span<float> out) = 0;
   // The inverse, for resume: replaces committed state (memory tiers write in place).
-  virtual Status load_state(std::size_t sg, std::size_t which, std::span<const float> in) = 0;
+  virtual Status load_state(std::size_t sg, StateArray array, std::span<const float> in) = 0;
   // Sub-group sg's fp32 master weights where they stay in host memory for the tier's lifetime
   // (memory tiers), else nullptr. An fp32 memory parameter tier reads them in place (the
   // factory asks once, at construction).

@@ -2,6 +2,10 @@
 #include "config/json_text.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "common/json_check.h"
+#include "test_util.h"
 
 namespace zinf::config::detail {
 namespace {
@@ -131,6 +135,44 @@ TEST(JsonTextTest, CommaOnlyIsNotTrailingWhenAValueFollows) {
   // "[1,,2]" stays invalid: only a comma right before a closing bracket is blanked.
   auto r = parse_json_text("[1,,2]", "x.json");
   EXPECT_FALSE(r.is_ok());
+}
+
+}  // namespace
+}  // namespace zinf::config::detail
+
+namespace zinf::config::detail {
+namespace {
+
+// The one integer rule (common/json_check.h): ds_config takes whole floats (5e8 is the integer
+// DeepSpeed reads), files zinf writes do not; both refuse fractions, strings and values past 2^63.
+TEST(IntegerRuleTest, ConfigAndZinfFilesShareOneRuleAndDifferOnlyInWholeFloats) {
+  using jsonck::IntError;
+  using jsonck::WholeFloats;
+  const auto read = [](const char* text, WholeFloats floats) {
+    return jsonck::read_int64(nlohmann::json::parse(text), floats);
+  };
+  for (WholeFloats floats : {WholeFloats::kAccept, WholeFloats::kRefuse}) {
+    EXPECT_EQ(read("42", floats).value, 42);
+    EXPECT_EQ(read("-7", floats).value, -7);
+    EXPECT_EQ(read("9223372036854775807", floats).value, INT64_MAX);
+    EXPECT_EQ(read("9223372036854775808", floats).error, IntError::kOutOfRange);
+    EXPECT_EQ(read("\"3\"", floats).error, IntError::kNotAnInteger);
+    EXPECT_EQ(read("true", floats).error, IntError::kNotAnInteger);
+  }
+  EXPECT_EQ(read("5e8", WholeFloats::kAccept).value, 500000000);
+  EXPECT_EQ(read("2.0", WholeFloats::kAccept).value, 2);
+  EXPECT_EQ(read("2.5", WholeFloats::kAccept).error, IntError::kNotWhole);
+  EXPECT_EQ(read("1e19", WholeFloats::kAccept).error, IntError::kOutOfRange);
+  EXPECT_EQ(read("5e8", WholeFloats::kRefuse).error, IntError::kNotAnInteger);
+  EXPECT_EQ(read("2.5", WholeFloats::kRefuse).error, IntError::kNotAnInteger);
+  // The two readers' messages.
+  EXPECT_NE(jsonck::int_value(nlohmann::json::parse("2.0"), 0, 9, {"f.json", "k"}).status().message().find(
+                "f.json: k: expected an integer from 0 to 9, got 2.0"),
+            std::string::npos);
+  EXPECT_TRUE(testing::parse(R"({"train_batch_size": 2.0})").is_ok());
+  EXPECT_NE(testing::error_of(R"({"train_batch_size": 2, "zero_optimization": {"sub_group_size": 2.5}})")
+                .find("sub_group_size: expected a non-negative integer, got 2.5 (not a whole number)"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -101,21 +101,21 @@ class ReferenceLlama {
     rope(k, B, T, NKV);
     std::vector<double> y(static_cast<size_t>(N) * C, 0.0);
     for (int b = 0; b < B; b++) {
-      for (int hh = 0; hh < NH; hh++) {
-        const int g = hh / (NH / NKV);  // repeat_kv
+      for (int head = 0; head < NH; head++) {
+        const int g = head / (NH / NKV);  // repeat_kv
         for (int t = 0; t < T; t++) {
           std::vector<double> att(t + 1);
           double maxv = -1e300, sum = 0.0;
           for (int u = 0; u <= t; u++) {
             double s = 0.0;
-            for (int i = 0; i < hd; i++) s += q[(b * T + t) * C + hh * hd + i] * k[(b * T + u) * KV + g * hd + i];
+            for (int i = 0; i < hd; i++) s += q[(b * T + t) * C + head * hd + i] * k[(b * T + u) * KV + g * hd + i];
             att[u] = s / std::sqrt(static_cast<double>(hd));
             maxv = std::max(maxv, att[u]);
           }
           for (int u = 0; u <= t; u++) sum += (att[u] = std::exp(att[u] - maxv));
           for (int u = 0; u <= t; u++) {
             for (int i = 0; i < hd; i++) {
-              y[(b * T + t) * C + hh * hd + i] += att[u] / sum * v[(b * T + u) * KV + g * hd + i];
+              y[(b * T + t) * C + head * hd + i] += att[u] / sum * v[(b * T + u) * KV + g * hd + i];
             }
           }
         }

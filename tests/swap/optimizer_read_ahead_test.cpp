@@ -38,9 +38,9 @@ class ReadAhead : public ::testing::Test {
     }
   }
 
-  StepInputs inputs(int t) {
+  StepArgs inputs(int t) {
     grads_ = make_grads(sw_->layout(), DType::kF32, 500 + t);
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = t;
     in.grads = views(grads_, DType::kF32);
     in.sink = &sink_;

@@ -102,7 +102,7 @@ TEST_P(OptimizerSwapperSteps, MatchInMemoryStepsBitForBit) {
   }
   for (int step = 1; step <= 4; ++step) {
     const auto grads = make_grads(sw.layout(), c.grad_dtype, 100 + step);
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = step;
     in.ctx.lr = 1e-2 / step;
     in.grad_scale = 0.5;
@@ -196,7 +196,7 @@ TEST_P(OptimizerSwapperFault, FailedStepLeavesThePreviousStateIntact) {
   for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
   HostParamSink sink = host_sink(copies);
   auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = step;
     in.grads = views(grads, DType::kF32);
     in.sink = &sink;
@@ -348,7 +348,7 @@ TEST_P(OptimizerSwapperDeferredSink, WaitsForEveryTicketBeforeReusingItsBuffers)
   expect_copies("after write_param_copies");
   for (int step = 1; step <= 3; ++step) {
     const auto grads = make_grads(sw->layout(), DType::kF32, 70 + step);
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = step;
     in.grads = views(grads, DType::kF32);
     ref.step(in);
@@ -375,7 +375,7 @@ TEST(OptimizerSwapper, LoadStateRestoresACheckpointAsAWhole) {
   ASSERT_TRUE(b->init_master(initial_source()).is_ok());
   auto step = [&](OptimizerSwapper& sw, int t) {
     const auto grads = make_grads(sw.layout(), DType::kF32, 40 + t);
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = t;
     in.grads = views(grads, DType::kF32);
     return sw.step(in);
@@ -445,7 +445,7 @@ TEST(OptimizerSwapper, RefusesMismatchedReopenAndTooSmallBudgets) {
   EXPECT_NE(tiny.status().message().find("raise offload_optimizer.buffer_size"), std::string::npos);
   cfg.buffer_size = 8192;
   auto fresh = std::move(OptimizerSwapper::create(cfg, kParams, optim::Optimizer(adamw()), *h)).value();
-  StepInputs in;
+  StepArgs in;
   in.ctx.step = 1;
   EXPECT_EQ(fresh->step(in).code(), ErrorCode::kInvalidArgument);  // no gradients, no master weights
 }
@@ -463,7 +463,7 @@ TEST(OptimizerSwapper, DamagedStateIsCorruptionNotNaN) {
   for (const SubGroup& g : sw->layout().subgroups) copies.emplace_back(g.numel, 0);
   HostParamSink sink = host_sink(copies);
   auto inputs = [&](int step, const std::vector<std::vector<std::byte>>& grads) {
-    StepInputs in;
+    StepArgs in;
     in.ctx.step = step;
     in.grads = views(grads, DType::kF32);
     in.sink = &sink;

@@ -52,7 +52,7 @@ struct InMemory {
       }
     }
   }
-  void step(const StepInputs& in) {
+  void step(const StepArgs& in) {
     for (std::size_t g = 0; g < master.size(); ++g) {
       std::vector<std::span<float>> st(states[g].begin(), states[g].end());
       optim::GradView grad = in.grads[g];

@@ -25,12 +25,12 @@ constexpr int kB = 2, kT = 8;
 // modules span several. lr 1e-2 learns the two batches within a few steps.
 inline config::DsConfig ds_config(const std::string& device, const std::string& nvme, bool bf16 = true,
                                   int sub_group_size = 300, double lr = 1e-2) {
-  const std::string op =
+  const std::string offload_param =
       device == "nvme"
           ? fmt::format(R"({{"device": "nvme", "nvme_path": "{}", "buffer_count": 3, "buffer_size": 1024, "max_in_cpu": 0}})",
                         nvme)
           : R"({"device": "none"})";
-  const std::string oo = device == "none" ? R"({"device": "none"})"
+  const std::string offload_optimizer = device == "none" ? R"({"device": "none"})"
                                           : fmt::format(R"({{"device": "{}", "nvme_path": "{}"}})", device, nvme);
   const std::string text = fmt::format(R"({{
     "train_micro_batch_size_per_gpu": {B}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
@@ -38,10 +38,10 @@ inline config::DsConfig ds_config(const std::string& device, const std::string& 
     "optimizer": {{"type": "AdamW", "params": {{"lr": {lr}, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}}}},
     "zero_optimization": {{"stage": 3, "sub_group_size": {sg}, "reduce_bucket_size": 200,
       "stage3_prefetch_bucket_size": 500, "stage3_param_persistence_threshold": 16,
-      "offload_param": {op}, "offload_optimizer": {oo}}},
+      "offload_param": {offload_param}, "offload_optimizer": {offload_optimizer}}},
     "aio": {{"block_size": 65536, "queue_depth": 4}}
   }})",
-                                       fmt::arg("B", kB), fmt::arg("op", op), fmt::arg("oo", oo),
+                                       fmt::arg("B", kB), fmt::arg("offload_param", offload_param), fmt::arg("offload_optimizer", offload_optimizer),
                                        fmt::arg("precision", bf16 ? R"("bf16": {"enabled": true},)" : ""),
                                        fmt::arg("sg", sub_group_size), fmt::arg("lr", lr));
   auto ds = config::parse_ds_config(text, "engine_harness", config::AutoContext{});

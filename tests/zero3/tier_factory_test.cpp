@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "temp_dir.h"
+#include "tier_test_config.h"
 #include "zero3/early_step.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/optim/half.h"
@@ -29,21 +30,8 @@ const std::vector<swap::ParamPartition> kPartitions = {{"a", 3000}, {"b", 1}, {"
 
 float initial(std::size_t p, std::uint64_t i) { return std::sin(0.37f * static_cast<float>(p * 10007 + i)) * 0.5f; }
 
-config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const testing::TempDir& dir) {
-  config::DsConfig ds;
-  ds.zero.sub_group_size = 5000;  // several sub-groups, each partition at a kAlign boundary
-  ds.zero.offload_param.device = param;
-  ds.zero.offload_param.nvme_path = dir.sub("params");
-  ds.zero.offload_param.buffer_count = 3;
-  ds.zero.offload_param.buffer_size = 8192;
-  ds.zero.offload_param.max_in_cpu = 0;
-  ds.zero.offload_optimizer.device = optimizer;
-  ds.zero.offload_optimizer.nvme_path = dir.sub("optimizer");
-  ds.zero.offload_optimizer.buffer_count = 4;
-  ds.zero.offload_optimizer.pipeline_read = ds.zero.offload_optimizer.pipeline_write = true;
-  ds.aio.block_size = 65536;
-  ds.aio.queue_depth = 4;
-  return ds;
+config::DsConfig ds_for(OffloadDevice param, OffloadDevice optimizer, const zinf::testing::TempDir& dir) {
+  return testing::tier_ds_config(param, optimizer, dir, 8192);
 }
 
 // Every partition read back from the parameter tier equals the optimizer's master weights
@@ -52,7 +40,7 @@ void expect_params_are_rounded_master(Tiers& t, const swap::PartitionLayout& lay
   const DType dtype = t.params->dtype();
   for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
     std::vector<float> master(layout.subgroups[sg].numel);
-    ASSERT_TRUE(t.optimizer->read_state(sg, 0, master).is_ok());
+    ASSERT_TRUE(t.optimizer->read_state(sg, StateArray::master(), master).is_ok());
     std::vector<float> want = master;
     if (dtype != DType::kF32) {
       std::vector<std::uint16_t> half(master.size());
@@ -75,7 +63,7 @@ class TierFactoryTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
   const auto [param_device, optimizer_device, dtype] = GetParam();
-  testing::TempDir dir;
+  zinf::testing::TempDir dir;
   const config::DsConfig ds = ds_for(param_device, optimizer_device, dir);
   const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
   ASSERT_EQ(layout.subgroups.size(), 2u);
@@ -109,7 +97,7 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
 
   for (std::int64_t step = 1; step <= 2; ++step) {
     std::vector<std::vector<float>> grads;
-    swap::StepInputs in;
+    swap::StepArgs in;
     in.ctx.step = step;
     for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
       grads.emplace_back(layout.subgroups[sg].numel, 0.0f);
@@ -123,7 +111,7 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
     expect_params_are_rounded_master(t, layout);
   }
   std::vector<float> master(layout.subgroups[0].numel);
-  ASSERT_TRUE(t.optimizer->read_state(0, 0, master).is_ok());
+  ASSERT_TRUE(t.optimizer->read_state(0, StateArray::master(), master).is_ok());
   EXPECT_NE(master[0], initial(0, 0)) << "the step changed nothing: the test would prove nothing";
 }
 
@@ -160,7 +148,7 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
   enum class End { kKeep, kClip, kSkip };
   for (End end : {End::kKeep, End::kClip, End::kSkip}) {
     for (DType dtype : {DType::kBF16, DType::kF32}) {
-      testing::TempDir dir;
+      zinf::testing::TempDir dir;
       const config::DsConfig ds = ds_for(OffloadDevice::kCpu, OffloadDevice::kCpu, dir);
       const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
       optim::AdamParams adam;
@@ -188,7 +176,7 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
         for (std::size_t k = 0; k < sg.numel; ++k) grads.back().data()[k] = std::cos(0.1f * static_cast<float>(k));
       }
       auto inputs = [&](Tiers& t, double scale) {
-        swap::StepInputs in;
+        swap::StepArgs in;
         in.ctx.step = 1;
         in.grad_scale = scale;
         for (const model::FloatBuffer& g : grads) in.grads.push_back(optim::GradView{g.data(), DType::kF32, g.size(), 1.0});
@@ -206,7 +194,7 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
       auto stats = early.stats();
       ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
       ASSERT_EQ(stats->size(), layout.subgroups.size());
-      const swap::StepInputs real = inputs(early_tiers, end == End::kKeep ? speculative : clipped);
+      const swap::StepArgs real = inputs(early_tiers, end == End::kKeep ? speculative : clipped);
       auto report = early.finish(end == End::kSkip ? nullptr : &real);
       ASSERT_TRUE(report.is_ok()) << report.status().to_string();
       EXPECT_EQ(report->stepped_early, end == End::kKeep ? layout.subgroups.size() : 0u);
@@ -217,8 +205,8 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
       for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
         for (std::size_t which = 0; which < 3; ++which) {
           std::vector<float> a(layout.subgroups[sg].numel), b(a.size());
-          ASSERT_TRUE(at_end.optimizer->read_state(sg, which, a).is_ok());
-          ASSERT_TRUE(early_tiers.optimizer->read_state(sg, which, b).is_ok());
+          ASSERT_TRUE(at_end.optimizer->read_state(sg, StateArray::at_position(which), a).is_ok());
+          ASSERT_TRUE(early_tiers.optimizer->read_state(sg, StateArray::at_position(which), b).is_ok());
           EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
               << what << ": sub-group " << sg << " state " << which;
         }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <optional>
@@ -190,7 +191,11 @@ Status write_outputs(const Options& o, const std::vector<PointResult>& results, 
   if (ec) return Status::sys_error(fmt::format("create --out-dir {}", o.out_dir), ec.value());
   ZINF_RETURN_IF_ERROR(write_csv(o.out_dir + "/points.csv", results));
   ZINF_RETURN_IF_ERROR(write_points_json(o.out_dir + "/points.json", results));
-  ZINF_RETURN_IF_ERROR(write_svg(o.out_dir + "/heatmap.svg", results));
+  char date[32] = "";
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  if (::gmtime_r(&now, &utc) != nullptr) std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", &utc);
+  ZINF_RETURN_IF_ERROR(write_svg(o.out_dir + "/heatmap.svg", results, best, HeatmapFacts{o.dir, fs_type(o.dir), date}));
   ZINF_RETURN_IF_ERROR(write_summary_json(o.out_dir + "/summary.json", best, head, o.vs_fio));
   if (!o.json_path.empty()) ZINF_RETURN_IF_ERROR(write_summary_json(o.json_path, best, head, o.vs_fio));
   std::cout << fmt::format("\nWrote {0}/points.csv, {0}/points.json, {0}/heatmap.svg, {0}/summary.json{1}\n",

@@ -139,60 +139,151 @@ Status write_points_json(const std::string& path, const std::vector<PointResult>
   return write_file(path, points.dump(2) + "\n");
 }
 
-Status write_svg(const std::string& path, const std::vector<PointResult>& results) {
+namespace {
+
+std::string xml_escape(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+// The cell colour at t in [0, 1] of a panel's scale: pale (0) to dark blue (its peak).
+std::string cell_colour(double t) {
+  return fmt::format("rgb({},{},255)", static_cast<int>(240 - 200 * t), static_cast<int>(245 - 160 * t));
+}
+
+// A text element; `anchor` "start", "middle" or "end".
+std::string svg_text(double x, double y, std::string_view text, int font_size, const char* anchor,
+                     const char* fill = "black") {
+  return fmt::format("<text x=\"{:.0f}\" y=\"{:.0f}\" font-size=\"{}\" text-anchor=\"{}\" fill=\"{}\">{}</text>\n", x,
+                     y, font_size, anchor, fill, xml_escape(text));
+}
+
+}  // namespace
+
+double heatmap_text_width(std::string_view text, double font_size) {
+  return 0.62 * font_size * static_cast<double>(text.size());
+}
+
+std::string heatmap_svg(const std::vector<PointResult>& results, const Best& best, const HeatmapFacts& facts) {
   std::set<std::size_t> blocks, depths;
+  std::set<std::string> backends;
   std::map<std::pair<std::size_t, std::size_t>, std::pair<double, double>> cell;  // (bs,qd) -> (rd,wr)
-  double peak = 0.0;
+  double peak[2] = {0.0, 0.0};  // per panel: read, write
   for (const PointResult& r : results) {
     blocks.insert(r.point.block_size);
     depths.insert(r.point.queue_depth);
+    backends.insert(std::string(aio::backend_name(r.point.backend)));
     auto& c = cell[{r.point.block_size, r.point.queue_depth}];
     c.first = std::max(c.first, r.read.median());
     c.second = std::max(c.second, r.write.median());
-    peak = std::max({peak, c.first, c.second});
+    peak[0] = std::max(peak[0], c.first);
+    peak[1] = std::max(peak[1], c.second);
   }
-  const int cw = 70, ch = 34, left = 70, top = 50, gap = 60;
-  const int panel_w = cw * static_cast<int>(blocks.size());
-  const int width = left + 2 * panel_w + gap + 20;
-  const int height = top + ch * static_cast<int>(depths.size()) + 50;
+  std::string backend_list;
+  for (const std::string& b : backends) backend_list += (backend_list.empty() ? "" : ", ") + b;
+  const std::string head = fmt::format("{} ({}) | backend{} {} | {}", facts.folder, facts.file_system,
+                                       backends.size() == 1 ? "" : "s", backend_list, facts.date);
+  const Point* rec = best.balanced != nullptr ? &best.balanced->point : nullptr;
+  const std::string captions[2] = {
+      "cells: the best median GB/s over the other knobs at that block_size and queue_depth",
+      rec == nullptr ? std::string("no points measured")
+                     : fmt::format("outlined: the recommended block's cell ({})", describe(*rec))};
+  const char* titles[2] = {"read GB/s", "write GB/s"};
+
+  // Layout: every width is the widest of what must fit, so no text leaves the canvas.
+  constexpr int kSmall = 11, kTitle = 14, kHead = 12;
+  constexpr double kMargin = 12, kCellW = 70, kCellH = 34;
+  double qd_label_w = 0;
+  for (std::size_t qd : depths) qd_label_w = std::max(qd_label_w, heatmap_text_width(fmt::format("qd {}", qd), kSmall));
+  std::string scale_labels[2];
+  for (int p = 0; p < 2; ++p) scale_labels[p] = fmt::format("{:.2f} GB/s", peak[p]);
+  double panel_w = kCellW * static_cast<double>(std::max<std::size_t>(blocks.size(), 1));
+  for (int p = 0; p < 2; ++p) {
+    panel_w = std::max({panel_w, heatmap_text_width(titles[p], kTitle),
+                        heatmap_text_width("0", kSmall) + 10 + heatmap_text_width(scale_labels[p], kSmall)});
+  }
+  const double gap = qd_label_w + 2 * kMargin;  // the second panel's qd labels stand in it
+  const double left = kMargin + qd_label_w + 6;
+  const double width = std::max({left + 2 * panel_w + gap + kMargin, 2 * kMargin + heatmap_text_width(head, kHead),
+                                 2 * kMargin + heatmap_text_width(captions[0], kSmall),
+                                 2 * kMargin + heatmap_text_width(captions[1], kSmall)});
+  const double head_y = kMargin + kHead;
+  const double title_y = head_y + 14 + kTitle;
+  const double top = title_y + 12 + kSmall + 8;  // block-size labels sit 8 above the cells
+  const double cells_bottom = top + kCellH * static_cast<double>(depths.size());
+  const double axis_y = cells_bottom + 16;
+  const double bar_y = axis_y + 10, bar_h = 10;
+  const double scale_text_y = bar_y + bar_h + 14;
+  const double caption_y = scale_text_y + 22;
+  const double height = caption_y + 16 + kMargin;
+
   std::string svg = fmt::format(
-      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" font-family=\"sans-serif\" "
-      "font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
-      width, height);
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{:.0f}\" height=\"{:.0f}\" font-family=\"sans-serif\" "
+      "font-size=\"{}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<defs><linearGradient id=\"scale\"><stop offset=\"0\" stop-color=\"{}\"/><stop offset=\"1\" "
+      "stop-color=\"{}\"/></linearGradient></defs>\n",
+      std::ceil(width), std::ceil(height), kSmall, cell_colour(0.0), cell_colour(1.0));
+  svg += svg_text(kMargin, head_y, head, kHead, "start");
   for (int panel = 0; panel < 2; ++panel) {
-    const int x0 = left + panel * (panel_w + gap);
-    svg += fmt::format("<text x=\"{}\" y=\"20\" font-size=\"14\">{} GB/s (best over other knobs)</text>\n", x0,
-                       panel == 0 ? "read" : "write");
+    const double x0 = left + panel * (panel_w + gap);
+    svg += svg_text(x0, title_y, titles[panel], kTitle, "start");
     int col = 0;
     for (std::size_t bs : blocks) {
-      svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n", x0 + col * cw + cw / 2,
-                         top - 8, human_bytes(bs));
+      const double cx = x0 + col * kCellW;
+      svg += svg_text(cx + kCellW / 2, top - 8, human_bytes(bs), kSmall, "middle");
       int row = 0;
       for (std::size_t qd : depths) {
-        if (col == 0) {
-          svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">qd {}</text>\n", x0 - 6,
-                             top + row * ch + ch / 2 + 4, qd);
-        }
+        const double cy = top + row * kCellH;
+        if (col == 0) svg += svg_text(x0 - 6, cy + kCellH / 2 + 4, fmt::format("qd {}", qd), kSmall, "end");
         auto it = cell.find({bs, qd});
         const double v = it == cell.end() ? 0.0 : (panel == 0 ? it->second.first : it->second.second);
-        const double t = peak > 0.0 ? v / peak : 0.0;  // 0 (pale) .. 1 (dark blue)
-        const int red = static_cast<int>(240 - 200 * t), green = static_cast<int>(245 - 160 * t);
-        svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"rgb({},{},255)\" "
-                           "stroke=\"white\"/>\n",
-                           x0 + col * cw, top + row * ch, cw, ch, red, green);
+        const double t = peak[panel] > 0.0 ? v / peak[panel] : 0.0;
+        svg += fmt::format("<rect x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" fill=\"{}\" stroke=\"white\"/>\n",
+                           cx, cy, kCellW, kCellH, cell_colour(t));
         if (it != cell.end()) {
-          svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" fill=\"{}\">{:.2f}</text>\n",
-                             x0 + col * cw + cw / 2, top + row * ch + ch / 2 + 4, t > 0.6 ? "white" : "black", v);
+          svg += svg_text(cx + kCellW / 2, cy + kCellH / 2 + 4, fmt::format("{:.2f}", v), kSmall, "middle",
+                          t > 0.6 ? "white" : "black");
         }
         ++row;
       }
       ++col;
     }
-    svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">block_size</text>\n", x0 + panel_w / 2,
-                       top + ch * static_cast<int>(depths.size()) + 20);
+    // The recommended block's cell, outlined on top of the cells.
+    if (rec != nullptr) {
+      const auto bcol = std::distance(blocks.begin(), blocks.find(rec->block_size));
+      const auto drow = std::distance(depths.begin(), depths.find(rec->queue_depth));
+      svg += fmt::format("<rect class=\"recommended\" x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" "
+                         "fill=\"none\" stroke=\"black\" stroke-width=\"3\"/>\n",
+                         x0 + static_cast<double>(bcol) * kCellW + 1.5, top + static_cast<double>(drow) * kCellH + 1.5,
+                         kCellW - 3, kCellH - 3);
+    }
+    const double cells_w = kCellW * static_cast<double>(blocks.size());
+    svg += svg_text(x0 + cells_w / 2, axis_y, "block_size", kSmall, "middle");
+    // This panel's colour scale: 0 at the left, its peak at the right.
+    svg += fmt::format("<rect class=\"scale\" x=\"{:.0f}\" y=\"{:.0f}\" width=\"{:.0f}\" height=\"{:.0f}\" "
+                       "fill=\"url(#scale)\" stroke=\"#888\"/>\n",
+                       x0, bar_y, panel_w, bar_h);
+    svg += svg_text(x0, scale_text_y, "0", kSmall, "start");
+    svg += svg_text(x0 + panel_w, scale_text_y, scale_labels[panel], kSmall, "end");
   }
+  svg += svg_text(kMargin, caption_y, captions[0], kSmall, "start");
+  svg += svg_text(kMargin, caption_y + 16, captions[1], kSmall, "start");
   svg += "</svg>\n";
-  return write_file(path, svg);
+  return svg;
+}
+
+Status write_svg(const std::string& path, const std::vector<PointResult>& results, const Best& best,
+                 const HeatmapFacts& facts) {
+  return write_file(path, heatmap_svg(results, best, facts));
 }
 
 Status write_summary_json(const std::string& path, const Best& best, const std::string& header,

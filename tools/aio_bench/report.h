@@ -3,6 +3,7 @@
 
 #include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sweep.h"
@@ -27,8 +28,25 @@ void print_best(std::ostream& out, const Best& best, bool with_fio);
 
 Status write_csv(const std::string& path, const std::vector<PointResult>& results);
 Status write_points_json(const std::string& path, const std::vector<PointResult>& results);
-// Two heat maps (read, write) of the best median over block_size x queue_depth.
-Status write_svg(const std::string& path, const std::vector<PointResult>& results);
+// What a heat map says it measured, in its header line.
+struct HeatmapFacts {
+  std::string folder;       // --dir
+  std::string file_system;  // e.g. "ext4"
+  std::string date;         // when it was measured, e.g. "2026-11-26 12:55 UTC"
+};
+
+// Estimated width in pixels of `text` at `font_size` in the heat map's sans-serif font (a
+// generous average glyph width: the layout reserves this much for every text).
+double heatmap_text_width(std::string_view text, double font_size);
+
+// The heat map: a header line (folder, file system, the backends measured, date), two panels
+// (read, write) of the best median over block_size x queue_depth (best over the other knobs),
+// each with its own colour scale from 0 to its peak (labelled "0" and the peak in GB/s); the cell of the
+// recommended block (best.balanced) is outlined in both. The canvas is sized so that every
+// text lies inside it (by heatmap_text_width). `best` must come from find_best(results).
+std::string heatmap_svg(const std::vector<PointResult>& results, const Best& best, const HeatmapFacts& facts);
+Status write_svg(const std::string& path, const std::vector<PointResult>& results, const Best& best,
+                 const HeatmapFacts& facts);
 // The summary: best.read_gbps, best.write_gbps, aio, and fio.{read,write}_gbps with --vs-fio.
 Status write_summary_json(const std::string& path, const Best& best, const std::string& header,
                           bool with_fio);

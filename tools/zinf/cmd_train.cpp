@@ -198,8 +198,8 @@ Result<int> agreed_stop_signal(zero3::Communicator& comm) {
   return seen[1] > 0 ? SIGTERM : seen[0] > 0 ? SIGINT : 0;
 }
 
-// Fail before work: the folders and files a run writes are checked before anything is trained
-// (a --save that cannot be created used to fail only after the whole run). --resume and --data
+// Fail before work: the folders and files a run writes are checked before anything is trained,
+// so that a --save that cannot be created does not fail only after the whole run. --resume and --data
 // are read, and the NVMe swap folders locked and created, before step 1 as well.
 Status check_save_folder(const std::string& dir) {
   std::error_code ec;

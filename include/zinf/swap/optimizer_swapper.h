@@ -74,7 +74,8 @@ using OptimizerLayout [[deprecated("renamed PartitionLayout (zinf/swap/partition
 // Fills `out` with elements [offset, offset + out.size()) of partition `param` (fp32 master).
 using MasterSource = std::function<Status(std::size_t param, std::uint64_t offset, std::span<float> out)>;
 
-struct StepInputs {
+// What one step() takes: its hyperparameters and gradients, and where its updated copies go.
+struct StepArgs {
   optim::StepContext ctx;   // step count t (>= 1), lr and beta1 overrides
   double grad_scale = 1.0;  // applied to every gradient: 1 / (loss scale * clip factor)
   // Gradients in memory, one view per sub-group of layout().subgroups[i].numel elements in
@@ -85,6 +86,8 @@ struct StepInputs {
   // nullptr: no copies.
   ParamSink* sink = nullptr;
 };
+
+using StepInputs [[deprecated("renamed StepArgs: it also names where the step writes (sink)")]] = StepArgs;
 
 struct StepStats {
   double seconds = 0;
@@ -138,7 +141,7 @@ class OptimizerSwapper {
   // Tiles whose state a pending read-ahead holds or is reading (0: none).
   std::size_t read_ahead_tiles() const { return ahead_; }
   // One optimizer step over every sub-group; commits on success (see failure safety above).
-  Status step(const StepInputs& in);
+  Status step(const StepArgs& in);
   // Rewrites the parameter copies in `sink` from the committed master weights.
   Status write_param_copies(ParamSink& sink);
   // Reads committed state of a sub-group: which 0 is the master weights, 1 + i the
@@ -170,19 +173,19 @@ class OptimizerSwapper {
   Status commit_metadata(int slot, std::int64_t step, bool states_created, bool master_written);
   std::string state_key(std::size_t subgroup, std::size_t which, int slot) const;
   std::string grad_key(std::size_t subgroup) const;
-  Status check_inputs(const StepInputs& in) const;
+  Status check_args(const StepArgs& in) const;
   // Master and states (unless read ahead already) and the swapped gradients (not ahead of the
   // step: write_gradients may still rewrite them).
   Status issue_reads(Slot& s, const Tile& t, bool states, bool grads);
   Status wait_reads(Slot& s);
-  Status compute(Slot& s, const Tile& t, const StepInputs& in);
-  Status issue_writes(Slot& s, const Tile& t, const StepInputs& in, int slot);
+  Status compute(Slot& s, const Tile& t, const StepArgs& in);
+  Status issue_writes(Slot& s, const Tile& t, const StepArgs& in, int slot);
   // Hands tile t's updated copy (the slot's 16-bit copy, or its fp32 master) to the sink.
   Status write_copies(Slot& s, const Tile& t, ParamSink& sink);
   Status wait_state_writes(Slot& s);  // before reading into the slot
   Status wait_copy_writes(Slot& s);   // before computing into the slot's 16-bit copy area
   Status wait_writes(Slot& s);        // both
-  Status run_pipeline(const StepInputs& in, std::size_t ahead);
+  Status run_pipeline(const StepArgs& in, std::size_t ahead);
   Status drain();         // every read and write of every slot
   Status drain_writes();  // every write; reads (a read-ahead) stay in flight
 
