@@ -29,11 +29,17 @@ constexpr double kGradBytes = 16.0;
 
 std::string gib(std::uint64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
 
-std::string si(std::int64_t v) {
-  if (v >= 1000000000 && v % 100000000 == 0) return fmt::format("{:g}e9", v / 1e9);
-  if (v >= 1000000 && v % 100000 == 0) return fmt::format("{:g}e6", v / 1e6);
+}  // namespace
+
+std::string count_name(std::int64_t v) {
+  const double d = static_cast<double>(v);
+  if (d >= 1e9) return fmt::format("{:.3g}G", d / 1e9);
+  if (d >= 1e6) return fmt::format("{:.3g}M", d / 1e6);
+  if (d >= 1e4) return fmt::format("{:.3g}k", d / 1e3);
   return std::to_string(v);
 }
+
+namespace {
 
 // What the time model needs of a model, counted once.
 struct ModelShape {
@@ -197,9 +203,9 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   for (OffloadDevice pd : devices) {
     for (OffloadDevice od : devices) {
       std::vector<std::int64_t> groups = {1000000000};
-      if (od == OffloadDevice::kNvme) groups = {10000000, 100000000, 1000000000};
+      if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
       for (std::int64_t sg : groups) {
-        if (sg > 10000000 && sg / 10 >= total) continue;  // the same layout as a smaller one
+        if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
         for (bool lean : {false, true}) {
           for (bool ckpt : {false, true}) {
             for (std::int64_t b : micros) {
@@ -286,8 +292,8 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
 std::string Candidate::label() const {
   return fmt::format("params {}, optimizer {}, micro {} x {}{}, sub_group {}, live {}",
                      config::offload_device_name(param_device), config::offload_device_name(optimizer_device),
-                     micro_batch, grad_accum, activation_checkpointing ? ", recompute" : "", si(sub_group_size),
-                     si(max_live_parameters));
+                     micro_batch, grad_accum, activation_checkpointing ? ", recompute" : "", count_name(sub_group_size),
+                     count_name(max_live_parameters));
 }
 
 std::string plan_ds_config(const Candidate& c, const PlanRequest& r, const Machine& machine) {
@@ -371,9 +377,12 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   };
   std::stable_sort(plan.fitting.begin(), plan.fitting.end(), faster);
   std::stable_sort(plan.dropped.begin(), plan.dropped.end(), faster);
-  for (const Roof* roof : {&machine.matmul_gflops, &machine.memory_gbps, &machine.nvme_read_gbps,
-                           &machine.nvme_write_gbps}) {
-    if (!roof->measured) plan.assumptions.push_back(roof->source);
+  const std::pair<const char*, const Roof*> named[] = {{"matmul rate", &machine.matmul_gflops},
+                                                       {"memory bandwidth", &machine.memory_gbps},
+                                                       {"NVMe read bandwidth", &machine.nvme_read_gbps},
+                                                       {"NVMe write bandwidth", &machine.nvme_write_gbps}};
+  for (const auto& [what, roof] : named) {
+    if (!roof->measured) plan.assumptions.push_back(fmt::format("{}: {}", what, roof->source));
   }
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "

@@ -101,7 +101,7 @@ Roof probe_matmul_gflops(config::Precision precision, int hidden) {
         mm.forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
         mm.backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
       },
-      0.3, 3);
+      0.15, 3);
   const double flops = 3.0 * 2.0 * N * C * OC;
   return {flops / s / 1e9, fmt::format("measured: {} products, {}x{}x{} forward + backward", kind_name, N, C, OC),
           true};
@@ -125,7 +125,7 @@ Roof probe_memory_gbps() {
     }
     for (std::thread& th : pool) th.join();
   };
-  const double s = best_seconds(triad, 0.25, 3);
+  const double s = best_seconds(triad, 0.12, 3);
   return {12.0 * static_cast<double>(n) * threads / s / 1e9,
           fmt::format("measured: triad, {} threads x 3 x {} MiB", threads, n * 4 >> 20), true};
 }

@@ -15,6 +15,7 @@ namespace zinf::zero3 {
 namespace {
 
 constexpr std::uint64_t kPage = 4096;
+constexpr double kMarginShare = 0.015;
 std::uint64_t page_up(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 swap::DType run_dtype(const config::DsConfig& ds) {
@@ -144,6 +145,10 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   const std::uint64_t grads = std::min(g.total, bucket + g.largest);
   add("gathered gradients and reduce buckets (fp32)", 4 * (grads + bucket * (world > 1 ? 2 : 1)));
   add(fmt::format("activations and scratch (B {}, T {})", B, T), model.activation_bytes(B, T));
+  // Allocator slack and what the terms above do not name (thread stacks, the aio rings, the
+  // data loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
+  add("margin (allocator slack, small buffers)",
+      static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
   return m;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "engine_harness.h"
@@ -105,7 +106,9 @@ TEST_F(PlanTest, PredictionCoversARealRunsHighWater) {
     auto mem = predict_memory(*described, ds, testing::kB, testing::kT);
     ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
     auto comm = make_local_communicator();
-    auto engine = Engine::create(make_gpt(tiny_gpt(), false), EngineOptions{ds}, *comm);
+    EngineOptions eo;
+    eo.ds = ds;
+    auto engine = Engine::create(make_gpt(tiny_gpt(), false), eo, *comm);
     ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
     std::uint64_t live = 0;
     for (int step = 0; step < 3; ++step) {

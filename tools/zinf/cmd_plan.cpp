@@ -245,7 +245,7 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
       out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>10} {:>9} {:>8} {:>8.3f} {:>9.0f}  {}\n", i + 1,
                          config::offload_device_name(c.param_device), config::offload_device_name(c.optimizer_device),
                          fmt::format("{}×{}", c.micro_batch, c.grad_accum), c.activation_checkpointing ? "on" : "off",
-                         c.sub_group_size, c.max_live_parameters, gib(c.memory.host_bytes()),
+                         zero3::count_name(c.sub_group_size), zero3::count_name(c.max_live_parameters), gib(c.memory.host_bytes()),
                          gib(c.memory.pinned_bytes()), gib(c.memory.disk_bytes()), c.step_s, c.tokens_per_s,
                          c.bottleneck);
     }

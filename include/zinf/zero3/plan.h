@@ -44,7 +44,7 @@ struct MemoryPrediction {
 // The process memory of `zinf train` before any model state: the program, its libraries, the
 // math libraries' per-thread buffers and the built-in corpus. Calibrated on a tiny model
 // (docs/plan.md, "Memory"); a term of every prediction.
-inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{96} << 20;
+inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{186} << 20;
 
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
 // no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
@@ -137,6 +137,9 @@ struct Plan {
 // Enumerates offload devices and knobs, predicts each candidate, drops what does not fit
 // (naming the resource and the shortfall), and ranks the rest by predicted step time.
 Result<Plan> make_plan(const PlanRequest& request, const Machine& machine);
+
+// 38793984 -> "38.8M", 1000000000 -> "1G": element counts in tables and labels.
+std::string count_name(std::int64_t elements);
 
 // The winner's ds_config as `zinf train --config` and DeepSpeed read it.
 std::string plan_ds_config(const Candidate& c, const PlanRequest& request, const Machine& machine);
