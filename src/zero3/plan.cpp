@@ -27,7 +27,10 @@ constexpr double kAdamBytes = 28.0;
 // reduce into the fp32 partitions (read, read-modify-write): bytes per parameter.
 constexpr double kGradBytes = 16.0;
 
-std::string gib(std::uint64_t b) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30)); }
+std::string gib(std::uint64_t b) {
+  if (b < (std::uint64_t{1} << 30)) return fmt::format("{:.0f} MiB", static_cast<double>(b) / (1u << 20));
+  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30));
+}
 
 }  // namespace
 
@@ -278,12 +281,29 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
   }
   if (closest == nullptr) return "no candidate could be sized (see the errors above)";
   std::string s = fmt::format("nothing fits. Closest: {}: {}.", closest->label(), closest->why_not);
-  if (machine.drives.empty()) {
-    s += " Give --nvme-path with free space: parameters and optimizer state on NVMe need the least memory.";
-  } else {
-    s += " The smallest change that fits it: free the amounts short above (or a smaller --micro-batch / "
-         "--seq, or more ranks).";
+  std::vector<std::string> change;
+  const std::uint64_t host = closest->memory.host_bytes();
+  if (static_cast<double>(host) > budget) {
+    change.push_back(fmt::format("{} more free host memory ({} available in all, at --host-fraction {:g})",
+                                 gib(host - static_cast<std::uint64_t>(budget)),
+                                 gib(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)),
+                                 r.host_fraction));
   }
+  std::map<std::string, std::uint64_t> need;
+  if (!machine.drives.empty()) {
+    need[machine.drives.front().path] += closest->memory.disk_optimizer;
+    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += closest->memory.disk_params;
+  }
+  for (const Machine::Drive& d : machine.drives) {
+    if (need[d.path] > d.free_bytes) {
+      change.push_back(fmt::format("{} more free under {} ({} in all)", gib(need[d.path] - d.free_bytes), d.path,
+                                   gib(need[d.path])));
+    }
+  }
+  s += " The smallest change that fits it:";
+  for (std::size_t i = 0; i < change.size(); ++i) s += (i == 0 ? " " : " and ") + change[i];
+  s += " (or a smaller --seq or batch, or more ranks).";
+  if (machine.drives.empty()) s += " Or give --nvme-path: state on NVMe needs the least host memory.";
   return s;
 }
 
