@@ -107,6 +107,19 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
 
 struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
+  std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
+
+  // The matrix rate at `rows` rows: log-linear between the probed row counts, flat outside.
+  double flops_at(double rows) const {
+    if (flops_by_rows.empty()) return flops;
+    if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
+    for (std::size_t i = 1; i < flops_by_rows.size(); ++i) {
+      const auto [r0, f0] = flops_by_rows[i - 1];
+      const auto [r1, f1] = flops_by_rows[i];
+      if (rows <= r1) return f0 + (f1 - f0) * std::log(rows / r0) / std::log(static_cast<double>(r1) / r0);
+    }
+    return flops_by_rows.back().second;
+  }
 };
 
 // Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory
@@ -122,7 +135,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
                        tokens * recompute;
   const double act = static_cast<double>(m.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
-  c.compute_s = gas * (flops / roofs.flops + kActivationPasses * act / roofs.mem);
+  c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * act / roofs.mem);
   // Everything stays gathered across micro-steps when the live budget holds the whole model;
   // otherwise each micro-step gathers forward and backward (and again to recompute).
   const bool keep_all = static_cast<double>(c.max_live_parameters) >= static_cast<double>(s.params);
@@ -346,6 +359,10 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   if (r.world_size < 1) return Status::invalid_argument(fmt::format("--world-size {}: must be at least 1", r.world_size));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, r.make_model(false));
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> recompute, r.make_model(true));
+  // As the engine does first: the product kind decides the activations' 16-bit copies.
+  const model::ComputePrecision cp = compute_precision(r.precision);
+  ZINF_RETURN_IF_ERROR(plain->set_compute_precision(cp));
+  ZINF_RETURN_IF_ERROR(recompute->set_compute_precision(cp));
   const ModelShape shape = shape_of(*plain);
 
   // Samples per rank per optimizer step: --train-batch, else micro x accumulation, else the
@@ -366,8 +383,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   }
   Plan plan;
   plan.tokens_per_step = per_rank * r.world_size * r.seq;
-  const Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9,
-                    machine.nvme_read_gbps.value * 1e9, machine.nvme_write_gbps.value * 1e9};
+  Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9, machine.nvme_read_gbps.value * 1e9,
+              machine.nvme_write_gbps.value * 1e9, {}};
+  for (const auto& [rows, gflops] : machine.matmul_by_rows) roofs.flops_by_rows.emplace_back(rows, gflops * 1e9);
   for (const Roof* roof : {&machine.matmul_gflops, &machine.memory_gbps, &machine.nvme_read_gbps,
                            &machine.nvme_write_gbps}) {
     if (!(roof->value > 0)) return Status::invalid_argument(fmt::format("a roof is not positive ({})", roof->source));

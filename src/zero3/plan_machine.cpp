@@ -56,6 +56,18 @@ double best_seconds(Fn&& fn, double min_s, int rounds) {
 
 }  // namespace
 
+model::ComputePrecision compute_precision(config::Precision precision) {
+  switch (precision) {
+    case config::Precision::kBf16:
+      return model::ComputePrecision::kBf16;
+    case config::Precision::kFp16:
+      return model::ComputePrecision::kFp16;
+    case config::Precision::kFp32:
+      break;
+  }
+  return model::ComputePrecision::kFp32;
+}
+
 Result<Machine> describe_machine(const std::vector<std::string>& nvme_paths) {
   Machine m;
   m.host_available = meminfo_available();
@@ -82,29 +94,34 @@ Result<Machine> describe_machine(const std::vector<std::string>& nvme_paths) {
   return m;
 }
 
-Roof probe_matmul_gflops(config::Precision precision, int hidden) {
-  const model::ComputePrecision cp = precision == config::Precision::kBf16   ? model::ComputePrecision::kBf16
-                                     : precision == config::Precision::kFp16 ? model::ComputePrecision::kFp16
-                                                                             : model::ComputePrecision::kFp32;
+void probe_matmul(Machine& machine, config::Precision precision, int hidden) {
   model::Matmul mm;
-  Result<model::MatmulKind> kind = model::resolve_matmul(cp);
+  Result<model::MatmulKind> kind = model::resolve_matmul(compute_precision(precision));
   std::string kind_name = "fp32";
   if (kind.is_ok() && mm.use(kind.value()).is_ok()) kind_name = std::string(model::matmul_kind_name(kind.value()));
   // A transformer MLP layer (C -> 4C) forward and backward at the model's width, capped so that
-  // the probe stays well under a second on two cores.
-  const int C = std::clamp(hidden, 64, 768), OC = 4 * C, N = 512;
-  std::vector<float> inp(static_cast<std::size_t>(N) * C, 0.01f), w(static_cast<std::size_t>(OC) * C, 0.02f),
-      out(static_cast<std::size_t>(N) * OC), dout(static_cast<std::size_t>(N) * OC, 0.001f),
-      dinp(static_cast<std::size_t>(N) * C), dw(static_cast<std::size_t>(OC) * C);
-  const double s = best_seconds(
-      [&] {
-        mm.forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
-        mm.backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
-      },
-      0.15, 3);
-  const double flops = 3.0 * 2.0 * N * C * OC;
-  return {flops / s / 1e9, fmt::format("measured: {} products, {}x{}x{} forward + backward", kind_name, N, C, OC),
-          true};
+  // the probe stays well under a second on two cores; small row counts run below the roof
+  // (a micro-batch of one short row), so the rate is taken at three.
+  const int C = std::clamp(hidden, 64, 768), OC = 4 * C;
+  machine.matmul_by_rows.clear();
+  for (const int N : {128, 512, 2048}) {
+    std::vector<float> inp(static_cast<std::size_t>(N) * C, 0.01f), w(static_cast<std::size_t>(OC) * C, 0.02f),
+        out(static_cast<std::size_t>(N) * OC), dout(static_cast<std::size_t>(N) * OC, 0.001f),
+        dinp(static_cast<std::size_t>(N) * C), dw(static_cast<std::size_t>(OC) * C);
+    const double s = best_seconds(
+        [&] {
+          mm.forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
+          mm.backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
+        },
+        0.08, 2);
+    machine.matmul_by_rows.emplace_back(N, 3.0 * 2.0 * N * C * OC / s / 1e9);
+  }
+  machine.matmul_gflops = {machine.matmul_by_rows[1].second,
+                           fmt::format("measured: {} products, 512x{}x{} forward + backward ({:.1f} at 128 rows, "
+                                       "{:.1f} at 2048)",
+                                       kind_name, C, OC, machine.matmul_by_rows[0].second,
+                                       machine.matmul_by_rows[2].second),
+                           true};
 }
 
 Roof probe_memory_gbps() {

@@ -177,8 +177,11 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
     ZINF_ASSIGN_OR_RETURN(m.host_available, parse_bytes("--host-memory", host_memory));
     m.host_source = "given (--host-memory)";
   }
-  m.matmul_gflops = matmul_gflops ? zero3::Roof{*matmul_gflops, "given (--matmul-gflops)", false}
-                                  : zero3::probe_matmul_gflops(precision, hidden);
+  if (matmul_gflops) {
+    m.matmul_gflops = zero3::Roof{*matmul_gflops, "given (--matmul-gflops)", false};
+  } else {
+    zero3::probe_matmul(m, precision, hidden);
+  }
   m.memory_gbps = memory_gbps ? zero3::Roof{*memory_gbps, "given (--memory-gbps)", false} : zero3::probe_memory_gbps();
   if (!aio_summary.empty()) ZINF_RETURN_IF_ERROR(zero3::read_aio_summary(aio_summary, m));
   if (probe_io) ZINF_RETURN_IF_ERROR(zero3::probe_drive(m, std::uint64_t{256} << 20));

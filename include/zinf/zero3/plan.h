@@ -16,9 +16,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "zinf/config/ds_config.h"
+#include "zinf/model/matmul.h"
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 
@@ -60,7 +62,10 @@ struct Roof {
 
 // The machine a plan is made for.
 struct Machine {
-  Roof matmul_gflops;    // the model's matrix products at its own precision
+  Roof matmul_gflops;    // the model's matrix products at its own precision (at 512 rows)
+  // The same product at several row counts (rows, GFLOP/s), ascending: a micro-batch's rows
+  // B x T take the rate interpolated here. Empty: matmul_gflops at every shape.
+  std::vector<std::pair<int, double>> matmul_by_rows;
   Roof memory_gbps;      // a STREAM triad's counted GB/s
   Roof nvme_read_gbps;   // the drive, with the aio block the plan writes
   Roof nvme_write_gbps;
@@ -77,11 +82,15 @@ struct Machine {
   std::string aio_source;
 };
 
+// The arithmetic a run in `precision` computes with (as the engine sets it on the model).
+model::ComputePrecision compute_precision(config::Precision precision);
+
 // Reads MemAvailable, the cores, and each folder's free space (statvfs). Folders must exist.
 Result<Machine> describe_machine(const std::vector<std::string>& nvme_paths);
 // Probes (each a fraction of a second; every core busy): the model's matrix product kind at a
-// layer of width `hidden` (capped), and a triad.
-Roof probe_matmul_gflops(config::Precision precision, int hidden);
+// layer of width `hidden` (capped) and 128, 512 and 2048 rows (sets matmul_gflops and
+// matmul_by_rows), and a triad.
+void probe_matmul(Machine& machine, config::Precision precision, int hidden);
 Roof probe_memory_gbps();
 // Reads "best.read_gbps", "best.write_gbps" and the "aio" block of an aio_bench summary.json.
 Status read_aio_summary(const std::string& path, Machine& machine);
