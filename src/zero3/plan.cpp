@@ -28,6 +28,7 @@ constexpr double kAdamBytes = 28.0;
 constexpr double kGradBytes = 16.0;
 
 std::string gib(std::uint64_t b) {
+  if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
   if (b < (std::uint64_t{1} << 30)) return fmt::format("{:.0f} MiB", static_cast<double>(b) / (1u << 20));
   return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30));
 }

@@ -11,6 +11,7 @@
 #include "auto_options.h"
 #include "commands.h"
 #include "default_config.h"
+#include "device_choice.h"
 #include "model_options.h"
 #include "plan_cli.h"
 #include "zinf/model/gpt.h"
@@ -183,6 +184,9 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
     zero3::probe_matmul(m, precision, hidden);
   }
   m.memory_gbps = memory_gbps ? zero3::Roof{*memory_gbps, "given (--memory-gbps)", false} : zero3::probe_memory_gbps();
+  const DeviceProbe gpu = probe_devices();
+  m.gpus = gpu.device_count;
+  m.gpu_detail = gpu.device_count > 0 ? gpu.first_device : gpu.why_none;
   if (!aio_summary.empty()) ZINF_RETURN_IF_ERROR(zero3::read_aio_summary(aio_summary, m));
   if (probe_io) ZINF_RETURN_IF_ERROR(zero3::probe_drive(m, std::uint64_t{256} << 20));
   return m;
@@ -232,6 +236,8 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
                 bool show_dropped) {
   out << fmt::format("machine: {} cores, host memory {} GiB ({})\n", machine.cores, gib(machine.host_available),
                      machine.host_source);
+  out << fmt::format("  gpu: {} ({}){}\n", machine.gpus, machine.gpu_detail.empty() ? "none" : machine.gpu_detail,
+                     machine.gpus > 0 ? "; the plan is the CPU engine's: GPU compute is not modelled" : "");
   for (const zero3::Machine::Drive& d : machine.drives) out << fmt::format("  drive {}: {} GiB free\n", d.path, gib(d.free_bytes));
   out << "roofs:\n"
       << roof_line("matmul", machine.matmul_gflops, "GFLOP/s") << roof_line("memory", machine.memory_gbps, "GB/s")
@@ -288,6 +294,8 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
   }
   j["tokens_per_step"] = plan.tokens_per_step;
   j["machine"] = {{"cores", machine.cores},
+                  {"gpus", machine.gpus},
+                  {"gpu", machine.gpu_detail},
                   {"host_available_bytes", machine.host_available},
                   {"host_source", machine.host_source},
                   {"matmul_gflops", roof_json(machine.matmul_gflops)},

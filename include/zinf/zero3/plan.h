@@ -72,6 +72,8 @@ struct Machine {
   std::uint64_t host_available = 0;  // bytes a plan may use (MemAvailable, or --host-memory)
   std::string host_source;
   int cores = 1;
+  int gpus = 0;            // usable CUDA devices (the caller probes them); the plan is the CPU engine's
+  std::string gpu_detail;  // device 0 in a few words, or why there is none
   struct Drive {
     std::string path;
     std::uint64_t free_bytes = 0;
