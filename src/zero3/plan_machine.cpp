@@ -36,12 +36,13 @@ std::uint64_t meminfo_available() {
   return 0;
 }
 
-// Seconds per call of fn over at least `min_s` after one warm-up call (the best of the rounds:
-// a shared machine's interference only ever slows a round down).
+// Seconds per call of fn: the median of `rounds` rounds of at least min_s / rounds each, after
+// one warm-up call. The median, not the best: on a shared machine a run sees the interference the
+// probe saw, and a best-case rate predicted loaded runs up to twice too fast (docs/plan.md).
 template <typename Fn>
-double best_seconds(Fn&& fn, double min_s, int rounds) {
+double median_seconds(Fn&& fn, double min_s, int rounds) {
   fn();
-  double best = 1e30;
+  std::vector<double> per_call;
   for (int r = 0; r < rounds; ++r) {
     int reps = 0;
     const auto t0 = Clock::now();
@@ -49,9 +50,10 @@ double best_seconds(Fn&& fn, double min_s, int rounds) {
       fn();
       ++reps;
     } while (since(t0) < min_s / rounds);
-    best = std::min(best, since(t0) / reps);
+    per_call.push_back(since(t0) / reps);
   }
-  return best;
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
 }
 
 }  // namespace
@@ -102,18 +104,18 @@ void probe_matmul(Machine& machine, config::Precision precision, int hidden) {
   // A transformer MLP layer (C -> 4C) forward and backward at the model's width, capped so that
   // the probe stays well under a second on two cores; small row counts run below the roof
   // (a micro-batch of one short row), so the rate is taken at three.
-  const int C = std::clamp(hidden, 64, 768), OC = 4 * C;
+  const int C = std::clamp(hidden, 64, 512), OC = 4 * C;
   machine.matmul_by_rows.clear();
-  for (const int N : {128, 512, 2048}) {
+  for (const int N : {128, 1024}) {
     std::vector<float> inp(static_cast<std::size_t>(N) * C, 0.01f), w(static_cast<std::size_t>(OC) * C, 0.02f),
         out(static_cast<std::size_t>(N) * OC), dout(static_cast<std::size_t>(N) * OC, 0.001f),
         dinp(static_cast<std::size_t>(N) * C), dw(static_cast<std::size_t>(OC) * C);
-    const double s = best_seconds(
+    const double s = median_seconds(
         [&] {
           mm.forward(out.data(), inp.data(), w.data(), nullptr, N, C, OC);
           mm.backward(dinp.data(), dw.data(), nullptr, dout.data(), inp.data(), w.data(), N, C, OC);
         },
-        0.1, 3);
+        0.06, 3);
     // More rows never run slower per flop (the same kernels over longer panels): a smaller rate
     // at more rows is interference on a shared machine, so the rate is kept non-decreasing.
     const double gflops = 3.0 * 2.0 * N * C * OC / s / 1e9;
@@ -121,18 +123,17 @@ void probe_matmul(Machine& machine, config::Precision precision, int hidden) {
         N, machine.matmul_by_rows.empty() ? gflops : std::max(gflops, machine.matmul_by_rows.back().second));
   }
   machine.matmul_gflops = {machine.matmul_by_rows[1].second,
-                           fmt::format("measured: {} products, 512x{}x{} forward + backward ({:.1f} at 128 rows, "
-                                       "{:.1f} at 2048)",
-                                       kind_name, C, OC, machine.matmul_by_rows[0].second,
-                                       machine.matmul_by_rows[2].second),
+                           fmt::format("measured: {} products, 1024x{}x{} forward + backward ({:.1f} at 128 rows)",
+                                       kind_name, C, OC, machine.matmul_by_rows[0].second),
                            true};
 }
 
 Roof probe_memory_gbps() {
-  // A STREAM triad over every core, 3 x 32 MiB per thread (far past the caches), counted at
+  // A STREAM triad over every core, 3 x 16 MiB per thread (past the caches, small enough that a
+  // `zinf train --plan` peak is the training's, not the probe's), counted at
   // STREAM's 12 bytes per element (docs/measuring.md).
   const int threads = std::max(1, topology().cores);
-  const std::size_t n = std::size_t{8} << 20;
+  const std::size_t n = std::size_t{4} << 20;
   std::vector<std::vector<float>> a(threads, std::vector<float>(n, 1.0f)), b = a, c = a;
   auto triad = [&] {
     std::vector<std::thread> pool;
@@ -146,7 +147,7 @@ Roof probe_memory_gbps() {
     }
     for (std::thread& th : pool) th.join();
   };
-  const double s = best_seconds(triad, 0.12, 3);
+  const double s = median_seconds(triad, 0.12, 3);
   return {12.0 * static_cast<double>(n) * threads / s / 1e9,
           fmt::format("measured: triad, {} threads x 3 x {} MiB", threads, n * 4 >> 20), true};
 }

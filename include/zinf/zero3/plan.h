@@ -62,7 +62,7 @@ struct Roof {
 
 // The machine a plan is made for.
 struct Machine {
-  Roof matmul_gflops;    // the model's matrix products at its own precision (at 512 rows)
+  Roof matmul_gflops;    // the model's matrix products at its own precision (at 1024 rows)
   // The same product at several row counts (rows, GFLOP/s), ascending: a micro-batch's rows
   // B x T take the rate interpolated here. Empty: matmul_gflops at every shape.
   std::vector<std::pair<int, double>> matmul_by_rows;
@@ -90,7 +90,7 @@ model::ComputePrecision compute_precision(config::Precision precision);
 // Reads MemAvailable, the cores, and each folder's free space (statvfs). Folders must exist.
 Result<Machine> describe_machine(const std::vector<std::string>& nvme_paths);
 // Probes (each a fraction of a second; every core busy): the model's matrix product kind at a
-// layer of width `hidden` (capped) and 128, 512 and 2048 rows (sets matmul_gflops and
+// layer of width `hidden` (capped) at 128 and 1024 rows (sets matmul_gflops and
 // matmul_by_rows), and a triad.
 void probe_matmul(Machine& machine, config::Precision precision, int hidden);
 Roof probe_memory_gbps();
