@@ -335,7 +335,6 @@ std::string plan_ds_config(const Candidate& c, const PlanRequest& r, const Machi
   j["train_batch_size"] = c.micro_batch * c.grad_accum * r.world_size;
   j["train_micro_batch_size_per_gpu"] = c.micro_batch;
   j["gradient_accumulation_steps"] = c.grad_accum;
-  j["gradient_clipping"] = 1.0;
   j["steps_per_print"] = 10;
   j["bf16"] = {{"enabled", r.precision == config::Precision::kBf16}};
   j["fp16"] = {{"enabled", r.precision == config::Precision::kFp16}};

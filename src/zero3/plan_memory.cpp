@@ -16,7 +16,7 @@ namespace zinf::zero3 {
 namespace {
 
 constexpr std::uint64_t kPage = 4096;
-constexpr double kMarginShare = 0.04;
+constexpr double kMarginShare = 0.05;
 std::uint64_t page_up(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 swap::DType run_dtype(const config::DsConfig& ds) {

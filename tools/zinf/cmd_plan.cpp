@@ -103,7 +103,7 @@ Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
   r.world_size = static_cast<int>(ctx.world_size);
   r.precision = ctx.precision.value_or(config::Precision::kBf16);
   r.host_fraction = o.machine.host_fraction;
-  r.optimizer_json = builtin_optimizer_blocks();
+  r.optimizer_json = optimizer_blocks(ctx);
   return r;
 }
 
@@ -192,10 +192,18 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
   return m;
 }
 
-std::string builtin_optimizer_blocks() {
+std::string optimizer_blocks(const config::AutoContext& ctx) {
   const nlohmann::ordered_json builtin = nlohmann::ordered_json::parse(default_ds_config("/unused"));
   nlohmann::ordered_json out;
-  for (const char* key : {"optimizer", "scheduler"}) out[key] = builtin[key];
+  for (const char* key : {"optimizer", "scheduler", "gradient_clipping"}) out[key] = builtin[key];
+  nlohmann::ordered_json& opt = out["optimizer"]["params"];
+  nlohmann::ordered_json& sched = out["scheduler"]["params"];
+  if (ctx.lr) opt["lr"] = sched["warmup_max_lr"] = *ctx.lr;
+  if (ctx.betas) opt["betas"] = {(*ctx.betas)[0], (*ctx.betas)[1]};
+  if (ctx.eps) opt["eps"] = *ctx.eps;
+  if (ctx.weight_decay) opt["weight_decay"] = *ctx.weight_decay;
+  if (ctx.warmup_steps) sched["warmup_num_steps"] = *ctx.warmup_steps;
+  if (ctx.gradient_clipping) out["gradient_clipping"] = *ctx.gradient_clipping;
   return out.dump();
 }
 
@@ -211,12 +219,7 @@ Result<std::string> plan_for_train(const PlanMachineOptions& options, const conf
   r.world_size = static_cast<int>(ctx.world_size);
   r.precision = ctx.precision.value_or(config::Precision::kBf16);
   r.host_fraction = options.host_fraction;
-  nlohmann::ordered_json blocks = nlohmann::ordered_json::parse(builtin_optimizer_blocks());
-  if (ctx.lr) {
-    blocks["optimizer"]["params"]["lr"] = *ctx.lr;
-    blocks["scheduler"]["params"]["warmup_max_lr"] = *ctx.lr;
-  }
-  r.optimizer_json = blocks.dump();
+  r.optimizer_json = optimizer_blocks(ctx);
   PlanMachineOptions with_drive = options;
   if (with_drive.nvme_paths.empty()) with_drive.nvme_paths = {scratch};
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, make_model(false));

@@ -52,8 +52,9 @@ Result<std::string> plan_for_train(const PlanMachineOptions& options, const conf
                                    const std::function<Result<std::unique_ptr<model::Model>>(bool)>& make_model,
                                    int seq, const std::string& scratch, std::ostream& out);
 
-// The built-in config's optimizer and scheduler blocks (what `zinf train` runs without --config),
-// for the planner to write.
-std::string builtin_optimizer_blocks();
+// The built-in config's optimizer, scheduler and clipping (what `zinf train` runs without
+// --config), with the values the options give (--lr, --betas, --eps, --weight-decay,
+// --warmup-steps, --clip), for the planner to write.
+std::string optimizer_blocks(const config::AutoContext& ctx);
 
 }  // namespace zinf::cli

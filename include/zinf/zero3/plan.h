@@ -111,7 +111,9 @@ struct PlanRequest {
   config::Precision precision = config::Precision::kBf16;
   int world_size = 1;
   double host_fraction = 0.9;  // of Machine::host_available a plan may take (the rest: headroom)
-  std::string optimizer_json;  // the "optimizer" block written; empty: AdamW with the "auto" values
+  // Top-level blocks written as they are (JSON object text: "optimizer", "scheduler",
+  // "gradient_clipping", ...); empty: none (the engine's default AdamW, no clipping).
+  std::string optimizer_json;
 };
 
 // One configuration tried.
