@@ -163,6 +163,12 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     c.optimizer_io_s = dsize * shard / roofs.write;  // the updated 16-bit copies
     opt_total += c.optimizer_io_s;
   }
+  const Calibration& k = r.calibration;
+  c.compute_s *= k.passes;
+  c.gather_s *= k.passes;
+  c.param_io_exposed_s *= k.passes;
+  c.optimizer_s *= k.optimizer;
+  opt_total *= k.optimizer;
   c.optimizer_exposed_s = opt_total - c.optimizer_s;
   c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + opt_total;
   c.tokens_per_s = gas * tokens * W / c.step_s;
@@ -172,6 +178,25 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
                                                   {c.optimizer_s, "optimizer step (memory bandwidth)"},
                                                   {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
   c.bottleneck = std::max_element(std::begin(terms), std::end(terms))->second;
+}
+
+Result<Roofs> roofs_of(const Machine& machine) {
+  for (const Roof* roof : {&machine.matmul_gflops, &machine.memory_gbps, &machine.nvme_read_gbps,
+                           &machine.nvme_write_gbps}) {
+    if (!(roof->value > 0)) return Status::invalid_argument(fmt::format("a roof is not positive ({})", roof->source));
+  }
+  Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9, machine.nvme_read_gbps.value * 1e9,
+              machine.nvme_write_gbps.value * 1e9, {}};
+  for (const auto& [rows, gflops] : machine.matmul_by_rows) roofs.flops_by_rows.emplace_back(rows, gflops * 1e9);
+  return roofs;
+}
+
+// The request's model, set to compute as the engine sets it (the product kind decides the
+// activations' 16-bit copies).
+Result<std::unique_ptr<model::Model>> planned_model(const PlanRequest& r, bool recompute) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, r.make_model(recompute));
+  ZINF_RETURN_IF_ERROR(m->set_compute_precision(compute_precision(r.precision)));
+  return m;
 }
 
 // Why a predicted candidate does not fit; empty when it does.
@@ -330,6 +355,37 @@ std::string Candidate::label() const {
                      count_name(max_live_parameters));
 }
 
+Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
+                              double passes_s, double optimizer_s, const std::string& source) {
+  if (!(passes_s > 0) || !(optimizer_s > 0)) {
+    return Status::invalid_argument(fmt::format("{}: the step breakdown has no positive forward/backward and "
+                                                "optimizer seconds (a --json-log of zinf train expected)",
+                                                source));
+  }
+  const bool recompute = ran.activation_checkpointing.present;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, planned_model(request, recompute));
+  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
+  Candidate c;
+  c.param_device = ran.zero.offload_param.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
+  c.optimizer_device =
+      ran.zero.offload_optimizer.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
+  c.micro_batch = ran.batch.train_micro_batch_size_per_gpu;
+  c.grad_accum = ran.batch.gradient_accumulation_steps;
+  c.activation_checkpointing = recompute;
+  c.sub_group_size = ran.zero.sub_group_size;
+  c.max_live_parameters = ran.zero.max_live_parameters;
+  c.param_buffer_count = ran.zero.offload_param.buffer_count;
+  c.param_buffer_size = ran.zero.offload_param.buffer_size;
+  PlanRequest uncalibrated = request;
+  uncalibrated.calibration = {};
+  predict_time(c, shape_of(*m), *m, ran, uncalibrated, roofs);
+  const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s;
+  const double optimizer = c.step_s - passes;
+  return Calibration{passes_s / passes, optimizer_s / optimizer,
+                     fmt::format("calibrated from {}: passes x{:.2f}, optimizer x{:.2f}", source, passes_s / passes,
+                                 optimizer_s / optimizer)};
+}
+
 std::string plan_ds_config(const Candidate& c, const PlanRequest& r, const Machine& machine) {
   ordered_json j;
   j["train_batch_size"] = c.micro_batch * c.grad_accum * r.world_size;
@@ -357,12 +413,8 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   if (!r.make_model) return Status::invalid_argument("make_plan: no model");
   if (r.seq < 1) return Status::invalid_argument(fmt::format("--seq {}: must be at least 1", r.seq));
   if (r.world_size < 1) return Status::invalid_argument(fmt::format("--world-size {}: must be at least 1", r.world_size));
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, r.make_model(false));
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> recompute, r.make_model(true));
-  // As the engine does first: the product kind decides the activations' 16-bit copies.
-  const model::ComputePrecision cp = compute_precision(r.precision);
-  ZINF_RETURN_IF_ERROR(plain->set_compute_precision(cp));
-  ZINF_RETURN_IF_ERROR(recompute->set_compute_precision(cp));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, planned_model(r, false));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> recompute, planned_model(r, true));
   const ModelShape shape = shape_of(*plain);
 
   // Samples per rank per optimizer step: --train-batch, else micro x accumulation, else the
@@ -383,13 +435,7 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   }
   Plan plan;
   plan.tokens_per_step = per_rank * r.world_size * r.seq;
-  Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9, machine.nvme_read_gbps.value * 1e9,
-              machine.nvme_write_gbps.value * 1e9, {}};
-  for (const auto& [rows, gflops] : machine.matmul_by_rows) roofs.flops_by_rows.emplace_back(rows, gflops * 1e9);
-  for (const Roof* roof : {&machine.matmul_gflops, &machine.memory_gbps, &machine.nvme_read_gbps,
-                           &machine.nvme_write_gbps}) {
-    if (!(roof->value > 0)) return Status::invalid_argument(fmt::format("a roof is not positive ({})", roof->source));
-  }
+  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
   config::AutoContext ctx;
   ctx.world_size = r.world_size;
   for (Candidate c : enumerate(r, machine, shape, per_rank)) {
@@ -422,6 +468,7 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   for (const auto& [what, roof] : named) {
     if (!roof->measured) plan.assumptions.push_back(fmt::format("{}: {}", what, roof->source));
   }
+  plan.calibration = r.calibration.source;
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
       "{} bytes/parameter of gradient traffic (docs/plan.md)",

@@ -144,6 +144,30 @@ TEST_F(PlanTest, RanksFittingCandidatesAndWritesAConfigThatParses) {
   EXPECT_FALSE(plan->assumptions.empty());
 }
 
+// A measured run's breakdown scales the prediction: twice the predicted passes and optimizer
+// time measured for the winner's config gives the winner twice the predicted step.
+TEST_F(PlanTest, CalibrationScalesTheWinnersPrediction) {
+  PlanRequest r = request(tiny_gpt());
+  const Machine m = machine(std::uint64_t{8} << 30);
+  auto plan = make_plan(r, m);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  const Candidate w = plan->fitting.front();
+  auto ran = config::parse_ds_config(w.ds_config, "ran", config::AutoContext{});
+  ASSERT_TRUE(ran.is_ok());
+  const double passes = w.compute_s + w.gather_s + w.param_io_exposed_s;
+  auto k = calibrate(r, m, *ran, 2 * passes, 2 * (w.step_s - passes), "run.jsonl");
+  ASSERT_TRUE(k.is_ok()) << k.status().to_string();
+  EXPECT_NEAR(k->passes, 2.0, 1e-9);
+  EXPECT_NEAR(k->optimizer, 2.0, 1e-9);
+  EXPECT_NE(k->source.find("run.jsonl"), std::string::npos);
+  r.calibration = *k;
+  auto again = make_plan(r, m);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_NEAR(again->fitting.front().step_s, 2 * w.step_s, 1e-9 * w.step_s);
+  EXPECT_EQ(again->calibration, k->source);
+  EXPECT_FALSE(calibrate(r, m, *ran, 0, 1, "empty.jsonl").is_ok());
+}
+
 TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
   model::GptConfig c = tiny_gpt();
   c.n_layer = 8;

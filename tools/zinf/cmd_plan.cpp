@@ -69,7 +69,39 @@ struct PlanOptions {
   bool json = false;
   bool show_dropped = false;
   std::string write_path;
+  std::string calibrate_log, calibrate_config;  // --calibrate LOG --calibrate-config CFG
 };
+
+// The medians of a zinf train --json-log's forward_s + backward_s and optimizer_s, the first
+// step (warm-up) dropped when there are more.
+Result<std::pair<double, double>> step_breakdown(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::sys_error("--calibrate " + path, errno);
+  std::vector<double> passes, optimizer;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      passes.push_back(j.at("forward_s").get<double>() + j.at("backward_s").get<double>());
+      optimizer.push_back(j.at("optimizer_s").get<double>());
+    } catch (const nlohmann::json::exception& e) {
+      return Status::invalid_argument(fmt::format(
+          "--calibrate {} line {}: expected zinf train --json-log objects with forward_s, backward_s and "
+          "optimizer_s ({})",
+          path, n, e.what()));
+    }
+  }
+  if (passes.empty()) return Status::invalid_argument(fmt::format("--calibrate {}: no steps", path));
+  auto median = [](std::vector<double> v) {
+    if (v.size() > 1) v.erase(v.begin());
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return std::make_pair(median(passes), median(optimizer));
+}
 
 // The request from the options: the model (an HF folder or a preset), its window and batch.
 Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
@@ -111,6 +143,18 @@ Status run_plan(const PlanOptions& o) {
   int hidden = 0;
   ZINF_ASSIGN_OR_RETURN(zero3::PlanRequest request, plan_request(o, &hidden));
   ZINF_ASSIGN_OR_RETURN(zero3::Machine machine, o.machine.machine(request.precision, hidden));
+  if (o.calibrate_log.empty() != o.calibrate_config.empty()) {
+    return Status::invalid_argument("--calibrate and --calibrate-config go together: the run's log and its config");
+  }
+  if (!o.calibrate_log.empty()) {
+    ZINF_ASSIGN_OR_RETURN(const auto measured, step_breakdown(o.calibrate_log));
+    config::AutoContext ctx;
+    ctx.world_size = request.world_size;
+    ctx.trainer_defaults = true;
+    ZINF_ASSIGN_OR_RETURN(const config::DsConfig ran, config::load_ds_config(o.calibrate_config, ctx));
+    ZINF_ASSIGN_OR_RETURN(request.calibration, zero3::calibrate(request, machine, ran, measured.first,
+                                                                measured.second, o.calibrate_log));
+  }
   ZINF_ASSIGN_OR_RETURN(zero3::Plan plan, zero3::make_plan(request, machine));
   if (o.json) {
     std::cout << plan_json(plan, machine);
@@ -271,6 +315,7 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
     out << fmt::format("dropped {} (--show-dropped lists them), e.g. {}: {}\n", plan.dropped.size(),
                        plan.dropped.front().label(), plan.dropped.front().why_not);
   }
+  if (!plan.calibration.empty()) out << plan.calibration << "\n";
   out << "assumed, not measured:\n";
   for (const std::string& a : plan.assumptions) out << "  - " << a << "\n";
 }
@@ -307,6 +352,7 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
                   {"nvme_write_gbps", roof_json(machine.nvme_write_gbps)},
                   {"aio_source", machine.aio_source}};
   j["assumptions"] = plan.assumptions;
+  j["calibration"] = plan.calibration;
   j["candidates"] = cands;
   return j.dump(2) + "\n";
 }
@@ -320,6 +366,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   o->machine.add_to(*cmd, true);
   cmd->add_flag("--json", o->json, "print the plan as one JSON object");
   cmd->add_flag("--show-dropped", o->show_dropped, "list every candidate that does not fit, with the reason");
+  cmd->add_option("--calibrate", o->calibrate_log,
+                  "a zinf train --json-log of this model and shape: its step breakdown scales the predicted passes "
+                  "and optimizer step (with --calibrate-config, the config that run used)");
+  cmd->add_option("--calibrate-config", o->calibrate_config, "the ds_config the --calibrate run trained with");
   cmd->add_option("--write", o->write_path, "write the winner's ds_config.json here (zinf train --config reads it)");
   cmd->callback([o, exit_code] {
     Status s = run_plan(*o);

@@ -100,6 +100,13 @@ Status read_aio_summary(const std::string& path, Machine& machine);
 // machine's aio block), and sets the drive roofs from it ("measured: quick probe").
 Status probe_drive(Machine& machine, std::uint64_t bytes);
 
+// Factors from a measured run (calibrate()): the passes' predicted time (compute, gathers,
+// exposed parameter reads) and the optimizer step's are multiplied by them.
+struct Calibration {
+  double passes = 1.0, optimizer = 1.0;
+  std::string source;  // empty: not calibrated
+};
+
 // What to plan: the run shape, under zinf train's names.
 struct PlanRequest {
   // The model with (true) or without (false) activation checkpointing; description only.
@@ -114,6 +121,7 @@ struct PlanRequest {
   // Top-level blocks written as they are (JSON object text: "optimizer", "scheduler",
   // "gradient_clipping", ...); empty: none (the engine's default AdamW, no clipping).
   std::string optimizer_json;
+  Calibration calibration;
 };
 
 // One configuration tried.
@@ -144,6 +152,7 @@ struct Plan {
   std::string why_winner;          // empty when nothing fits
   std::string shortfall;           // when nothing fits: what is short, by how much, the smallest change
   std::vector<std::string> assumptions;  // the terms that were assumed, not measured
+  std::string calibration;               // the request's Calibration::source (empty: none)
   std::int64_t tokens_per_step = 0;
 };
 
@@ -153,6 +162,13 @@ Result<Plan> make_plan(const PlanRequest& request, const Machine& machine);
 
 // 38793984 -> "38.8M", 1000000000 -> "1G": element counts in tables and labels.
 std::string count_name(std::int64_t elements);
+
+// Calibration from zinf's own step breakdown: `ran` is the resolved config of a run of this
+// request's model and shape, passes_s and optimizer_s the medians of its --json-log's
+// forward_s + backward_s and optimizer_s (steps after the first). The factors are measured over
+// predicted for that config; `source` names where they came from.
+Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
+                              double passes_s, double optimizer_s, const std::string& source);
 
 // The winner's ds_config as `zinf train --config` and DeepSpeed read it.
 std::string plan_ds_config(const Candidate& c, const PlanRequest& request, const Machine& machine);
