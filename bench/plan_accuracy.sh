@@ -73,7 +73,7 @@ large=(--model small --layers 8 --hidden 512 --heads 8 --seq 128 --vocab 256 --t
 run_case in_memory 16G "${small[@]}"
 run_case optim_nvme 285M "${small[@]}"
 run_case large_mem 16G "${large[@]}"
-run_case all_nvme 500M "${large[@]}"
+run_case all_nvme 530M "${large[@]}"
 
 # The winner against the hand-written configs (those that parse and fit; nvme_path pointed at
 # the scratch folder, pin_memory off, "auto" batch from --train-batch), interleaved.
