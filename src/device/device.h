@@ -25,6 +25,8 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
+
 #include "device/caching_allocator.h"
 #include "device/stream_key.h"
 #include "zinf/status.h"
@@ -91,6 +93,11 @@ class Device {
   // side should be page-locked (pinned) memory; `what` names the copy in errors.
   virtual Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) = 0;
   virtual Status copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) = 0;
+  // Seconds `role` (a copy stream) has spent copying so far: what its GB/s divide by. Waits, idle
+  // time and injected delays are not counted. kUnsupported where the device does not measure it.
+  virtual Result<double> copy_seconds(StreamRole role) const {
+    return Status::unsupported(fmt::format("{}: {} copy times are not measured", describe(), stream_role_name(role)));
+  }
   // Enqueues `work` on `role`.
   virtual Status enqueue(StreamRole role, Work work, std::string_view what) = 0;
 

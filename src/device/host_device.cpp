@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -197,7 +198,17 @@ class HostDevice::Impl {
   }
   HostStream& stream(StreamRole role) { return *streams[static_cast<std::size_t>(role)]; }
 
+  // Copies a copy stream has run: memcpy time (delays and waits excluded), for copy_seconds().
+  Status copy(StreamRole role, void* dst, const void* src, std::size_t bytes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst, src, bytes);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    copy_ns[static_cast<std::size_t>(role)].fetch_add(static_cast<std::uint64_t>(ns.count()));
+    return Status::ok();
+  }
+
   HostDeviceOptions options;
+  std::array<std::atomic<std::uint64_t>, kStreamRoles> copy_ns{};
   std::array<std::shared_ptr<HostStream>, kStreamRoles> streams;
   std::unique_ptr<CachingAllocator> alloc;  // after the streams: destroyed first, while they run
 };
@@ -243,19 +254,19 @@ Status check_copy(const void* dst, const void* src, std::size_t bytes, const cha
 Status HostDevice::copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) {
   ZINF_RETURN_IF_ERROR(check_copy(device_dst, host_src, bytes, "H2D", what));
   if (bytes == 0) return Status::ok();
-  return impl_->stream(StreamRole::kH2D).push([=] {
-    std::memcpy(device_dst, host_src, bytes);
-    return Status::ok();
-  }, what);
+  return impl_->stream(StreamRole::kH2D).push(
+      [=, impl = impl_.get()] { return impl->copy(StreamRole::kH2D, device_dst, host_src, bytes); }, what);
 }
 
 Status HostDevice::copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) {
   ZINF_RETURN_IF_ERROR(check_copy(host_dst, device_src, bytes, "D2H", what));
   if (bytes == 0) return Status::ok();
-  return impl_->stream(StreamRole::kD2H).push([=] {
-    std::memcpy(host_dst, device_src, bytes);
-    return Status::ok();
-  }, what);
+  return impl_->stream(StreamRole::kD2H).push(
+      [=, impl = impl_.get()] { return impl->copy(StreamRole::kD2H, host_dst, device_src, bytes); }, what);
+}
+
+Result<double> HostDevice::copy_seconds(StreamRole role) const {
+  return static_cast<double>(impl_->copy_ns[static_cast<std::size_t>(role)].load()) * 1e-9;
 }
 
 Status HostDevice::enqueue(StreamRole role, Work work, std::string_view what) {

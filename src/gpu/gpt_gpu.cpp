@@ -4,8 +4,6 @@
 
 #include <fmt/format.h>
 
-#include <climits>
-
 #include "gpu/cuda_error.h"
 #include "gpu/flash_attention.h"
 #include "gpu/kernels.h"
@@ -49,34 +47,10 @@ struct GptGpuActivations {
   bf16* dbig;                        // (N,4C) scratch gradient (also dqkv)
   float* att_scratch;                // attention_backward_scratch_floats
   float* col_scratch;                // column sums of up to 4C columns, and the LayerNorm's two of C
-  int32_t* inputs;                   // (N)
-  int32_t* targets;                  // (N)
-  int32_t* bucket_tokens;            // (<= N) EmbeddingBuckets
-  int32_t* bucket_starts;            // (<= N+1)
-  int32_t* bucket_positions;         // (N)
+  PassTokens tokens;                 // ids, targets, embedding buckets
 };
 
 namespace {
-
-constexpr uint64_t kViewAlign = 256;
-
-// 256-byte aligned views of one device allocation; with base == nullptr it only counts, so
-// one function both sizes and points the workspace (as model/carver.h on the CPU).
-class Carver {
- public:
-  explicit Carver(char* base) : base_(base) {}
-  template <typename T>
-  T* take(size_t n) {
-    T* p = base_ != nullptr ? reinterpret_cast<T*>(base_ + used_) : nullptr;
-    used_ += (n * sizeof(T) + kViewAlign - 1) / kViewAlign * kViewAlign;
-    return p;
-  }
-  uint64_t used() const { return used_; }
-
- private:
-  char* base_;
-  uint64_t used_ = 0;
-};
 
 uint64_t carve(const model::GptConfig& c, int max_bt, char* base, GptGpuActivations* a) {
   const size_t bt = static_cast<size_t>(max_bt);
@@ -113,63 +87,14 @@ uint64_t carve(const model::GptConfig& c, int max_bt, char* base, GptGpuActivati
   a->dbig = cv.take<bf16>(bt * 4 * C);
   a->att_scratch = cv.take<float>(bt * NH);
   a->col_scratch = cv.take<float>(column_sum_scratch_floats(max_bt, 4 * c.n_embd));
-  a->inputs = cv.take<int32_t>(bt);
-  a->targets = cv.take<int32_t>(bt);
-  a->bucket_tokens = cv.take<int32_t>(bt);
-  a->bucket_starts = cv.take<int32_t>(bt + 1);
-  a->bucket_positions = cv.take<int32_t>(bt);
+  a->tokens.carve(cv, bt);
   return cv.used();
-}
-
-Status in_module(const Status& s, const model::ModuleSpec& spec, std::string_view what) {
-  return s.with_context(fmt::format("gpu {} {}", spec.name, what));
-}
-
-// acquire(m, phase), body(values), release(m, phase); a failed body still releases (a second
-// error is dropped) and its error is returned, naming the module and phase.
-template <typename Body>
-Status run_forward(GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int m, Phase phase,
-                   Body&& body) {
-  const model::ModuleSpec& spec = modules[static_cast<size_t>(m)];
-  model::PointerSlots<const bf16*> values(spec.params.size());
-  Status s = access.acquire(m, phase, values.span());
-  if (!s.is_ok()) return in_module(s, spec, model::phase_name(phase));
-  const Status b = body(values.data());
-  s = access.release(m, phase);
-  if (!b.is_ok()) return in_module(b, spec, model::phase_name(phase));
-  if (!s.is_ok()) return in_module(s, spec, model::phase_name(phase));
-  return Status::ok();
-}
-
-// [acquire(m, kBackward)], grad_buffers(m), body(values, grads), [release], grads_ready(m);
-// grads_ready is not called when the body failed (the gradients are incomplete).
-template <typename Body>
-Status run_backward(GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int m, Body&& body) {
-  const model::ModuleSpec& spec = modules[static_cast<size_t>(m)];
-  const size_t n = spec.params.size();
-  model::PointerSlots<const bf16*> values(n);
-  model::PointerSlots<float*> grads(n);
-  const bool reads = spec.backward_reads_values;
-  Status s;
-  if (reads) s = access.acquire(m, Phase::kBackward, values.span());
-  if (!s.is_ok()) return in_module(s, spec, "backward");
-  s = access.grad_buffers(m, grads.span());
-  if (!s.is_ok()) {
-    if (reads) (void)access.release(m, Phase::kBackward);
-    return in_module(s, spec, "backward");
-  }
-  const Status b = body(values.data(), grads.data());
-  if (reads) s = access.release(m, Phase::kBackward);
-  if (!b.is_ok()) return in_module(b, spec, "backward");
-  if (s.is_ok()) s = access.grads_ready(m);
-  if (!s.is_ok()) return in_module(s, spec, "backward");
-  return Status::ok();
 }
 
 }  // namespace
 
 GptGpu::GptGpu(const model::GptConfig& config, Blas* blas, cudaStream_t stream, GptGpuOptions options)
-    : config_(config), blas_(blas), stream_(stream) {
+    : GpuPassNet("GptGpu", stream, config.vocab_size, config.max_seq), config_(config), blas_(blas) {
   // cuBLASLt wants the GELU aux matrix's leading dimension (4C) to be a multiple of 8.
   const bool gelu_ok = options.fuse_epilogues && (4 * config.n_embd) % 8 == 0;
   fuse_residual_ = options.fuse_epilogues;
@@ -195,15 +120,7 @@ uint64_t GptGpu::workspace_bytes(const model::GptConfig& config, int max_bt) {
 }
 
 Status GptGpu::bind_workspace(void* base, uint64_t bytes, int max_bt) {
-  if (max_bt < 1 || max_bt > INT_MAX / 4) {
-    return Status::invalid_argument(fmt::format("GptGpu::bind_workspace: max_bt {} outside [1, {}]", max_bt, INT_MAX / 4));
-  }
-  const uint64_t need = workspace_bytes(config_, max_bt);
-  if (base == nullptr || reinterpret_cast<std::uintptr_t>(base) % kViewAlign != 0 || bytes < need) {
-    return Status::invalid_argument(fmt::format(
-        "GptGpu::bind_workspace: {} bytes at {} for max_bt {}: need {} bytes, {}-byte aligned", bytes, base, max_bt,
-        need, kViewAlign));
-  }
+  ZINF_RETURN_IF_ERROR(check_workspace("GptGpu", base, bytes, max_bt, workspace_bytes(config_, max_bt)));
   auto a = std::make_unique<GptGpuActivations>();
   carve(config_, max_bt, static_cast<char*>(base), a.get());
   acts_ = std::move(a);
@@ -211,62 +128,8 @@ Status GptGpu::bind_workspace(void* base, uint64_t bytes, int max_bt) {
   return Status::ok();
 }
 
-Status GptGpu::begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                          bool backward) {
-  if (acts_ == nullptr) return Status::invalid_argument("GptGpu: no workspace (bind_workspace first)");
-  const int64_t bt = static_cast<int64_t>(B) * T;
-  if (B < 1 || T < 1 || T > config_.max_seq || bt > max_bt_) {
-    return Status::invalid_argument(fmt::format("GptGpu: B ({}) and T ({}) must be >= 1 with T <= max_seq ({}) and "
-                                                "B*T <= the workspace's {}",
-                                                B, T, config_.max_seq, max_bt_));
-  }
-  if (inputs.size() != static_cast<size_t>(bt) || targets.size() != static_cast<size_t>(bt)) {
-    return Status::invalid_argument(fmt::format("GptGpu: {} inputs and {} targets for B*T = {}", inputs.size(),
-                                                targets.size(), bt));
-  }
-  for (size_t i = 0; i < targets.size(); i++) {
-    if (targets[i] < 0 || targets[i] >= config_.vocab_size) {
-      return Status::invalid_argument(fmt::format("GptGpu: target {} at position {} is outside the vocabulary of {}",
-                                                  targets[i], i, config_.vocab_size));
-    }
-  }
-  ZINF_ASSIGN_OR_RETURN(buckets_, make_embedding_buckets(inputs, config_.vocab_size));
-  // Pageable host memory: each copy returns once its source has been staged.
-  auto h2d = [&](int32_t* dst, std::span<const int32_t> src, const char* what) {
-    if (src.empty()) return Status::ok();
-    return cuda_status(cudaMemcpyAsync(dst, src.data(), src.size_bytes(), cudaMemcpyHostToDevice, stream_),
-                       fmt::format("GptGpu: H2D copy of {} ({} bytes)", what, src.size_bytes()));
-  };
-  ZINF_RETURN_IF_ERROR(h2d(acts_->inputs, inputs, "input ids"));
-  ZINF_RETURN_IF_ERROR(h2d(acts_->targets, targets, "targets"));
-  if (!backward) return Status::ok();
-  ZINF_RETURN_IF_ERROR(h2d(acts_->bucket_tokens, buckets_.tokens, "embedding bucket tokens"));
-  ZINF_RETURN_IF_ERROR(h2d(acts_->bucket_starts, buckets_.starts, "embedding bucket starts"));
-  return h2d(acts_->bucket_positions, buckets_.positions, "embedding bucket positions");
-}
-
-Result<float> GptGpu::forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                       GpuParamAccess& access, float loss_scale) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, true));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kForward, loss_scale));
-  ZINF_RETURN_IF_ERROR(backward_pass(B, T, access));
-  return read_loss();
-}
-
-Result<float> GptGpu::forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                   GpuParamAccess& access) {
-  ZINF_RETURN_IF_ERROR(begin_pass(inputs, targets, B, T, false));
-  ZINF_RETURN_IF_ERROR(forward_pass(B, T, access, Phase::kEval, 1.0f));
-  return read_loss();
-}
-
-Result<float> GptGpu::read_loss() {
-  float loss = 0.0f;
-  ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, acts_->loss, sizeof loss, cudaMemcpyDeviceToHost, stream_),
-                            "GptGpu: D2H copy of the loss");
-  ZINF_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_), "GptGpu: end of pass (cudaStreamSynchronize)");
-  return loss;
-}
+PassTokens* GptGpu::pass_tokens() { return acts_ != nullptr ? &acts_->tokens : nullptr; }
+const float* GptGpu::pass_loss() const { return acts_ != nullptr ? acts_->loss : nullptr; }
 
 Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, float loss_scale) {
   GptGpuActivations& a = *acts_;
@@ -275,7 +138,7 @@ Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, f
   const int V = config_.vocab_size;
   const int L = config_.n_layer;
   ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_wte_wpe(), phase, [&](const bf16* const* v) {
-    return embedding_forward(a.resid[0], a.inputs, v[0], v[1], B, T, C, V, stream_);
+    return embedding_forward(a.resid[0], a.tokens.inputs(), v[0], v[1], B, T, C, V, stream_);
   }));
   // Every layer gets its own slot only when backward will read it without recomputing.
   const bool own_slots = phase == Phase::kForward && !config_.activation_checkpointing;
@@ -283,14 +146,8 @@ Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, f
   ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_ln_f(L), phase, [&](const bf16* const* v) {
     return layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[static_cast<size_t>(L)], v[0], v[1], N, C, stream_);
   }));
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_lm_head(L), phase, [&](const bf16* const* v) {
-    return linear_forward(*blas_, LinearShape{N, C, V, logits_ld(V)}, a.logits, a.lnf, v[0], nullptr, nullptr, stream_);
-  }));
-  // With a backward to come, the same pass leaves d(loss * loss_scale)/dlogits in the logits:
-  // the mean over N positions puts 1/N on every row.
-  ZINF_RETURN_IF_ERROR(softmax_xent(a.logits, a.losses, a.targets, N, V, logits_ld(V),
-                                    loss_scale / static_cast<float>(N), phase == Phase::kForward, stream_));
-  return mean_loss(a.loss, a.losses, N, stream_);
+  return head_forward(*blas_, access, modules_, model::module_lm_head(L), phase, a.lnf,
+                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets()}, N, C, loss_scale);
 }
 
 Status GptGpu::block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, Phase phase,
@@ -352,16 +209,10 @@ Status GptGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   GptGpuActivations& a = *acts_;
   const int N = B * T;
   const int C = config_.n_embd;
-  const int V = config_.vocab_size;
   const int L = config_.n_layer;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
-  const LinearShape head{N, C, V, logits_ld(V)};
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules_, model::module_lm_head(L), [&](const bf16* const* v, float* const* g) {
-    ZINF_RETURN_IF_ERROR(linear_backward_input(*blas_, head, a.dsmall, a.logits, v[0], nullptr, stream_));
-    return linear_backward_weight(*blas_, head, g[0], a.logits, a.lnf, stream_);
-  }));
-  ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(a.dres, 0, sizeof(float) * static_cast<size_t>(N) * C, stream_),
-                            "GptGpu: zeroing the residual gradient");
+  ZINF_RETURN_IF_ERROR(
+      head_backward(*blas_, access, modules_, model::module_lm_head(L), a.lnf, a.logits, a.dsmall, a.dres, N, C));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, model::module_ln_f(L), [&](const bf16* const* v, float* const* g) {
     return layernorm_backward(a.dres, g[0], g[1], a.col_scratch, a.dsmall, a.resid[static_cast<size_t>(L)], v[0],
                               a.lnf_mean, a.lnf_rstd, N, C, stream_);
@@ -373,8 +224,8 @@ Status GptGpu::backward_pass(int B, int T, GpuParamAccess& access) {
     ZINF_RETURN_IF_ERROR(block_backward(l, ckpt ? 0 : l, B, T, access));
   }
   return run_backward(access, modules_, model::module_wte_wpe(), [&](const bf16* const*, float* const* g) {
-    return embedding_backward(g[0], g[1], a.dres, a.bucket_tokens, a.bucket_starts, a.bucket_positions,
-                              static_cast<int>(buckets_.tokens.size()), B, T, C, stream_);
+    return embedding_backward(g[0], g[1], a.dres, a.tokens.bucket_tokens(), a.tokens.bucket_starts(),
+                              a.tokens.bucket_positions(), a.tokens.num_buckets(), B, T, C, stream_);
   });
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu/blas.h"
+#include "gpu/gpu_pass.h"
 #include "gpu/launch_geometry.h"
 #include "gpu/numerics.h"
 #include "zinf/model/config.h"
@@ -18,25 +19,6 @@
 #include "zinf/status.h"
 
 namespace zinf::gpu {
-
-// The device twin of model::ParamAccess (params.h): the same calls in the same order for the
-// same modules and phases, with bf16 parameter values and fp32 gradient buffers in device
-// memory. The model ADDS the gradient of (loss * loss_scale) to the buffers grad_buffers()
-// gives (the owner decides whether they start at zero); a parameter listed by two modules
-// (the tied wte) must get the same buffer both times.
-//
-// Stream ordering: GptGpu only enqueues work on its stream, so when release(m) or
-// grads_ready(m) is called the kernels reading m's values or writing m's gradients may not
-// have run yet. The owner must order itself after them: record an event on GptGpu::stream()
-// in release()/grads_ready() and wait for it (or on it) before reusing or reading the memory.
-class GpuParamAccess {
- public:
-  virtual ~GpuParamAccess() = default;
-  virtual Status acquire(int module, model::Phase phase, std::span<const bf16*> values) = 0;
-  virtual Status release(int module, model::Phase phase) = 0;
-  virtual Status grad_buffers(int module, std::span<float*> grads) = 0;
-  virtual Status grads_ready(int module) = 0;
-};
 
 struct GptGpuOptions {
   // true: cuBLASLt's GELU_AUX_BIAS / DGELU epilogues for the MLP's GELU and the residual adds
@@ -57,7 +39,7 @@ struct GptGpuActivations;  // internal: views into the workspace
 //
 // Not thread-safe: one pass at a time. Everything runs on `stream`; a pass returns after the
 // loss has been copied back (one stream synchronisation at its end).
-class GptGpu {
+class GptGpu final : public GpuPassNet {
  public:
   // invalid_argument for an invalid config (validate_config) or a null blas; unsupported when
   // the head size is above the attention kernels' 128. `blas` must outlive the model.
@@ -68,46 +50,33 @@ class GptGpu {
   const model::GptConfig& config() const { return config_; }
   std::span<const model::ParamSpec> params() const { return params_; }
   std::span<const model::ModuleSpec> modules() const { return modules_; }
-  cudaStream_t stream() const { return stream_; }
 
   // Bytes of device workspace for passes of up to max_bt = B*T positions (activations,
   // scratch, token ids); views are 256-byte aligned.
   static uint64_t workspace_bytes(const model::GptConfig& config, int max_bt);
-  // Passes use `base`: device memory, 256-byte aligned, `bytes` >= workspace_bytes(config,
-  // max_bt), owned by the caller and left alone until the next bind or this object's end.
-  Status bind_workspace(void* base, uint64_t bytes, int max_bt);
-
-  // One micro-batch: inputs and targets are (B, T) host token ids in [0, vocab_size), with
-  // 1 <= T <= max_seq and B*T <= the bound max_bt. Returns the mean cross-entropy and ADDS the
-  // gradients of (loss * loss_scale) to the buffers access.grad_buffers() gives.
-  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                 GpuParamAccess& access, float loss_scale);
-  // Evaluation: the same loss, no gradients (Phase::kEval).
-  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                             GpuParamAccess& access);
+  uint64_t workspace_bytes_for(int max_bt) const override { return workspace_bytes(config_, max_bt); }
+  // GpuNet's contract (gpu_pass.h).
+  Status bind_workspace(void* base, uint64_t bytes, int max_bt) override;
 
  private:
   GptGpu(const model::GptConfig& config, Blas* blas, cudaStream_t stream, GptGpuOptions options);
-  Status begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T, bool backward);
-  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale);
+  PassTokens* pass_tokens() override;
+  const float* pass_loss() const override;
+  Status forward_pass(int B, int T, GpuParamAccess& access, model::Phase phase, float loss_scale) override;
   Status block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, model::Phase phase,
                        bool need_output);
   Status mlp_forward(int slot, int N, bf16* y, const bf16* const* v, bool need_output);
-  Status backward_pass(int B, int T, GpuParamAccess& access);
+  Status backward_pass(int B, int T, GpuParamAccess& access) override;
   Status block_backward(int layer, int slot, int B, int T, GpuParamAccess& access);
-  Result<float> read_loss();
 
   model::GptConfig config_;
   Blas* blas_;
-  cudaStream_t stream_;
   bool fuse_residual_;
   bool fuse_gelu_;
   bool fuse_dgelu_;
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
   std::unique_ptr<GptGpuActivations> acts_;
-  int max_bt_ = 0;
-  EmbeddingBuckets buckets_;  // of the current pass's inputs
 };
 
 }  // namespace zinf::gpu

@@ -1,85 +1,30 @@
-// Internal: GptGpuModel, a model::Model that runs the GPT forward and backward on the GPU
-// (GptGpu) while the engine keeps owning, gathering and updating the parameters on the host.
+// Internal: GptGpuModel, the GPT on the GPU (GptGpu) behind model::Model, bridged to the engine's
+// host parameters by BridgedGpuModel (model_bridge.h).
 #pragma once
 
-#include <cstdint>
 #include <memory>
-#include <span>
-#include <string>
-#include <string_view>
 
-#include "device/step_times.h"
+#include "gpu/model_bridge.h"
 #include "zinf/model/config.h"
-#include "zinf/model/model.h"
 #include "zinf/status.h"
 
 namespace zinf::gpu {
 
-struct GptGpuModelOptions {
-  int device = 0;               // CUDA ordinal
-  std::size_t memory_cap = 0;   // bytes the caching allocator may hold; 0: the device's memory
-  // Staging comes from cudaHostAlloc as where cudaHostRegister is refused (tests; normally the
-  // registered pinned buffer is tried first, host_staging.h).
-  bool staging_host_alloc = false;
-};
-
-// Where the passes' time went, summed since create() (device/step_times.h): host clocks around
-// the bridge's work, and cudaEvents on the compute stream between the points where the host
-// makes it wait (each upload at acquire, each gradient download at grads_ready).
-using GptGpuTimes = device::StepTimes;
-
-class GptGpuModelImpl;  // internal: the device, streams, allocator, GptGpu and the bridge
+using GptGpuModelOptions = GpuModelOptions;
+using GptGpuTimes = GpuModelTimes;
 
 // The same model as model::GptModel (type "gpt", params(), modules() and config_json() are
-// GptModel's, so checkpoints move freely between --device cpu and cuda), computed on the GPU
-// in bf16 with fp32 gradients (docs/gpu-kernels.md). It bridges the host ParamAccess the engine
-// gives to GptGpu's device one, synchronously, module by module:
-//  - acquire(m): host acquire (gathered fp32 values) -> cast to bf16 into pinned staging ->
-//    one H2D copy into a device block (caching allocator) held until release(m); the copy
-//    completes before acquire returns, and kernels are ordered after it.
-//  - release(m): waits for the kernels that read m's values, returns the block, host release.
-//  - grad_buffers(m): host grad_buffers; device fp32 buffers, zeroed, one per parameter per
-//    pass (the tied wte keeps one buffer across lm_head and wte_wpe; BridgeLedger).
-//  - grads_ready(m): waits for m's backward kernels, copies the gradients of the parameters m
-//    owns D2H into pinned staging, ADDS them into the host buffers, then host grads_ready.
-// The loss scale is applied on the device as on the CPU. Nothing is prefetched or overlapped.
-//
-// Not thread-safe: one pass at a time, from any thread (each pass makes its device current).
-class GptGpuModel final : public model::Model {
+// GptModel's, so checkpoints move freely between --device cpu and cuda), computed by GptGpu.
+class GptGpuModel final : public BridgedGpuModel {
  public:
   // invalid_argument for an invalid config; unsupported when there is no CUDA device or the
   // head size is above the attention kernels' 128; the CUDA error naming the step otherwise.
   static Result<std::unique_ptr<GptGpuModel>> create(const model::GptConfig& config, GptGpuModelOptions options = {});
-  ~GptGpuModel() override;
-  GptGpuModel(const GptGpuModel&) = delete;
-  GptGpuModel& operator=(const GptGpuModel&) = delete;
 
   const model::GptConfig& config() const;
-  std::string_view type() const override { return "gpt"; }
-  // GptModel's line, then " on GPU <n> (<name>)".
-  std::string describe() const override;
-  std::string config_json() const override;
-  std::span<const model::ParamSpec> params() const override;
-  std::span<const model::ModuleSpec> modules() const override;
-  int vocab_size() const override;
-  int max_seq() const override;
-  int hidden_size() const override;
-
-  Result<float> forward_backward(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                                 model::ParamAccess& access, float loss_scale) override;
-  Result<float> forward_loss(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T,
-                             model::ParamAccess& access) override;
-  // Device memory: the GPU workspace (activations and scratch) for B*T positions.
-  Status reserve(int B, int T) override;
-  uint64_t activation_bytes(int B, int T) const override;
-  GptGpuTimes times() const;
-
-  // The GPU computes in bf16 with fp32 accumulation whatever the run's precision.
-  Status set_compute_precision(model::ComputePrecision) override { return Status::ok(); }
 
  private:
-  explicit GptGpuModel(std::unique_ptr<GptGpuModelImpl> impl);
-  std::unique_ptr<GptGpuModelImpl> impl_;
+  GptGpuModel() = default;  // create() attaches
 };
 
 }  // namespace zinf::gpu

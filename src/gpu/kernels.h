@@ -25,13 +25,15 @@
 
 namespace zinf::gpu {
 
-// out (B,T,C) = wte[ids[b,t]] (V,C) + wpe[t] (>=T,C). An id outside [0, V) gives a row of NaN
-// (never a read out of bounds); callers check ids on the host first (make_embedding_buckets).
+// out (B,T,C) = wte[ids[b,t]] (V,C) + wpe[t] (>=T,C); wpe == nullptr: no position term (Llama).
+// An id outside [0, V) gives a row of NaN (never a read out of bounds); callers check ids on the
+// host first (make_embedding_buckets).
 Status embedding_forward(bf16* out, const int32_t* ids, const bf16* wte, const bf16* wpe, int B, int T, int C, int V,
                          cudaStream_t stream);
 // dwpe[t] (C) += sum over b of dout[b,t]; dwte[tokens[i]] (C) += sum of dout over positions
 // [starts[i], starts[i+1]) of `positions` (EmbeddingBuckets, launch_geometry.h, uploaded), in
-// position order. dout (B,T,C) fp32, dwte (V,C) and dwpe fp32. num_tokens = tokens.size().
+// position order. dout (B,T,C) fp32, dwte (V,C) and dwpe fp32 (nullptr: no position table, no
+// dwpe). num_tokens = tokens.size().
 Status embedding_backward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens, const int32_t* starts,
                           const int32_t* positions, int num_tokens, int B, int T, int C, cudaStream_t stream);
 

@@ -1,4 +1,4 @@
-// The token + position embedding on the GPU: forward gather and a deterministic backward
+// The token (+ position) embedding on the GPU: forward gather and a deterministic backward
 // (per-token sums over host-built buckets instead of atomics).
 #include "gpu/kernel_util.cuh"
 #include "gpu/kernels.h"
@@ -20,7 +20,10 @@ __global__ void embedding_forward_kernel(bf16* out, const int32_t* ids, const bf
     const std::size_t t = n % static_cast<std::size_t>(T);
     const int32_t id = ids[n];
     float v = __int_as_float(0x7fc00000);  // NaN for an id outside the vocabulary
-    if (id >= 0 && id < V) v = to_f32(wte[static_cast<std::size_t>(id) * c_size + c]) + to_f32(wpe[t * c_size + c]);
+    if (id >= 0 && id < V) {
+      v = to_f32(wte[static_cast<std::size_t>(id) * c_size + c]);
+      if (wpe != nullptr) v += to_f32(wpe[t * c_size + c]);  // (Llama has no position table)
+    }
     out[i] = to_bf16(v);
   }
 }
@@ -67,9 +70,11 @@ Status embedding_backward(float* dwte, float* dwpe, const float* dout, const int
   if (B < 1 || T < 1 || C < 1 || num_tokens < 0 || num_tokens > static_cast<long long>(B) * T) {
     return bad_sizes("embedding_backward", dims, "B, T, C must be >= 1 and tokens in [0, B*T]");
   }
-  const std::size_t total = static_cast<std::size_t>(T) * C;
-  embedding_wpe_backward_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
-  ZINF_RETURN_IF_ERROR(launched("embedding_backward (wpe)", dims));
+  if (dwpe != nullptr) {
+    const std::size_t total = static_cast<std::size_t>(T) * C;
+    embedding_wpe_backward_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(dwpe, dout, B, T, C);
+    ZINF_RETURN_IF_ERROR(launched("embedding_backward (wpe)", dims));
+  }
   if (num_tokens == 0) return Status::ok();
   const unsigned channel_blocks = static_cast<unsigned>((C + kThreads - 1) / kThreads);
   if (channel_blocks > 65535) return Status::unsupported(describe("embedding_backward", dims) + ": C too large for grid.y");

@@ -56,6 +56,23 @@ class LayoutBuilder {
 void build_layout(const GptConfig& config, std::vector<ParamSpec>* params,
                   std::vector<ModuleSpec>* modules);
 
+// A Llama configuration's widths, as the CPU and GPU models use them: Q = n_head * head_dim (the
+// query and attention-output width; C unless head_dim is set apart), KV = n_kv_head * head_dim,
+// I = intermediate_size.
+struct LlamaDims {
+  int C, NH, NKV, hd, Q, KV, I, V, L;
+  explicit LlamaDims(const LlamaConfig& c)
+      : C(c.n_embd),
+        NH(c.n_head),
+        NKV(c.n_kv_head),
+        hd(c.head_size()),
+        Q(c.head_size() * c.n_head),
+        KV(c.head_size() * c.n_kv_head),
+        I(c.intermediate_size),
+        V(c.vocab_size),
+        L(c.n_layer) {}
+};
+
 // HF LlamaForCausalLM's parameter names in forward order: model.embed_tokens.weight, per layer
 // input_layernorm, self_attn.{q,k,v}_proj (.weight, then .bias with qkv_bias), o_proj (.weight,
 // .bias with o_bias), q_norm and k_norm (qk_norm), post_attention_layernorm, mlp.{gate,up,down}_proj

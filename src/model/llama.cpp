@@ -74,20 +74,7 @@ struct LlamaActivations {
 
 namespace {
 
-// Q = n_head * head_dim (the query and attention-output width; C unless head_dim is set apart).
-struct Dims {
-  int C, NH, NKV, hd, Q, KV, I, V, L;
-  explicit Dims(const LlamaConfig& c)
-      : C(c.n_embd),
-        NH(c.n_head),
-        NKV(c.n_kv_head),
-        hd(c.head_size()),
-        Q(c.head_size() * c.n_head),
-        KV(c.head_size() * c.n_kv_head),
-        I(c.intermediate_size),
-        V(c.vocab_size),
-        L(c.n_layer) {}
-};
+using Dims = detail::LlamaDims;
 
 // Where each self_attn parameter sits in its module's list (build_llama_layout's order); -1
 // when the configuration has none.

@@ -359,6 +359,20 @@ Result<IoBatch> SwapStore::submit(const std::string& key, std::uint64_t offset, 
   return batch;
 }
 
+Result<std::vector<FileSpan>> SwapStore::locate(const std::string& key, std::uint64_t offset,
+                                                std::uint64_t nbytes) const {
+  ZINF_ASSIGN_OR_RETURN(TensorRecord r, find(key));
+  if (offset > r.nbytes || nbytes > r.nbytes - offset) {
+    return Status::invalid_argument(fmt::format("swap store: bytes [{}, {}) of '{}' in {}: the tensor has {} bytes",
+                                                offset, offset + nbytes, key, folder_, r.nbytes));
+  }
+  std::vector<FileSpan> spans;
+  for (const Piece& p : detail::map_range(r, offset, nbytes, state_->files.size(), config_.stripe_unit)) {
+    spans.push_back(FileSpan{p.file, p.file_offset, offset + p.buffer_offset, p.length});
+  }
+  return spans;
+}
+
 Result<IoBatch> SwapStore::read_async(const std::string& key, std::uint64_t offset, void* buffer,
                                       std::size_t nbytes) {
   return submit(key, offset, buffer, nbytes, false);

@@ -87,6 +87,7 @@ Status Coordinator::end_pass() {
     }
   }
   ZINF_RETURN_IF_ERROR(flush_bucket());
+  ZINF_RETURN_IF_ERROR(drain_downloads(true));
   for (std::size_t g = 0; g < gathered_.size(); ++g) {
     const std::string& name = model_.params()[plan_.group(g).params.front()].name;
     if (gathered_[g].users != 0) return Status::internal(fmt::format("{} still acquired at the end of a pass", name));
@@ -209,9 +210,19 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
 Status Coordinator::ensure_gathered(int g) {
   Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
   if (gathered.valid) {
-    if (!gathered.persistent) ++stats_.reuse_hits;
+    if (gathered.ahead) {
+      ++stats_.ahead_hits;
+    } else if (!gathered.persistent) {
+      ++stats_.reuse_hits;
+    }
+    gathered.ahead = false;
     return Status::ok();
   }
+  return start_gather(g);
+}
+
+Status Coordinator::start_gather(int g) {
+  Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
   const auto idx = static_cast<std::size_t>(g);
   const std::size_t per_rank = plan_.group(idx).per_rank;
   const std::size_t size = gathered_size(idx);
@@ -226,12 +237,35 @@ Status Coordinator::ensure_gathered(int g) {
   gathered.buf = std::move(full);
   gathered.valid = true;
   gathered.prefetched = false;
+  gathered.ahead = false;
   if (!gathered.persistent) {
     live_ += size;
     stats_.live_high_water = std::max(stats_.live_high_water, live_);
   }
   ++stats_.gathers;
   stats_.gathered_elements += plan_.group(idx).numel;
+  return Status::ok();
+}
+
+Status Coordinator::gather_ahead(std::size_t event) {
+  const Trace& t = trace();
+  if (!target_.asynchronous() || !on_trace_ || !t.complete || event + 1 >= t.event_first.size()) return Status::ok();
+  const std::size_t first = t.event_first[event + 1];
+  const std::size_t last = event + 2 < t.event_first.size() ? t.event_first[event + 2] : t.groups.size();
+  for (std::size_t i = first; i < last; ++i) {
+    const int g = t.groups[i];
+    Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
+    if (gathered.valid) continue;
+    const std::uint64_t size = gathered_size(static_cast<std::size_t>(g));
+    if (!gathered.persistent && live_ + size > opt_.max_live_parameters) break;
+    // Spare blocks count against the budget too.
+    if (!gathered.persistent) {
+      spare_.trim_to(live_ + size <= opt_.max_live_parameters ? opt_.max_live_parameters - live_ - size : 0);
+    }
+    ZINF_RETURN_IF_ERROR(start_gather(g));
+    gathered.ahead = true;
+    ++stats_.gathers_ahead;
+  }
   return Status::ok();
 }
 
@@ -287,6 +321,7 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   for (int g : groups) ++gathered_[static_cast<std::size_t>(g)].users;
   Status s = make_room(need, module);
   for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = ensure_gathered(groups[k]);
+  for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = target_.ready(gathered_[static_cast<std::size_t>(groups[k])].buf);
   if (!s.is_ok()) {
     for (int g : groups) --gathered_[static_cast<std::size_t>(g)].users;
     return s;
@@ -297,7 +332,7 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   }
   ++position_;
   prefetch_after(position_ - 1);
-  return Status::ok();
+  return gather_ahead(position_ - 1);
 }
 
 Status Coordinator::release(int module, model::Phase) {
@@ -322,7 +357,7 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
   const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
   for (std::size_t k = 0; k < spec.params.size(); ++k) {
     const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
-    model::FloatBuffer& buf = grads_[place.group];
+    GatherBlock& buf = grads_[place.group];
     if (buf.data() == nullptr) {
       // Gathered size, zero: the padding past the group's end is reduced as zeros.
       const std::size_t n = gathered_size(place.group);
@@ -333,12 +368,13 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
         ++stats_.grad_allocations;
       }
       buf = grad_spare_.take(n);
-      if (buf.data() == nullptr) buf = model::FloatBuffer::allocate(n);
+      if (buf.data() == nullptr) buf = target_.allocate(n);
       if (buf.data() == nullptr && n > 0) {
-        return Status::resource_exhausted(
-            fmt::format("cannot allocate the gradient of {}", model_.params()[static_cast<std::size_t>(spec.params[k])].name));
+        return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements of {} memory for the gradient of {}",
+                                                      n, target_.name(),
+                                                      model_.params()[static_cast<std::size_t>(spec.params[k])].name));
       }
-      std::memset(buf.data(), 0, n * sizeof(float));
+      ZINF_RETURN_IF_ERROR(target_.zero(buf));
       grad_live_ += n;
       stats_.grad_high_water = std::max(stats_.grad_high_water, grad_live_ + grad_spare_.elements());
     }
@@ -356,8 +392,8 @@ Status Coordinator::grads_ready(int module) {
     bucket_elements_ += plan_.group(static_cast<std::size_t>(g)).numel;
   }
   // One rank has nothing to reduce: add each gradient in as soon as it is complete.
-  if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1) return flush_bucket();
-  return Status::ok();
+  if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1) ZINF_RETURN_IF_ERROR(flush_bucket());
+  return drain_downloads(false);
 }
 
 Status Coordinator::flush_bucket() {
@@ -401,20 +437,48 @@ Status Coordinator::flush_bucket() {
   for (int g : bucket_) {
     const auto idx = static_cast<std::size_t>(g);
     const std::size_t per_rank = plan_.group(idx).per_rank;
-    float* acc = grad_acc_[layout_.subgroup_of[idx]].data() + layout_.offset_in_subgroup[idx];
-    const float* in = reduced != nullptr ? reduced + off : grads_[idx].data();
-    for (std::size_t i = 0; i < per_rank; ++i) acc[i] += in[i];
+    if (reduced != nullptr) {
+      accumulate(idx, reduced + off);
+    } else if (!target_.asynchronous()) {
+      accumulate(idx, grads_[idx].data());
+    } else {
+      // The gradient is in device memory: download it, add it in once it has landed.
+      ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(grads_[idx], 0, per_rank));
+      downloads_.push_back({idx, ticket});
+      ++stats_.grad_downloads;
+    }
     off += per_rank;
-    // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
     grad_live_ -= grads_[idx].size();
-    if (grad_live_ + grad_spare_.elements() + grads_[idx].size() <= opt_.reduce_bucket_size) {
+    if (!target_.asynchronous() &&
+        grad_live_ + grad_spare_.elements() + grads_[idx].size() <= opt_.reduce_bucket_size) {
+      // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
       grad_spare_.keep(std::move(grads_[idx]));
     }
-    grads_[idx] = model::FloatBuffer();
+    grads_[idx] = GatherBlock();
   }
   bucket_.clear();
   bucket_elements_ = 0;
   ++stats_.buckets;
+  return Status::ok();
+}
+
+void Coordinator::accumulate(std::size_t group, const float* reduced) {
+  float* acc = grad_acc_[layout_.subgroup_of[group]].data() + layout_.offset_in_subgroup[group];
+  const std::size_t per_rank = plan_.group(group).per_rank;
+  for (std::size_t i = 0; i < per_rank; ++i) acc[i] += reduced[i];
+  if (on_added_) on_added_(group);
+}
+
+Status Coordinator::drain_downloads(bool wait) {
+  std::size_t done = 0;
+  for (; done < downloads_.size(); ++done) {
+    const PendingDownload& d = downloads_[done];
+    ZINF_ASSIGN_OR_RETURN(std::span<const float> landed, target_.finish_download(d.ticket, wait));
+    if (landed.data() == nullptr) break;  // still in flight: later ones wait for their turn
+    accumulate(d.group, landed.data());
+    target_.release_download(d.ticket);
+  }
+  downloads_.erase(downloads_.begin(), downloads_.begin() + static_cast<std::ptrdiff_t>(done));
   return Status::ok();
 }
 

@@ -3,11 +3,19 @@
 // all-gather per group; prefetches along the recorded trace, holds gathered elements under a hard
 // max_live_parameters budget, checks that all ranks record the same trace, and reduce-scatters
 // gradients into the rank's fp32 gradient partitions in reduce_bucket_size buckets.
+//
+// Its memory (gathered values and gradient buffers) is the gather target's: host memory, or a
+// device's (gather_target.h). With an asynchronous (device) target, the next module's groups are
+// gathered (uploaded) while the current module computes, and each completed gradient is
+// downloaded on the device's D2H stream and added into its partition once it has landed, while
+// backward goes on; end_pass() waits for the last ones. The sums are the same, in the same
+// order, so the results are bit-identical to the host target's.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <vector>
@@ -36,6 +44,8 @@ struct CoordinatorStats {
   std::uint64_t gathers = 0;            // partition groups gathered into full values
   std::uint64_t gathered_elements = 0;
   std::uint64_t prefetches = 0;         // partitions prefetched along the trace
+  std::uint64_t gathers_ahead = 0;      // gathers an asynchronous target started before the module asked
+  std::uint64_t ahead_hits = 0;         // acquires served by a gather started ahead
   std::uint64_t reuse_hits = 0;         // acquires served by a kept (released) copy
   std::uint64_t evictions = 0;          // kept copies dropped to stay under the budget
   std::uint64_t live_high_water = 0;    // most non-persistent gathered elements at once (buffers,
@@ -44,6 +54,7 @@ struct CoordinatorStats {
   std::uint64_t trace_invalidations = 0;
   std::uint64_t buckets = 0;            // gradient reduce-scatters
   std::uint64_t grad_allocations = 0;   // gradient buffers allocated (not reused from a pass before)
+  std::uint64_t grad_downloads = 0;     // gradient slices downloaded (asynchronous target)
   std::uint64_t grad_high_water = 0;    // most gradient elements held at once, in use or kept
   double backward_start_s = 0;          // seconds into the micro-step when backward began
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
@@ -102,6 +113,10 @@ class Coordinator final : public model::ParamAccess {
   // After an optimizer step changed the partitions: every gathered copy is stale.
   void invalidate_gathered();
   const CoordinatorStats& stats() const { return stats_; }
+  // Called with each partition whose reduced gradient has just been added into the rank's
+  // partition (from the thread that drives the passes); empty: none. The engine sets it for the
+  // last micro-batch, whose additions are final (early_step.h).
+  void set_on_gradient_added(std::function<void(std::size_t partition)> fn) { on_added_ = std::move(fn); }
   std::uint64_t live_elements() const { return live_; }
 
   Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
@@ -115,6 +130,7 @@ class Coordinator final : public model::ParamAccess {
     bool valid = false;
     bool persistent = false;
     bool prefetched = false;
+    bool ahead = false;  // gathered by gather_ahead(), not yet acquired
     int users = 0;
   };
   // The order in which modules acquired parameters in one pass, flattened to groups.
@@ -134,6 +150,13 @@ class Coordinator final : public model::ParamAccess {
   Status check_agreement(std::uint64_t module, std::uint64_t phase, const char* what);
   Status check_trace_hash(const Trace& t);
   Status ensure_gathered(int g);
+  Status start_gather(int g);  // allocates and fills group g's gathered block (bookkeeping included)
+  // Starts gathering the groups of the event after `event` (asynchronous targets), within the
+  // live budget's free room: no eviction for it.
+  Status gather_ahead(std::size_t event);
+  // Adds landed gradient downloads into their partitions, oldest first (wait: all of them).
+  Status drain_downloads(bool wait);
+  void accumulate(std::size_t group, const float* reduced);
   Status make_room(std::uint64_t need, int module);
   void drop(int g);  // releases partition group g's gathered copy (its buffer kept for reuse or freed)
   void prefetch_after(std::size_t event);
@@ -155,10 +178,16 @@ class Coordinator final : public model::ParamAccess {
 
   std::vector<std::vector<int>> module_groups_;
   std::vector<Gathered> gathered_;         // per group
-  std::vector<model::FloatBuffer> grads_;  // gathered-size gradients of this pass, per group
+  std::vector<GatherBlock> grads_;  // gathered-size gradients of this pass, per group (target memory)
   SparePool<GatherBlock> spare_;  // freed gathered blocks; live_ + spare_ stays within max_live_parameters
-  SparePool<model::FloatBuffer> grad_spare_;  // freed gradient buffers; grad_live_ + grad_spare_ within
-                                              // reduce_bucket_size
+  // Freed gradient buffers; grad_live_ + grad_spare_ within reduce_bucket_size. Host target only:
+  // an asynchronous target's buffers go back to it at once, fenced by their downloads.
+  SparePool<GatherBlock> grad_spare_;
+  struct PendingDownload {
+    std::size_t group;
+    std::uint64_t ticket;
+  };
+  std::vector<PendingDownload> downloads_;  // in start order
   std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;
   bool train_ = true;
@@ -171,6 +200,7 @@ class Coordinator final : public model::ParamAccess {
   std::chrono::steady_clock::time_point pass_start_;
   bool backward_seen_ = false;
   CoordinatorStats stats_;
+  std::function<void(std::size_t)> on_added_;
 };
 
 }  // namespace zinf::zero3

@@ -10,7 +10,9 @@
 
 #include <fmt/format.h>
 
+#include "device/host_device.h"
 #include "zero3/coordinator.h"
+#include "zero3/device_gather_target.h"
 #include "zero3/engine_impl.h"
 #include "zero3/tier_factory.h"
 #include "zinf/log.h"
@@ -159,7 +161,16 @@ Status Engine::Impl::init() {
   counters.loss_scale = scaler->scale();
 
   // Tiers, and where the coordinator gathers.
-  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults},
+  if (options.device.kind == EngineDevice::Kind::kHostDevice) {
+    device::HostDeviceOptions d;
+    d.seed = options.device.seed;
+    d.max_delay = std::chrono::microseconds(options.device.max_delay_us);
+    d.poison_new_blocks = options.device.poison_new_blocks;
+    d.memory_cap = static_cast<std::size_t>(options.device.memory_cap_bytes);
+    device = device::HostDevice::create(d);
+  }
+  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults,
+                                                            device.get()},
                                                 optim::Optimizer(opt_config)));
   handle = std::move(tiers.handle);
   optimizer = std::move(tiers.optimizer);
@@ -190,6 +201,15 @@ Status Engine::Impl::init() {
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
   coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
+  if (options.overlap_optimizer) {
+    if (early_steps_possible(*optimizer, *params, layout)) {
+      early = std::make_unique<EarlyStepper>(layout, *optimizer, grad_acc);
+    } else {
+      log(LogLevel::kNotice, fmt::format("{}: the optimizer step cannot overlap backward with parameters on {} and "
+                                         "optimizer state on {} (it needs both in memory); it runs after backward",
+                                         ds.source, params->describe(), optimizer->describe()));
+    }
+  }
   return Status::ok();
 }
 
@@ -248,6 +268,15 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const auto t0 = Clock::now();
   StepReport r;
   const double io_before = params->io_wait_seconds() + optimizer->io_wait_seconds();
+  const auto* device_target = dynamic_cast<const DeviceGatherTarget*>(gather.get());
+  const DeviceGatherStats device_before = device_target != nullptr ? device_target->device_stats() : DeviceGatherStats{};
+  // Copy-stream seconds so far (NaN: not measured by this device).
+  auto copy_seconds = [&](device::StreamRole role) {
+    auto s = device_target->device().copy_seconds(role);
+    return s.is_ok() ? s.value() : std::numeric_limits<double>::quiet_NaN();
+  };
+  const double h2d_before = device_target != nullptr ? copy_seconds(device::StreamRole::kH2D) : 0.0;
+  const double d2h_before = device_target != nullptr ? copy_seconds(device::StreamRole::kD2H) : 0.0;
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
   for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
@@ -258,13 +287,35 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   // The optimizer state the step reads first does not depend on the gradients: its reads run
   // under the passes (into the swapper's own slots; kept for the next step if this one fails).
   ZINF_RETURN_IF_ERROR(optimizer->read_ahead());
+  const std::int64_t k = counters.schedule_k;
+  // The step's inputs for a gradient scale (the step count, LR and momentum are known now).
+  auto step_inputs = [&](double grad_scale) {
+    swap::StepInputs in;
+    in.ctx.step = counters.updates + 1;
+    in.ctx.lr = schedule ? schedule->lr(k) : base_lr;
+    if (schedule) in.ctx.beta1 = schedule->momentum(k);
+    in.grad_scale = grad_scale;
+    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
+    in.sink = &params->sink();
+    return in;
+  };
   double loss_sum = 0;
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
+    if (early && &mb == &micro_batches.back()) {
+      // The last micro-batch's additions are final: each sub-group may step as soon as its are.
+      early->begin(step_inputs(1.0 / scale));
+      coordinator->set_on_gradient_added([this](std::size_t p) { early->partition_final(p); });
+    }
     coordinator->begin_pass(true);
     auto loss = model->forward_backward(mb.inputs, mb.targets, mb.B, mb.T, *coordinator, grad_loss_scale);
-    if (!loss.is_ok()) return loss.status();
-    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
+    Status ended = loss.is_ok() ? coordinator->end_pass() : loss.status();
+    coordinator->set_on_gradient_added(nullptr);
+    if (!ended.is_ok()) {
+      // Early steps taken under this pass are rolled back: the step did not happen.
+      if (early) (void)early->stats(), (void)early->finish(nullptr);
+      return ended;
+    }
     const double pass = since(p0);
     r.forward_s += coordinator->stats().backward_start_s;
     r.backward_s += pass - coordinator->stats().backward_start_s;
@@ -272,11 +323,31 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
   }
   r.live_high_water = coordinator->stats().live_high_water;
+  if (device_target != nullptr) {
+    const DeviceGatherStats& d = device_target->device_stats();
+    r.h2d_bytes = d.h2d_bytes - device_before.h2d_bytes;
+    r.d2h_bytes = d.d2h_bytes - device_before.d2h_bytes;
+    r.device_wait_s = d.ready_wait_s - device_before.ready_wait_s;
+    r.download_wait_s = d.download_wait_s - device_before.download_wait_s;
+    r.staging_wait_s = d.staging_wait_s - device_before.staging_wait_s;
+    r.device_peak_bytes = device_target->device().allocator_stats().peak_reserved;
+    r.h2d_copy_s = copy_seconds(device::StreamRole::kH2D) - h2d_before;
+    r.d2h_copy_s = copy_seconds(device::StreamRole::kD2H) - d2h_before;
+  }
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();
-  for (const model::FloatBuffer& g : grad_acc) {
-    ZINF_ASSIGN_OR_RETURN(optim::GradStats s, optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+  std::vector<optim::GradStats> sg_stats;
+  if (early) {
+    ZINF_ASSIGN_OR_RETURN(sg_stats, early->stats());
+  } else {
+    for (const model::FloatBuffer& g : grad_acc) {
+      ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
+                            optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+      sg_stats.push_back(s);
+    }
+  }
+  for (const optim::GradStats& s : sg_stats) {
     reduced[1] += s.sq_norm;
     if (!s.finite()) reduced[2] += 1.0;
   }
@@ -286,11 +357,19 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const bool overflow = reduced[2] > 0.0 || !std::isfinite(reduced[1]);
   ++counters.steps;
   r.step = counters.steps;
-  const std::int64_t k = counters.schedule_k;
   r.lr = schedule ? schedule->lr(k) : base_lr;
+  // Keeps or rolls back the early steps and takes the rest of the step (in: null when skipped).
+  auto finish_early = [&](const swap::StepInputs* in) -> Status {
+    ZINF_ASSIGN_OR_RETURN(EarlyStepReport e, early->finish(in));
+    r.early_subgroups = e.stepped_early;
+    r.early_rolled_back = e.rolled_back;
+    r.optimizer_hidden_s = e.hidden_s;
+    return Status::ok();
+  };
   if (overflow) {
     r.skipped = true;
     r.grad_norm = std::numeric_limits<double>::infinity();
+    if (early) ZINF_RETURN_IF_ERROR(finish_early(nullptr));
     ZINF_RETURN_IF_ERROR(scaler->update(true));
   } else {
     const double norm = std::sqrt(reduced[1]);
@@ -299,14 +378,12 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     if (options.ds.gradient_clipping > 0.0) {
       grad_scale = optim::clip_gradients(norm, scale, options.ds.gradient_clipping).grad_scale;
     }
-    swap::StepInputs in;
-    in.ctx.step = counters.updates + 1;
-    in.ctx.lr = r.lr;
-    if (schedule) in.ctx.beta1 = schedule->momentum(k);
-    in.grad_scale = grad_scale;
-    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
-    in.sink = &params->sink();
-    ZINF_RETURN_IF_ERROR(optimizer->step(in));
+    const swap::StepInputs in = step_inputs(grad_scale);
+    if (early) {
+      ZINF_RETURN_IF_ERROR(finish_early(&in));
+    } else {
+      ZINF_RETURN_IF_ERROR(optimizer->step(in));
+    }
     ZINF_RETURN_IF_ERROR(params->flush());
     coordinator->invalidate_gathered();
     ZINF_RETURN_IF_ERROR(scaler->update(false));

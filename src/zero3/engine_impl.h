@@ -5,7 +5,9 @@
 #include <optional>
 #include <vector>
 
+#include "device/device.h"
 #include "zero3/coordinator.h"
+#include "zero3/early_step.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/handle.h"
 #include "zinf/model/float_buffer.h"
@@ -62,12 +64,14 @@ struct Engine::Impl {
   double base_lr = 0;
   std::unique_ptr<optim::LrSchedule> schedule;
   std::optional<optim::LossScaler> scaler;
+  std::unique_ptr<device::Device> device;  // EngineDevice kHostDevice; outlives the gather target
   std::unique_ptr<aio::Handle> handle;
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place
   std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it
   std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
   std::unique_ptr<Coordinator> coordinator;
+  std::unique_ptr<EarlyStepper> early;  // EngineOptions::overlap_optimizer where the tiers allow
   EngineCounters counters;
 
  private:

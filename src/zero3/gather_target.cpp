@@ -2,6 +2,9 @@
 #include "zero3/gather_target.h"
 
 #include <cstdlib>
+#include <cstring>
+
+#include <fmt/format.h>
 
 namespace zinf::zero3 {
 namespace {
@@ -27,11 +30,25 @@ class HostGatherTarget final : public GatherTarget {
     return comm.all_gather(mine, full);
   }
 
+  Status zero(GatherBlock& block) override {
+    if (block.size() > 0) std::memset(block.data(), 0, block.size() * sizeof(float));
+    return Status::ok();
+  }
+
  protected:
   void free(float* data, std::size_t) override { std::free(data); }
 };
 
 }  // namespace
+
+Result<std::uint64_t> GatherTarget::start_download(const GatherBlock&, std::size_t, std::size_t) {
+  return Status::internal(fmt::format("the {} gather target has no gradient downloads: its memory is read in place",
+                                      name()));
+}
+Result<std::span<const float>> GatherTarget::finish_download(std::uint64_t, bool) {
+  return Status::internal(fmt::format("the {} gather target has no gradient downloads", name()));
+}
+void GatherTarget::release_download(std::uint64_t) {}
 
 std::unique_ptr<GatherTarget> make_host_gather_target() { return std::make_unique<HostGatherTarget>(); }
 

@@ -1,10 +1,11 @@
-// Internal: where the coordinator gathers a partition group's full values for the model.
+// Internal: where the coordinator keeps a module's memory: its partition groups' full values,
+// gathered for the model, and their gradients.
 //
-// Host memory today (make_host_gather_target). A device-resident engine gathers into device
-// memory instead: its target allocates device blocks and fills them from the tier through a
-// staging copy and a device all-gather; the coordinator's budget, trace, prefetch and reuse
-// logic stay as they are. The model receives pointers into the target's memory
-// (model::ParamAccess::acquire), so the target must match where the model computes.
+// Host memory (make_host_gather_target), or device memory (device_gather_target.h: blocks of a
+// device::Device, filled through staging and the H2D stream, gradients drained through the D2H
+// stream). The coordinator's budget, trace, prefetch and reuse logic are the same for both. The
+// model receives pointers into the target's memory (model::ParamAccess::acquire and
+// grad_buffers), so the target must match where the model computes.
 //
 // Threading: a target is used by one coordinator, from the thread that drives its passes.
 #pragma once
@@ -55,9 +56,25 @@ class GatherTarget {
   virtual GatherBlock allocate(std::size_t n) = 0;
   // Fills `block` (W * per_rank elements) with `group`'s full values: this rank's slice
   // [rank * per_rank, (rank + 1) * per_rank) from the tier, then the all-gather in place.
-  // Returns once the values are usable by the model.
+  // Returns once the values are usable by the model, unless the target is asynchronous().
   virtual Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
                         GatherBlock& block) = 0;
+  // Whether gather() may return before the values have landed. Then the model may read a block
+  // only after ready(block), and the coordinator starts gathers ahead of use along the trace.
+  virtual bool asynchronous() const { return false; }
+  // Makes `block`'s gathered values usable by the model (waits for the transfers that fill it).
+  virtual Status ready(GatherBlock&) { return Status::ok(); }
+  // Sets every element of a block the model will add gradients into to zero, before it does.
+  virtual Status zero(GatherBlock& block) = 0;
+
+  // Gradient downloads, for asynchronous targets (the others hand out host memory, which the
+  // coordinator reads in place). start_download copies `n` elements of `src` from `offset` to host
+  // memory; `src` may be handed back right after (the target fences it). finish_download gives
+  // the landed elements (wait: blocking until they have; else an empty span while in flight),
+  // valid until release_download(ticket).
+  virtual Result<std::uint64_t> start_download(const GatherBlock& src, std::size_t offset, std::size_t n);
+  virtual Result<std::span<const float>> finish_download(std::uint64_t ticket, bool wait);
+  virtual void release_download(std::uint64_t ticket);
 
  protected:
   // Wraps memory this target allocated; free() gets it back.

@@ -46,23 +46,55 @@ class MemoryOptimizerTier final : public OptimizerTier {
   }
 
   Status step(const swap::StepInputs& in) override {
-    if (in.grads.size() != layout_.subgroups.size()) {
-      return Status::internal(fmt::format("{} gradient views for {} sub-groups", in.grads.size(), layout_.subgroups.size()));
+    for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) ZINF_RETURN_IF_ERROR(step_subgroup(in, sg));
+    return Status::ok();
+  }
+
+  bool steps_subgroups() const override { return true; }
+
+  Status step_subgroup(const swap::StepInputs& in, std::size_t sg) override {
+    if (in.grads.size() != layout_.subgroups.size() || sg >= layout_.subgroups.size()) {
+      return Status::internal(fmt::format("step of sub-group {} with {} gradient views for {} sub-groups", sg,
+                                          in.grads.size(), layout_.subgroups.size()));
     }
     std::vector<std::span<float>> state(optimizer_.state_count());
-    for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
-      for (std::size_t i = 0; i < state.size(); ++i) state[i] = arrays_[1 + i][sg].span();
-      optim::GradView grad = in.grads[sg];
-      grad.scale = in.grad_scale;
-      // 16-bit copies come out of the kernel, into the sink's memory or staging for its write().
-      optim::HalfCopy copy;
-      if (in.sink != nullptr && in.sink->dtype() != swap::DType::kF32) {
-        void* host = in.sink->host_subgroup(sg);
-        copy = optim::HalfCopy{host != nullptr ? host : staging(sg), in.sink->dtype()};
+    for (std::size_t i = 0; i < state.size(); ++i) state[i] = arrays_[1 + i][sg].span();
+    optim::GradView grad = in.grads[sg];
+    grad.scale = in.grad_scale;
+    // 16-bit copies come out of the kernel, into the sink's memory or staging for its write().
+    optim::HalfCopy copy;
+    if (in.sink != nullptr && in.sink->dtype() != swap::DType::kF32) {
+      void* host = in.sink->host_subgroup(sg);
+      copy = optim::HalfCopy{host != nullptr ? host : staging(sg), in.sink->dtype()};
+    }
+    ZINF_RETURN_IF_ERROR(optimizer_.step(in.ctx, arrays_[0][sg].span(), state, grad, copy, exec_)
+                             .with_context(fmt::format("optimizer step, sub-group {}", sg)));
+    if (in.sink != nullptr) ZINF_RETURN_IF_ERROR(hand_over(sg, *in.sink, /*converted=*/true));
+    return Status::ok();
+  }
+
+  Status snapshot(std::size_t sg) override {
+    if (snapshots_.empty()) snapshots_.resize(layout_.subgroups.size());
+    std::vector<model::FloatBuffer>& copy = snapshots_.at(sg);
+    copy.resize(arrays_.size());
+    for (std::size_t which = 0; which < arrays_.size(); ++which) {
+      const model::FloatBuffer& from = arrays_[which][sg];
+      if (copy[which].size() != from.size()) copy[which] = model::FloatBuffer::allocate(from.size());
+      if (copy[which].data() == nullptr && from.size() > 0) {
+        return Status::resource_exhausted(fmt::format(
+            "early optimizer step: cannot allocate {} fp32 elements to keep sub-group {}'s state", from.size(), sg));
       }
-      ZINF_RETURN_IF_ERROR(optimizer_.step(in.ctx, arrays_[0][sg].span(), state, grad, copy, exec_)
-                               .with_context(fmt::format("optimizer step, sub-group {}", sg)));
-      if (in.sink != nullptr) ZINF_RETURN_IF_ERROR(hand_over(sg, *in.sink, /*converted=*/true));
+      std::memcpy(copy[which].data(), from.data(), from.size() * sizeof(float));
+    }
+    return Status::ok();
+  }
+
+  Status restore(std::size_t sg) override {
+    if (sg >= snapshots_.size() || snapshots_[sg].size() != arrays_.size()) {
+      return Status::internal(fmt::format("restore of sub-group {} without a snapshot", sg));
+    }
+    for (std::size_t which = 0; which < arrays_.size(); ++which) {
+      std::memcpy(arrays_[which][sg].data(), snapshots_[sg][which].data(), arrays_[which][sg].size() * sizeof(float));
     }
     return Status::ok();
   }
@@ -133,6 +165,7 @@ class MemoryOptimizerTier final : public OptimizerTier {
   optim::ExecOptions exec_;
   std::vector<std::vector<model::FloatBuffer>> arrays_;  // [which][sub-group]
   std::vector<std::uint16_t> staging_;
+  std::vector<std::vector<model::FloatBuffer>> snapshots_;  // [sub-group][which], kept for reuse
 };
 
 class NvmeOptimizerTier final : public OptimizerTier {
@@ -175,6 +208,16 @@ class NvmeOptimizerTier final : public OptimizerTier {
 };
 
 }  // namespace
+
+Status OptimizerTier::step_subgroup(const swap::StepInputs&, std::size_t) {
+  return Status::unsupported(fmt::format("{}: no early steps of single sub-groups", describe()));
+}
+Status OptimizerTier::snapshot(std::size_t) {
+  return Status::unsupported(fmt::format("{}: no sub-group snapshots", describe()));
+}
+Status OptimizerTier::restore(std::size_t) {
+  return Status::unsupported(fmt::format("{}: no sub-group snapshots", describe()));
+}
 
 Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::PartitionLayout& layout,
                                                                   optim::Optimizer optimizer,

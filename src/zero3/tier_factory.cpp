@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "zero3/device_gather_target.h"
+#include "zero3/param_device_reader.h"
+
 namespace zinf::zero3 {
 namespace {
 
@@ -86,7 +89,12 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   }
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
   ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
-  t.gather = make_host_gather_target();
+  if (context.device != nullptr) {
+    ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device));
+  } else {
+    t.gather = make_host_gather_target();
+  }
+  note_use_gds_not_served(context.ds, context.device);
   return t;
 }
 

@@ -9,6 +9,7 @@
 
 #include <memory>
 
+#include "device/device.h"
 #include "zero3/gather_target.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/fault.h"
@@ -26,6 +27,9 @@ struct TierContext {
   int rank = 0;
   swap::DType dtype = swap::DType::kF32;  // the parameters' compute dtype
   std::shared_ptr<aio::FaultInjector> aio_faults;  // null: none (tests inject I/O faults here)
+  // Where the coordinator gathers: this device's memory (device_gather_target.h), or host memory
+  // when null. Must outlive the tiers.
+  device::Device* device = nullptr;
 };
 
 // The tiers and what they share. Members are destroyed in reverse order: the parameter tier
@@ -35,7 +39,7 @@ struct Tiers {
   std::unique_ptr<aio::Handle> handle;  // null unless a tier is on nvme
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;
-  std::unique_ptr<GatherTarget> gather;
+  std::unique_ptr<GatherTarget> gather;  // a DeviceGatherTarget when TierContext::device is set
 };
 
 // The swap store settings every swap store of this rank shares (checksums, stripe unit, no

@@ -49,6 +49,9 @@ class ParamTier {
   virtual Status flush() = 0;
   // Seconds spent blocked on parameter reads so far.
   virtual double io_wait_seconds() const = 0;
+  // The swapper of an nvme tier (param_device_reader.h reads its files into device memory),
+  // else nullptr.
+  virtual swap::ParamSwapper* nvme_swapper() { return nullptr; }
 };
 
 // device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
@@ -72,6 +75,17 @@ class OptimizerTier {
   virtual Status read_ahead() { return Status::ok(); }
   // One step over every sub-group; the updated copies go to in.sink (nullptr: none).
   virtual Status step(const swap::StepInputs& in) = 0;
+
+  // Early steps (early_step.h): a sub-group stepped on its own as soon as its gradients are
+  // final, under a snapshot that restore() brings back if the step must be taken again. Tiers
+  // that cannot (nvme: its step is one pipelined, committed pass) answer false and kUnsupported.
+  virtual bool steps_subgroups() const { return false; }
+  // step() over sub-group sg alone (in.grads[sg]); thread-compatible with the passes: touches
+  // only sub-group sg's state and sg's part of the sink.
+  virtual Status step_subgroup(const swap::StepInputs& in, std::size_t sg);
+  // Keeps a copy of sub-group sg's master weights and states; restore(sg) puts it back.
+  virtual Status snapshot(std::size_t sg);
+  virtual Status restore(std::size_t sg);
   // Rewrites every copy in `sink` from the current master weights (after init and resume).
   virtual Status write_param_copies(swap::ParamSink& sink) = 0;
   // which: 0 master, 1 + i the optimizer's state i. out: subgroups[sg].numel elements.

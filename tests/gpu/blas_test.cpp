@@ -43,16 +43,7 @@ std::vector<float> unpad(const std::vector<float>& x, int N, int OC, int ld) {
   return out;
 }
 
-class GpuBlasTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    ZINF_REQUIRE_GPU();
-    Result<Blas> b = Blas::create();
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    blas_ = std::make_unique<Blas>(std::move(b).value());
-  }
-  std::unique_ptr<Blas> blas_;
-};
+class GpuBlasTest : public testing::BlasFixture {};
 
 // Shapes: the model's (multiples of 8), odd ones (no 16-byte aligned rows), and the tied
 // head's padded logits rows.

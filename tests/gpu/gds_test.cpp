@@ -21,16 +21,7 @@ namespace zinf::gpu {
 namespace {
 
 // The fake's path comes from meson (ZINF_FAKE_CUFILE); its knobs are environment variables.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine_harness.h"
+#include "gpu_model_test_util.h"
 #include "gpu_test_util.h"
 #include "temp_dir.h"
 #include "zinf/model/gpt.h"
@@ -23,6 +24,7 @@
 namespace zinf::gpu {
 namespace {
 
+using testing::expect_close;
 using zero3::testing::EngineRun;
 
 model::GptConfig small_config() {
@@ -45,13 +47,6 @@ std::unique_ptr<model::Model> gpu_model(GptGpuModelOptions options = {}) {
   auto m = GptGpuModel::create(small_config(), options);
   EXPECT_TRUE(m.is_ok()) << m.status().to_string();
   return m.is_ok() ? std::move(m).value() : nullptr;
-}
-
-void expect_close(const std::vector<double>& gpu, const std::vector<double>& cpu, const char* what) {
-  ASSERT_EQ(gpu.size(), cpu.size());
-  for (std::size_t i = 0; i < gpu.size(); ++i) {
-    EXPECT_NEAR(gpu[i], cpu[i], 2e-2 * std::fabs(cpu[i])) << what << ", step " << i + 1;
-  }
 }
 
 // Without a device (this test's only host part): create() fails with unsupported, naming CUDA's reason.

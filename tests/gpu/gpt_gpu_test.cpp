@@ -16,6 +16,7 @@
 #include <memory>
 #include <vector>
 
+#include "gpu_model_test_util.h"
 #include "gpu_test_util.h"
 #include "kernel_test_util.h"
 #include "model_test_util.h"
@@ -27,7 +28,7 @@ namespace {
 
 using model::GptConfig;
 using model::Phase;
-using testing::rel_l2;
+using testing::CpuRun;
 using testing::TestBuffer;
 
 GptConfig tiny_config(bool checkpointing) {
@@ -41,135 +42,17 @@ GptConfig tiny_config(bool checkpointing) {
   return c;
 }
 
-// Parameters away from GPT-2 init so every gradient path carries signal, already bf16 values.
-void set_params(model::LocalParams& lp, std::span<const model::ParamSpec> specs) {
-  uint64_t k = 0;
-  for (const model::ParamSpec& s : specs) {
-    for (float& x : lp.param(s.index)) {
-      const double z = model::detail::normal_from_key(model::detail::hash3(77, k++, 5));
-      const double v = s.init == model::ParamInit::kOnes ? 1.0 + 0.2 * z : 0.1 * z;  // weights and biases
-      x = testing::round_bf16(static_cast<float>(v));
-    }
-  }
-}
-
-// Every parameter on the device as bf16, every gradient fp32 (zeroed at the start); records
-// the protocol calls in RecordingAccess's words.
-class DeviceParams final : public GpuParamAccess {
- public:
-  DeviceParams(std::span<const model::ParamSpec> specs, std::span<const model::ModuleSpec> modules,
-               const model::LocalParams& values)
-      : modules_(modules.begin(), modules.end()) {
-    size_t total = 0;
-    for (const model::ParamSpec& s : specs) {
-      offsets_.push_back(total);
-      total += (s.numel + 127) / 128 * 128;  // 256-byte aligned bf16 views, 512-byte fp32
-    }
-    std::vector<float> host(total, 0.0f);
-    for (const model::ParamSpec& s : specs) {
-      std::span<const float> p = values.param(s.index);
-      std::copy(p.begin(), p.end(), host.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(s.index)]));
-    }
-    values_ = std::make_unique<TestBuffer<uint16_t>>(testing::to_bits(host));
-    grads_ = std::make_unique<TestBuffer<float>>(std::vector<float>(total, 0.0f));
-    numel_.reserve(specs.size());
-    for (const model::ParamSpec& s : specs) numel_.push_back(s.numel);
-  }
-
-  Status acquire(int m, Phase ph, std::span<const bf16*> v) override {
-    log.push_back(fmt::format("acquire {} {}", m, model::phase_name(ph)));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) v[k] = testing::bf(*values_) + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status release(int m, Phase ph) override {
-    log.push_back(fmt::format("release {} {}", m, model::phase_name(ph)));
-    return Status::ok();
-  }
-  Status grad_buffers(int m, std::span<float*> g) override {
-    log.push_back(fmt::format("grads {}", m));
-    const auto& ids = modules_[static_cast<size_t>(m)].params;
-    for (size_t k = 0; k < ids.size(); k++) g[k] = grads_->get() + offsets_[static_cast<size_t>(ids[k])];
-    return Status::ok();
-  }
-  Status grads_ready(int m) override {
-    log.push_back(fmt::format("ready {}", m));
-    return Status::ok();
-  }
-
-  std::vector<float> grad(int i) const {
-    const std::vector<float> all = grads_->download();
-    const auto b = all.begin() + static_cast<std::ptrdiff_t>(offsets_[static_cast<size_t>(i)]);
-    return std::vector<float>(b, b + static_cast<std::ptrdiff_t>(numel_[static_cast<size_t>(i)]));
-  }
-  std::vector<float> all_grads() const { return grads_->download(); }
-  void zero_grads() { grads_->upload(std::vector<float>(grads_->size(), 0.0f)); }
-
-  std::vector<std::string> log;
-
- private:
-  std::vector<model::ModuleSpec> modules_;
-  std::vector<size_t> offsets_;
-  std::vector<size_t> numel_;
-  std::unique_ptr<TestBuffer<uint16_t>> values_;
-  std::unique_ptr<TestBuffer<float>> grads_;
-};
-
-struct CpuRun {
-  float loss = 0.0f;
-  float eval_loss = 0.0f;
-  std::vector<std::vector<float>> grads;
-  std::vector<std::string> log;
-};
-
 CpuRun run_cpu(const GptConfig& c, const std::vector<int32_t>& in, const std::vector<int32_t>& tg, int B, int T,
                float loss_scale) {
   model::GptModel cpu = model::testing::make_gpt(c);
-  model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
-  set_params(lp, cpu.params());
-  model::testing::RecordingAccess rec(&lp);
-  CpuRun r;
-  r.loss = model::testing::must(cpu.forward_backward(in, tg, B, T, rec, loss_scale));
-  r.log = rec.log;
-  for (const model::ParamSpec& s : cpu.params()) {
-    std::span<const float> g = lp.grad(s.index);
-    r.grads.emplace_back(g.begin(), g.end());
-  }
-  r.eval_loss = model::testing::must(cpu.forward_loss(in, tg, B, T, lp));
-  return r;
+  return testing::run_cpu(cpu, in, tg, B, T, loss_scale);
 }
 
-class GpuGptTest : public ::testing::Test {
+class GpuGptTest : public testing::BlasFixture {
  protected:
-  void SetUp() override {
-    ZINF_REQUIRE_GPU();
-    Result<Blas> b = Blas::create();
-    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
-    blas_ = std::make_unique<Blas>(std::move(b).value());
+  testing::NetSetup<GptGpu> make(const GptConfig& c, GptGpuOptions options, int max_bt) {
+    return testing::bind_net(GptGpu::create(c, blas_.get(), nullptr, options), model::testing::make_gpt(c), max_bt);
   }
-
-  struct GpuSetup {
-    std::unique_ptr<GptGpu> gpt;
-    std::unique_ptr<TestBuffer<char>> workspace;
-    std::unique_ptr<DeviceParams> params;
-  };
-  GpuSetup make(const GptConfig& c, GptGpuOptions options, int max_bt) {
-    GpuSetup s;
-    Result<std::unique_ptr<GptGpu>> g = GptGpu::create(c, blas_.get(), nullptr, options);
-    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
-    if (!g.is_ok()) return s;
-    s.gpt = std::move(g).value();
-    const uint64_t bytes = GptGpu::workspace_bytes(c, max_bt);
-    s.workspace = std::make_unique<TestBuffer<char>>(bytes);
-    EXPECT_TRUE(s.gpt->bind_workspace(s.workspace->get(), bytes, max_bt).is_ok());
-    model::GptModel cpu = model::testing::make_gpt(c);
-    model::LocalParams lp = model::testing::must(model::LocalParams::create(cpu.params(), cpu.modules()));
-    set_params(lp, cpu.params());
-    s.params = std::make_unique<DeviceParams>(cpu.params(), cpu.modules(), lp);
-    return s;
-  }
-
-  std::unique_ptr<Blas> blas_;
 };
 
 constexpr int kB = 2;
@@ -184,19 +67,8 @@ TEST_F(GpuGptTest, MatchesCpuModel) {
       const std::vector<int32_t> in = model::testing::random_tokens(1, kB * kT, c.vocab_size);
       const std::vector<int32_t> tg = model::testing::random_tokens(2, kB * kT, c.vocab_size);
       const CpuRun cpu = run_cpu(c, in, tg, kB, kT, loss_scale);
-      GpuSetup g = make(c, GptGpuOptions{fuse}, kB * kT);
-      ASSERT_TRUE(g.gpt);
-      Result<float> loss = g.gpt->forward_backward(in, tg, kB, kT, *g.params, loss_scale);
-      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
-      EXPECT_NEAR(*loss, cpu.loss, 2e-2 * std::fabs(cpu.loss));
-      EXPECT_EQ(g.params->log, cpu.log) << "the module calls differ from the CPU model's";
-      for (const model::ParamSpec& s : g.gpt->params()) {
-        const std::vector<float> got = g.params->grad(s.index);
-        EXPECT_LT(rel_l2(got, cpu.grads[static_cast<size_t>(s.index)]), 5e-2) << s.name;
-      }
-      Result<float> eval = g.gpt->forward_loss(in, tg, kB, kT, *g.params);
-      ASSERT_TRUE(eval.is_ok()) << eval.status().to_string();
-      EXPECT_NEAR(*eval, cpu.eval_loss, 2e-2 * std::fabs(cpu.eval_loss));
+      testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{fuse}, kB * kT);
+      testing::expect_matches_cpu(g, cpu, in, tg, kB, kT, loss_scale);
     }
   }
 }
@@ -204,71 +76,34 @@ TEST_F(GpuGptTest, MatchesCpuModel) {
 TEST_F(GpuGptTest, CheckpointingChangesNoBitAndCallsAsTheCpu) {
   const std::vector<int32_t> in = model::testing::random_tokens(3, kB * kT, 100);
   const std::vector<int32_t> tg = model::testing::random_tokens(4, kB * kT, 100);
-  GpuSetup plain = make(tiny_config(false), GptGpuOptions{}, kB * kT);
-  GpuSetup ckpt = make(tiny_config(true), GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(plain.gpt && ckpt.gpt);
+  testing::NetSetup<GptGpu> plain = make(tiny_config(false), GptGpuOptions{}, kB * kT);
+  testing::NetSetup<GptGpu> ckpt = make(tiny_config(true), GptGpuOptions{}, kB * kT);
   EXPECT_LT(GptGpu::workspace_bytes(tiny_config(true), kB * kT), GptGpu::workspace_bytes(tiny_config(false), kB * kT));
-  Result<float> a = plain.gpt->forward_backward(in, tg, kB, kT, *plain.params, 1.0f);
-  Result<float> b = ckpt.gpt->forward_backward(in, tg, kB, kT, *ckpt.params, 1.0f);
-  ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().to_string() << b.status().to_string();
-  EXPECT_EQ(*a, *b);
-  EXPECT_EQ(plain.params->all_grads(), ckpt.params->all_grads());
   const CpuRun cpu = run_cpu(tiny_config(true), in, tg, kB, kT, 1.0f);
-  EXPECT_EQ(ckpt.params->log, cpu.log) << "recompute calls differ from the CPU model's";
+  testing::expect_checkpointing_changes_no_bit(plain, ckpt, cpu, in, tg, kB, kT);
 }
 
 TEST_F(GpuGptTest, DeterministicAndAccumulating) {
   const GptConfig c = tiny_config(false);
   const std::vector<int32_t> in = model::testing::random_tokens(5, kB * kT, c.vocab_size);
   const std::vector<int32_t> tg = model::testing::random_tokens(6, kB * kT, c.vocab_size);
-  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(g.gpt);
-  Result<float> first = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);
-  ASSERT_TRUE(first.is_ok()) << first.status().to_string();
-  const std::vector<float> once = g.params->all_grads();
-  Result<float> second = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f);  // adds to the same buffers
-  ASSERT_TRUE(second.is_ok());
-  EXPECT_EQ(*first, *second);
-  // Accumulation, within a tolerance: the tied wte gets two adds per pass (the lm_head product with
-  // beta = 1, then the embedding backward's +=), so after two passes it holds ((h+e)+h)+e, which
-  // differs from 2(h+e) by a few fp32 roundings of |h| + |e|. Every element within 1e-5 of the
-  // gradients' largest magnitude plus 1e-5 relative; a pass that overwrote instead of adding would
-  // be off by the whole gradient.
-  const std::vector<float> twice = g.params->all_grads();
-  ASSERT_EQ(twice.size(), once.size());
-  float largest = 0.0f;
-  for (float x : once) largest = std::max(largest, std::fabs(x));
-  ASSERT_GT(largest, 0.0f);
-  std::size_t off = 0;
-  for (std::size_t i = 0; i < once.size(); ++i) {
-    const float want = 2.0f * once[i];
-    if (std::fabs(twice[i] - want) > 1e-5f * largest + 1e-5f * std::fabs(want) && off++ < 5) {
-      ADD_FAILURE() << "gradient element " << i << ": after two passes " << twice[i] << ", twice one pass is " << want;
-    }
-  }
-  EXPECT_EQ(off, 0u) << "elements outside the accumulation tolerance";
-  g.params->zero_grads();
-  // A smaller batch in the same workspace, and back.
-  Result<float> small = g.gpt->forward_backward(std::span(in).first(kT), std::span(tg).first(kT), 1, kT, *g.params, 1.0f);
-  ASSERT_TRUE(small.is_ok()) << small.status().to_string();
-  g.params->zero_grads();
-  ASSERT_TRUE(g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).is_ok());
-  EXPECT_EQ(g.params->all_grads(), once);
+  testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{}, kB * kT);
+  testing::expect_deterministic_and_accumulating(g, in, tg, kB, kT);
 }
 
 TEST_F(GpuGptTest, BadBatchesAreErrorsBeforeAnyWork) {
   const GptConfig c = tiny_config(false);
-  GpuSetup g = make(c, GptGpuOptions{}, kB * kT);
-  ASSERT_TRUE(g.gpt);
+  testing::NetSetup<GptGpu> g = make(c, GptGpuOptions{}, kB * kT);
+  ASSERT_TRUE(g.net);
   std::vector<int32_t> in(kB * kT, 1), tg(kB * kT, 1);
   tg[5] = c.vocab_size;
-  Status st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  Status st = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
   EXPECT_NE(st.message().find("position 5"), std::string::npos) << st.message();
   tg[5] = 0;
   in[9] = -1;
-  st = g.gpt->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
+  st = g.net->forward_backward(in, tg, kB, kT, *g.params, 1.0f).status();
   EXPECT_NE(st.message().find("position 9"), std::string::npos) << st.message();
-  EXPECT_EQ(g.gpt->forward_backward(in, tg, kB + 1, kT, *g.params, 1.0f).status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(g.net->forward_backward(in, tg, kB + 1, kT, *g.params, 1.0f).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE(g.params->log.empty());
 }
 

@@ -6,6 +6,8 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -31,6 +33,18 @@ inline bool gpu_expected() {
   const char* v = std::getenv("ZINF_EXPECT_GPU");
   return v != nullptr && std::strcmp(v, "1") == 0;
 }
+
+// Sets an environment variable for its lifetime (the fake libcufile's knobs), then unsets it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { ::setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 }  // namespace zinf::gpu::testing
 

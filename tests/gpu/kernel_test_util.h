@@ -9,10 +9,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "gpu/blas.h"
 #include "gpu/numerics.h"
+#include "gpu_test_util.h"
 #include "model/rng.h"
 #include "zinf/optim/half.h"
 
@@ -136,5 +139,18 @@ class TestBuffer {
 inline TestBuffer<uint16_t> upload_bf16(const std::vector<float>& x) { return TestBuffer<uint16_t>(to_bits(x)); }
 inline bf16* bf(const TestBuffer<uint16_t>& b) { return reinterpret_cast<bf16*>(b.get()); }
 inline std::vector<float> download_bf16(const TestBuffer<uint16_t>& b) { return from_bits(b.download()); }
+
+// A fixture with a cuBLASLt handle (blas_); skips naming why without a GPU (fails under
+// ZINF_EXPECT_GPU=1).
+class BlasFixture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ZINF_REQUIRE_GPU();
+    Result<Blas> b = Blas::create();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    blas_ = std::make_unique<Blas>(std::move(b).value());
+  }
+  std::unique_ptr<Blas> blas_;
+};
 
 }  // namespace zinf::gpu::testing

@@ -1,7 +1,9 @@
-// GptGpuModel's bookkeeping on the host (no device): the ledger driven by the CPU GptModel's real
-// protocol calls (the same sequence GptGpu makes), and its checks of a broken protocol.
+// The GPU models' bookkeeping on the host (no device): the ledger driven by the CPU GptModel's and
+// LlamaModel's real protocol calls (the same sequences GptGpu and LlamaGpu make, which their GPU
+// tests check), and its checks of a broken protocol.
 #include "gpu/param_bridge.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <map>
@@ -9,6 +11,7 @@
 
 #include "model_test_util.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 #include "zinf/model/local_params.h"
 
 namespace zinf::gpu {
@@ -98,6 +101,48 @@ TEST(BridgeLedger, FollowsTheGptProtocol) {
     ASSERT_TRUE(gpt.forward_loss(in, tg, 2, 8, eval).is_ok());
     EXPECT_TRUE(ledger.check_pass_end().is_ok());
     EXPECT_TRUE(eval.zeroed.empty());
+  }
+}
+
+// Llama (tied and untied head, q/k/v biases, q/k norms, with and without checkpointing): every
+// parameter zeroed once and downloaded once, at its owner; a tied embed_tokens.weight crosses once,
+// with the head's and the embedding's contributions, downloaded at model.embed_tokens.
+TEST(BridgeLedger, FollowsTheLlamaProtocol) {
+  for (const bool checkpointing : {false, true}) {
+    for (const int variant : {0, 1, 2}) {
+      model::LlamaConfig c = model::testing::micro_llama_config(/*tied=*/variant != 1, checkpointing);
+      if (variant == 1) {  // Qwen2: q/k/v biases
+        c.family = model::LlamaFamily::kQwen2;
+        c.qkv_bias = true;
+      } else if (variant == 2) {  // Qwen3: q/k norms, head_dim apart from hidden
+        c.family = model::LlamaFamily::kQwen3;
+        c.qk_norm = true;
+        c.head_dim = 8;
+      }
+      SCOPED_TRACE(fmt::format("{}, tied {}, checkpointing {}", model::llama_family_name(c.family),
+                               c.tie_word_embeddings, checkpointing));
+      model::LlamaModel llama = model::testing::make_llama(c);
+      model::LocalParams lp = model::testing::must(model::LocalParams::create(llama.params(), llama.modules()));
+      BridgeLedger ledger = model::testing::must(BridgeLedger::create(llama.params(), llama.modules()));
+      const std::vector<int32_t> in = model::testing::random_tokens(1, 2 * 8, c.vocab_size);
+      const std::vector<int32_t> tg = model::testing::random_tokens(2, 2 * 8, c.vocab_size);
+      ledger.begin_pass();
+      LedgerAccess access(&lp, &ledger);
+      ASSERT_TRUE(llama.forward_backward(in, tg, 2, 8, access, 1.0f).is_ok());
+      ASSERT_TRUE(ledger.check_pass_end().is_ok()) << ledger.check_pass_end().to_string();
+      const int embed = 0, head = static_cast<int>(llama.modules().size()) - 1;
+      ASSERT_EQ(llama.params()[0].name, "model.embed_tokens.weight");
+      ASSERT_EQ(llama.modules()[static_cast<std::size_t>(head)].name, "lm_head");
+      if (c.tie_word_embeddings) {
+        EXPECT_EQ(access.zeroed[0], std::vector<int>{head});  // first in backward
+        EXPECT_TRUE(ledger.owned(head).empty());
+      }
+      EXPECT_EQ(access.downloaded[0], std::vector<int>{embed});
+      for (const model::ParamSpec& s : llama.params()) {
+        EXPECT_EQ(access.zeroed[s.index].size(), 1u) << s.name;
+        EXPECT_EQ(access.downloaded[s.index], std::vector<int>{s.module}) << s.name;
+      }
+    }
   }
 }
 

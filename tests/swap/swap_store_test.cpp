@@ -542,5 +542,40 @@ TEST(SwapStore, ReopensInANewProcess) {
   EXPECT_TRUE(std::filesystem::exists(dir.path() + "/child_verified"));
 }
 
+// locate() names, for any range of a tensor, the pieces of the data files that hold it: reading
+// them from the files gives the tensor's bytes, in order, with nothing missing.
+TEST(SwapStoreLocate, GivesTheFilePiecesOfAnyRange) {
+  TempDir dir;
+  auto h = testing::make_handle();
+  auto s = open_store(*h, {dir.sub("a"), dir.sub("b")}, OpenMode::kCreate, 8192);
+  ASSERT_TRUE(s);
+  const Tensor t{"t", DType::kF32, 9000, 78};  // 36000 bytes: 5 units of 8 KiB over 2 files
+  write_tensor(*s, t);
+  for (const auto& [offset, nbytes] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+           {0, 36000}, {1000, 20000}, {8191, 2}, {35999, 1}, {36000, 0}}) {
+    Result<std::vector<FileSpan>> spans = s->locate("t", offset, nbytes);
+    ASSERT_TRUE(spans.is_ok()) << spans.status().to_string();
+    std::uint64_t next = offset;
+    for (const FileSpan& p : *spans) {
+      ASSERT_EQ(p.tensor_offset, next) << "pieces in order, none missing";
+      std::ifstream f(s->data_files()[p.file], std::ios::binary);
+      f.seekg(static_cast<std::streamoff>(p.file_offset));
+      std::vector<char> got(p.length);
+      f.read(got.data(), static_cast<std::streamsize>(p.length));
+      for (std::uint64_t i = 0; i < p.length; ++i) {
+        ASSERT_EQ(static_cast<std::uint8_t>(got[i]), testing::pattern_byte(p.tensor_offset + i, t.seed))
+            << "byte " << p.tensor_offset + i;
+      }
+      next += p.length;
+    }
+    EXPECT_EQ(next, offset + nbytes);
+  }
+  const auto past = s->locate("t", 30000, 6001);
+  EXPECT_EQ(past.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(past.status().message().find("bytes [30000, 36001) of 't'"), std::string::npos) << past.status().message();
+  EXPECT_NE(past.status().message().find("the tensor has 36000 bytes"), std::string::npos) << past.status().message();
+  EXPECT_EQ(s->locate("absent", 0, 1).status().code(), ErrorCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace zinf::swap

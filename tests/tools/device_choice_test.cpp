@@ -64,20 +64,23 @@ TEST(ResolveDevice, CpuIgnoresTheProbeAndOthersAreRefused) {
   EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
 }
 
-TEST(FitDeviceToModel, OnlyTheGptGoesToTheGpu) {
+TEST(FitDeviceToModel, TheGptAndLlamaGoToTheGpu) {
   const DeviceChoice asked = must(resolve_device("cuda", one_h100()));
   EXPECT_EQ(must(fit_device_to_model(asked, "gpt")).device, ComputeDevice::kCuda);
-  Result<DeviceChoice> llama = fit_device_to_model(asked, "llama");
-  ASSERT_FALSE(llama.is_ok());
-  EXPECT_EQ(llama.status().code(), ErrorCode::kUnsupported);
-  EXPECT_NE(llama.status().message().find("llama runs on the CPU only for now"), std::string::npos)
-      << llama.status().message();
+  EXPECT_EQ(must(fit_device_to_model(asked, "llama")).device, ComputeDevice::kCuda);
+  EXPECT_EQ(must(fit_device_to_model(must(resolve_device("auto", one_h100())), "llama")).device, ComputeDevice::kCuda);
+  // A user's model (registry.h) has no GPU pass.
+  Result<DeviceChoice> mlp = fit_device_to_model(asked, "mlp");
+  ASSERT_FALSE(mlp.is_ok());
+  EXPECT_EQ(mlp.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(mlp.status().message().find("mlp runs on the CPU only for now"), std::string::npos)
+      << mlp.status().message();
 
   // auto falls back to the CPU and says why; cpu stays cpu for any model.
-  const DeviceChoice fallback = must(fit_device_to_model(must(resolve_device("auto", one_h100())), "llama"));
+  const DeviceChoice fallback = must(fit_device_to_model(must(resolve_device("auto", one_h100())), "mlp"));
   EXPECT_EQ(fallback.device, ComputeDevice::kCpu);
-  EXPECT_EQ(fallback.line(), "device: cpu (llama runs on the CPU only for now)");
-  EXPECT_EQ(must(fit_device_to_model(must(resolve_device("cpu", one_h100())), "mlp")).device, ComputeDevice::kCpu);
+  EXPECT_EQ(fallback.line(), "device: cpu (mlp runs on the CPU only for now)");
+  EXPECT_EQ(must(fit_device_to_model(must(resolve_device("cpu", one_h100())), "llama")).device, ComputeDevice::kCpu);
 }
 
 }  // namespace

@@ -2,8 +2,8 @@
 # scripts/gpu-check on this machine (no GPU): --dry-run lists both phases; bad options are exit 2;
 # phase 1 from the build fails at the first GPU test under ZINF_EXPECT_GPU=1 (a skip would hide
 # a missing GPU) and leaves exactly summary.txt and one archive, the summary naming the failure and
-# CUDA's reason; a spent budget is a failure naming it; and the train and loss-comparison steps
-# run end to end with --device cpu (both runs on the CPU: every loss equal). On a machine with a
+# CUDA's reason; a spent budget is a failure naming it; and the train (GPT and Llama HF folder) and
+# loss-comparison steps run end to end with --device cpu (both runs on the CPU: every loss equal). On a machine with a
 # GPU the no-GPU part is skipped (the script's real run there is the device check itself).
 set -euo pipefail
 script=$1 build=$2
@@ -13,8 +13,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 "$script" -C "$build" --phase 1,2 --dry-run -o "$tmp/dry" > "$tmp/dry.out" 2>&1 || { cat "$tmp/dry.out"; fail "--dry-run failed"; }
 for want in "phase 1 (budget 300s)" "phase 2 (budget 480s)" "gpu_memory_test --gtest_filter=-*WithoutGpu.*" \
-            "gpu_kernels_test" "gpu_model_test" "nccl_device_test" "comm_nccl_test" "gds_real, gds" \
-            "train_cuda_3, train" "losses_cpu_vs_cuda, compare" "check_small.json" "gpu_copy_bench, bench" \
+            "gpu_kernels_test" "gpu_model_test" "gpu_llama_test --gtest_filter=-*WithoutGpu.*" "nccl_device_test" "comm_nccl_test" "gds_real, gds" "gds_reader_test" "gds_reader_real, gds" \
+            "train_cuda_3, train" "losses_cpu_vs_cuda, compare" "train_llama_cuda_3, train" "hf_families/mistral_tiny" "check_small.json" "gpu_copy_bench, bench" \
             "aio_bench --gpu" "a_gpt2_gpu, figure" "b_1p3b_offload_cpu, figure"; do
   grep -qF -- "$want" "$tmp/dry.out" || { cat "$tmp/dry.out"; fail "--dry-run does not list '$want'"; }
 done
@@ -41,7 +41,7 @@ rc=0; "$script" -C "$build" --budget-1 0 --only gpu_test -o "$tmp/budget" > "$tm
   { cat "$tmp/budget.out"; fail "a spent budget: exit $rc"; }
 
 tiny="--model small --layers 1 --hidden 64 --heads 2 --seq 64 --seed 1"
-rc=0; "$script" -C "$build" --device cpu --only train_cuda_3,losses_cpu_vs_cuda --train-args "$tiny" \
+rc=0; "$script" -C "$build" --device cpu --only train_cuda_3,losses_cpu_vs_cuda,train_llama_cuda_3 --train-args "$tiny" \
   --scratch "$tmp/scratch" -o "$tmp/cpu" > "$tmp/cpu.out" 2>&1 || rc=$?
 [ "$rc" -eq 0 ] || { cat "$tmp/cpu.out"; cat "$tmp/cpu/summary.txt" 2>/dev/null; fail "--device cpu: exit $rc"; }
 grep -qF "20 steps, largest relative difference 0.00e+00, 0 outside 2e-2" "$tmp/cpu/summary.txt" ||

@@ -2,9 +2,10 @@
 # zinf train --device on this machine. Without a usable GPU (or without the GPU layer): the
 # default (auto) trains on the CPU, says so and why, and gives the same losses bit for bit as
 # --device cpu; --device cuda fails with exit 2 before any work (the --save folder is never
-# made), naming why. On a machine with a GPU the cuda checks are skipped (exit 77).
+# made), naming why, for the GPT and for a Llama HF folder alike (both have a GPU model). On a
+# machine with a GPU the cuda checks are skipped (exit 77).
 set -euo pipefail
-zinf="$1"
+zinf="$1" llama_dir="$2"
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/train_device.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -38,4 +39,13 @@ set -e
 grep -q '^zinf train: --device cuda: ' "$tmp/cuda.err" || fail "--device cuda: unclear error: $(cat "$tmp/cuda.err")"
 [ ! -e "$tmp/ckpt" ] || fail "--device cuda failed after work had begun (the --save folder was made)"
 ! grep -q '^step ' "$tmp/cuda.out" || fail "--device cuda trained a step"
-echo "ok: $line; --device cuda: $(cat "$tmp/cuda.err")"
+
+# A Llama folder is refused for the missing GPU, not for being a Llama.
+set +e
+"$zinf" train --device cuda --model-dir "$llama_dir" --seq 16 --steps 1 > "$tmp/llama.out" 2> "$tmp/llama.err"
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "--device cuda --model-dir (Llama) without a GPU: exit $rc, want 2"
+grep -q '^zinf train: --device cuda: ' "$tmp/llama.err" || fail "Llama --device cuda: unclear error: $(cat "$tmp/llama.err")"
+! grep -q 'runs on the CPU only' "$tmp/llama.err" || fail "Llama refused as CPU-only: $(cat "$tmp/llama.err")"
+echo "ok: $line; --device cuda: $(cat "$tmp/cuda.err"); Llama: $(cat "$tmp/llama.err")"

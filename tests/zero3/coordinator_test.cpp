@@ -13,105 +13,15 @@
 #include <string>
 #include <vector>
 
+#include "chain_model.h"
 #include "zero3/engine_impl.h"
-#include "zinf/model/model.h"
-#include "zinf/model/module_calls.h"
 
 namespace zinf::zero3 {
 namespace {
 
-constexpr std::size_t kSize = 100;  // elements per parameter
-
-// "embed" owns p0; "m1".."mN" own p1..pN; "head" uses p0 again (tied, like GPT's lm_head).
-// Forward visits embed, m1..mN, head; backward head, mN..m1, embed.
-class ChainModel final : public model::Model {
- public:
-  explicit ChainModel(int n) {
-    auto add = [&](const std::string& module, int param) {
-      modules_.push_back({module, {param}, true});
-      if (param == static_cast<int>(params_.size())) {
-        model::ParamSpec p;
-        p.name = fmt::format("p{}", param);
-        p.shape = {static_cast<std::int64_t>(kSize)};
-        p.numel = kSize;
-        p.index = param;
-        p.module = static_cast<int>(modules_.size()) - 1;
-        params_.push_back(p);
-      }
-    };
-    add("embed", 0);
-    for (int i = 1; i <= n; ++i) add(fmt::format("m{}", i), i);
-    add("head", 0);
-  }
-  std::string_view type() const override { return "chain"; }
-  std::string describe() const override { return "chain"; }
-  std::string config_json() const override { return R"({"type":"chain"})"; }
-  std::span<const model::ParamSpec> params() const override { return params_; }
-  std::span<const model::ModuleSpec> modules() const override { return modules_; }
-  int vocab_size() const override { return 2; }
-  int max_seq() const override { return 1; }
-  Result<float> forward_backward(std::span<const int32_t> in, std::span<const int32_t> tg, int B, int T,
-                                 model::ParamAccess& access, float) override {
-    ZINF_ASSIGN_OR_RETURN(float loss, forward_loss(in, tg, B, T, access));
-    for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
-      ZINF_RETURN_IF_ERROR(model::run_module_backward(access, modules_, m, [](const float* const* v, float* const* g) {
-        for (std::size_t i = 0; i < kSize; ++i) g[0][i] += v[0][i];
-      }));
-    }
-    return loss;
-  }
-  Result<float> forward_loss(std::span<const int32_t>, std::span<const int32_t>, int, int,
-                             model::ParamAccess& access) override {
-    float loss = 0;
-    for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
-      ZINF_RETURN_IF_ERROR(model::run_module_forward(access, modules_, m, model::Phase::kForward,
-                                                     [&](const float* const* v) { loss += v[0][0]; }));
-    }
-    return loss;
-  }
-  Status reserve(int, int) override { return Status::ok(); }
-  uint64_t activation_bytes(int, int) const override { return 0; }
-
- private:
-  std::vector<model::ParamSpec> params_;
-  std::vector<model::ModuleSpec> modules_;
-};
-
-// A parameter tier that serves partition p as the value p and logs reads and prefetches.
-class RecordingTier final : public ParamTier {
- public:
-  explicit RecordingTier(std::size_t partitions) : pending_(partitions, false) {}
-  swap::DType dtype() const override { return swap::DType::kF32; }
-  std::string describe() const override { return "recording"; }
-  void prefetch(std::size_t p) override {
-    pending_[p] = true;
-    ++prefetches;
-  }
-  void drop_prefetch(std::size_t p) override { pending_[p] = false; }
-  Status read_f32(std::size_t p, std::span<float> dst) override {
-    reads.push_back(p);
-    if (!pending_[p]) ++unprefetched_reads;
-    pending_[p] = false;
-    std::fill(dst.begin(), dst.end(), static_cast<float>(p));
-    return Status::ok();
-  }
-  swap::ParamSink& sink() override { return sink_; }
-  Status flush() override { return Status::ok(); }
-  double io_wait_seconds() const override { return 0; }
-
-  void new_pass() {
-    reads.clear();
-    unprefetched_reads = 0;
-    prefetches = 0;
-  }
-  std::vector<std::size_t> reads;  // partitions read this pass, in order
-  int unprefetched_reads = 0;      // reads with no prefetch before them
-  int prefetches = 0;
-
- private:
-  std::vector<bool> pending_;
-  swap::HostParamSink sink_{{}, swap::DType::kF32};  // never written: no optimizer here
-};
+using testing::ChainModel;
+using testing::kSize;
+using testing::RecordingTier;
 
 // Host memory that counts what it has handed out: the coordinator's gather memory, as a device
 // target would hold it, must stay within the live budget and all come back.
@@ -131,6 +41,10 @@ class CountingTarget final : public GatherTarget {
     const std::span<float> mine = block.span().subspan(per_rank * static_cast<std::size_t>(comm.rank()), per_rank);
     ZINF_RETURN_IF_ERROR(tier.read_f32(group, mine));
     return comm.all_gather(mine, block.span());
+  }
+  Status zero(GatherBlock& block) override {
+    std::fill(block.span().begin(), block.span().end(), 0.0f);
+    return Status::ok();
   }
   std::uint64_t outstanding = 0;  // elements handed out and not yet freed
   std::uint64_t high_water = 0;
@@ -253,14 +167,16 @@ TEST(CoordinatorTest, MaxLiveZeroHoldsOnlyTheModulesInUse) {
 }
 
 // Gathered blocks in use, kept for reuse and spare together never exceed the live budget (a
-// device target's memory is that budget), and every block goes back to the target.
+// device target's memory is that budget, and the gradients'), and every block goes back to the
+// target.
 TEST(CoordinatorTest, GatherMemoryStaysWithinTheLiveBudgetAndComesBack) {
   CoordinatorOptions o = options();
   o.max_live_parameters = 3 * kSize + 50;
   o.max_reuse_distance = 1000000000;
   Harness h(10, o);
   for (int pass = 1; pass <= 3; ++pass) h.pass();
-  EXPECT_LE(h.target->high_water, o.max_live_parameters);
+  // The target also holds the gradients (at most grad_high_water elements at once).
+  EXPECT_LE(h.target->high_water, o.max_live_parameters + h.coordinator->stats().grad_high_water);
   EXPECT_GE(h.target->high_water, 3 * kSize) << "the budget was never used: the test would prove nothing";
   EXPECT_GT(h.target->outstanding, 0u) << "nothing kept between passes";
   h.coordinator.reset();
@@ -270,7 +186,9 @@ TEST(CoordinatorTest, GatherMemoryStaysWithinTheLiveBudgetAndComesBack) {
 // Under a budget that holds everything, a pass on the recorded trace gathers into the blocks
 // the pass before freed: no new memory from the target.
 TEST(CoordinatorTest, FreedGatherBlocksAreReused) {
-  Harness h(10, options());
+  CoordinatorOptions o = options();
+  o.reduce_bucket_size = 1000000;  // gradient buffers (also the target's) are kept too
+  Harness h(10, o);
   h.pass();
   h.pass();
   const int allocations = h.target->allocations;

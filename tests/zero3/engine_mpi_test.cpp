@@ -115,6 +115,35 @@ class SharedDir {
   std::string path_;
 };
 
+// The device-resident path on the host device (gathers into device memory, then the all-gather;
+// gradients reduce-scattered from device memory) gives the host path's bits on W ranks, with and
+// without activation checkpointing, under random stream delays.
+TEST(EngineMpiTest, HostDeviceMatchesTheHostPath) {
+  for (const bool recompute : {false, true}) {
+    std::vector<double> losses[2];
+    std::vector<std::vector<float>> final_weights[2];
+    for (int on_device = 0; on_device < 2; ++on_device) {
+      EngineOptions options{ds_config(comm().world_size(), false), 5, ""};
+      if (on_device == 1) {
+        options.device.kind = EngineDevice::Kind::kHostDevice;
+        options.device.seed = 3 + static_cast<std::uint64_t>(comm().rank());
+        options.device.max_delay_us = 200;
+        options.device.poison_new_blocks = true;
+      }
+      auto e = Engine::create(tiny_model(recompute), options, comm());
+      ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+      for (int s = 0; s < 4; ++s) {
+        auto loss = step(*e.value(), s, comm());
+        ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+        losses[on_device].push_back(loss.value());
+      }
+      final_weights[on_device] = weights(*e.value());
+    }
+    EXPECT_EQ(losses[0], losses[1]) << "activation checkpointing " << recompute;
+    EXPECT_EQ(final_weights[0], final_weights[1]) << "activation checkpointing " << recompute;
+  }
+}
+
 TEST(EngineMpiTest, RanksThatRecordDifferentTracesFailTogether) {
   // Rank 1 recomputes blocks in backward, the others do not: their module traces part in the
   // first backward. Every rank must get the error, at the same collective, and no hang.

@@ -4,6 +4,8 @@
 // compare whole runs across devices; these name the tier pair that breaks.
 #include "zero3/tier_factory.h"
 
+#include <fmt/format.h>
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +15,8 @@
 #include <vector>
 
 #include "temp_dir.h"
+#include "zero3/early_step.h"
+#include "zinf/model/float_buffer.h"
 #include "zinf/optim/half.h"
 
 namespace zinf::zero3 {
@@ -141,6 +145,92 @@ TEST(TierFactory, OneStoreConfigForEverySwapStore) {
   EXPECT_EQ(c.rank, 3);
   EXPECT_FALSE(c.durable) << "swap files are scratch space: a crash resumes from a checkpoint";
   EXPECT_TRUE(c.checksums);
+}
+
+}  // namespace
+}  // namespace zinf::zero3
+
+namespace zinf::zero3 {
+namespace {
+
+// Early steps (early_step.h) against the step at the end, on two identical tier sets: kept when
+// the step's scale is the speculative one, rolled back and redone when it clips, thrown away when
+// the step is skipped. Master weights, states and the parameter copies match bit for bit.
+TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
+  enum class End { kKeep, kClip, kSkip };
+  for (End end : {End::kKeep, End::kClip, End::kSkip}) {
+    for (DType dtype : {DType::kBF16, DType::kF32}) {
+      testing::TempDir dir;
+      const config::DsConfig ds = ds_for(OffloadDevice::kCpu, OffloadDevice::kCpu, dir);
+      const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
+      optim::AdamParams adam;
+      adam.lr = 1e-2;
+      adam.weight_decay = 0.01;
+      std::vector<Tiers> sets;
+      for (int i = 0; i < 2; ++i) {
+        Result<Tiers> made =
+            make_tiers(TierContext{ds, layout, 0, dtype, nullptr}, optim::Optimizer(optim::OptimizerConfig{adam}));
+        ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+        sets.push_back(std::move(made).value());
+        Tiers& t = sets.back();
+        ASSERT_TRUE(t.optimizer->init_master([](std::size_t p, std::uint64_t offset, std::span<float> out) {
+                                   for (std::size_t k = 0; k < out.size(); ++k) out[k] = initial(p, offset + k);
+                                   return Status::ok();
+                                 }).is_ok());
+        ASSERT_TRUE(t.optimizer->write_param_copies(t.params->sink()).is_ok());
+      }
+      Tiers& at_end = sets[0];
+      Tiers& early_tiers = sets[1];
+      ASSERT_TRUE(early_steps_possible(*early_tiers.optimizer, *early_tiers.params, layout));
+      std::vector<model::FloatBuffer> grads;
+      for (const swap::SubGroup& sg : layout.subgroups) {
+        grads.push_back(model::FloatBuffer::allocate(sg.numel));
+        for (std::size_t k = 0; k < sg.numel; ++k) grads.back().data()[k] = std::cos(0.1f * static_cast<float>(k));
+      }
+      auto inputs = [&](Tiers& t, double scale) {
+        swap::StepInputs in;
+        in.ctx.step = 1;
+        in.grad_scale = scale;
+        for (const model::FloatBuffer& g : grads) in.grads.push_back(optim::GradView{g.data(), DType::kF32, g.size(), 1.0});
+        in.sink = &t.params->sink();
+        return in;
+      };
+      const double speculative = 1.0 / 4096, clipped = 0.5 / 4096;
+      if (end != End::kSkip) {
+        ASSERT_TRUE(at_end.optimizer->step(inputs(at_end, end == End::kKeep ? speculative : clipped)).is_ok());
+      }
+
+      EarlyStepper early(layout, *early_tiers.optimizer, grads);
+      early.begin(inputs(early_tiers, speculative));
+      for (std::size_t p = 0; p < layout.params.size(); ++p) early.partition_final(p);
+      auto stats = early.stats();
+      ASSERT_TRUE(stats.is_ok()) << stats.status().to_string();
+      ASSERT_EQ(stats->size(), layout.subgroups.size());
+      const swap::StepInputs real = inputs(early_tiers, end == End::kKeep ? speculative : clipped);
+      auto report = early.finish(end == End::kSkip ? nullptr : &real);
+      ASSERT_TRUE(report.is_ok()) << report.status().to_string();
+      EXPECT_EQ(report->stepped_early, end == End::kKeep ? layout.subgroups.size() : 0u);
+      EXPECT_EQ(report->rolled_back, end == End::kKeep ? 0u : layout.subgroups.size());
+
+      const std::string what = fmt::format("{} {}", end == End::kKeep ? "keep" : end == End::kClip ? "clip" : "skip",
+                                           swap::dtype_name(dtype));
+      for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+        for (std::size_t which = 0; which < 3; ++which) {
+          std::vector<float> a(layout.subgroups[sg].numel), b(a.size());
+          ASSERT_TRUE(at_end.optimizer->read_state(sg, which, a).is_ok());
+          ASSERT_TRUE(early_tiers.optimizer->read_state(sg, which, b).is_ok());
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+              << what << ": sub-group " << sg << " state " << which;
+        }
+      }
+      for (std::size_t p = 0; p < layout.params.size(); ++p) {
+        std::vector<float> a(layout.params[p].numel), b(a.size());
+        ASSERT_TRUE(at_end.params->read_f32(p, a).is_ok());
+        ASSERT_TRUE(early_tiers.params->read_f32(p, b).is_ok());
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << ": copy of partition " << p;
+      }
+    }
+  }
 }
 
 }  // namespace

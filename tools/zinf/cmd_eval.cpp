@@ -102,6 +102,9 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   if (!made.is_ok()) return made.status().with_context(o.resume.empty() ? "--model-dir" : "--resume");
   LoadedModel loaded = std::move(made).value();
   ZINF_ASSIGN_OR_RETURN(device, fit_device_to_model(std::move(device), loaded.model->type()));
+  // A sliding window (Mistral v0.1) from the CPU model, before it is placed on the device.
+  const auto* cpu_llama = dynamic_cast<const model::LlamaModel*>(loaded.model.get());
+  const int sliding_window = cpu_llama != nullptr ? cpu_llama->config().sliding_window : 0;
   ZINF_ASSIGN_OR_RETURN(loaded.model, place_model(std::move(loaded.model), device));
   model::Model& m = *loaded.model;
   ZINF_ASSIGN_OR_RETURN(const model::DataFormat format, model::parse_data_format(o.data_format));
@@ -113,9 +116,7 @@ Result<EvalResult> run_eval(const EvalOptions& o) {
   }
   // Default: the trained window, else min(max positions, a sliding window, 2048) as zinf train's.
   int fallback = std::min(m.max_seq(), 2048);
-  if (const auto* llama = dynamic_cast<const model::LlamaModel*>(&m); llama && llama->config().sliding_window > 0) {
-    fallback = std::min(fallback, llama->config().sliding_window);
-  }
+  if (sliding_window > 0) fallback = std::min(fallback, sliding_window);
   const int T = o.seq > 0 ? o.seq : loaded.trained_seq > 0 ? loaded.trained_seq : fallback;
   if (T > m.max_seq()) {
     return Status::invalid_argument(fmt::format("--seq {} is longer than the model's max positions {}", T, m.max_seq()));

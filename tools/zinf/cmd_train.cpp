@@ -27,6 +27,7 @@
 #include "commands.h"
 #include "default_config.h"
 #include "device_choice.h"
+#include "device_traffic.h"
 #include "model_options.h"
 #include "plan_cli.h"
 #include "run_state.h"
@@ -68,6 +69,9 @@ struct TrainOptions {
   std::string comm = "auto";  // auto | local | mpi | nccl
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
   std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
+  bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
+  bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
+  std::uint32_t host_device_delay_us = 0;
   bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
   PlanMachineOptions plan_machine;
 };
@@ -121,7 +125,12 @@ class Progress {
                                    r.skipped ? " (overflow: step skipped)" : "");
     if (breakdown) {
       line += fmt::format(" | fwd {:.3f}s bwd {:.3f}s optim {:.3f}s io-wait {:.3f}s", r.forward_s, r.backward_s,
-                          r.optimizer_s, r.io_wait_s);
+                          r.optimizer_s, r.io_wait_s) +
+              (r.early_subgroups + r.early_rolled_back > 0
+                   ? fmt::format(" (hidden {:.3f}s{})", r.optimizer_hidden_s,
+                                 r.early_rolled_back > 0 ? ", rolled back" : "")
+                   : std::string()) +
+              DeviceTraffic::step_line(r);
     }
     if (tty_) {
       std::cout << "\r" << line << "\x1b[K" << std::flush;
@@ -519,9 +528,19 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // The ds_config block, like the flag, turns on block recompute in backward.
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> the_model,
                         run_model.make(o.activation_checkpointing || ds->activation_checkpointing.present));
-  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
+  // The window from the CPU model (its sliding window), before it is placed on the device.
   ZINF_ASSIGN_OR_RETURN(const int T, training_window(o, saved, run_model, *the_model, out));
+  ZINF_ASSIGN_OR_RETURN(the_model, place_model(std::move(the_model), device));
   zero3::EngineOptions eo{ds.value(), o.seed, o.init_from};
+  if (o.host_device || o.host_device_delay_us > 0) {
+    if (device.device == ComputeDevice::kCuda) {
+      return Status::invalid_argument("--host-device runs the CPU model on the host device; use it with --device cpu");
+    }
+    eo.device.kind = zero3::EngineDevice::Kind::kHostDevice;
+    eo.device.seed = o.seed;
+    eo.device.max_delay_us = o.host_device_delay_us;
+  }
+  eo.overlap_optimizer = o.overlap_optimizer;
   if (run_model.hf) {
     eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
       return hf->read_param(index, out).with_context("--model-dir");
@@ -568,12 +587,13 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
 
   std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(gas)), targets(static_cast<std::size_t>(gas));
   std::vector<zero3::MicroBatch> micro(static_cast<std::size_t>(gas));
+  DeviceTraffic traffic;
   const auto start_step = static_cast<int>(engine->counters().steps);
   Progress progress(o.steps, start_step, ds->steps_per_print);
   double first_loss = NAN, last_loss = NAN;
   std::int64_t saved_step = -1;
   // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
-  std::optional<DeviceTimes> gpu_prev = device_times(engine->model());
+  std::optional<DeviceTimes> gpu_prev = device_times(engine->model(), T);
   GpuSteady gpu_steady;
   while (engine->counters().steps < o.steps) {
     ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
@@ -606,9 +626,10 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
     if (comm.rank() == 0) progress.update(r, ds->wall_clock_breakdown);
+    traffic.add(r);
     std::optional<DeviceTimes> gpu_step;
     if (gpu_prev) {
-      const DeviceTimes now = device_times(engine->model()).value_or(*gpu_prev);
+      const DeviceTimes now = device_times(engine->model(), T).value_or(*gpu_prev);
       gpu_step = now - *gpu_prev;
       gpu_prev = now;
       if (static_cast<int>(r.step) > start_step + 1) gpu_steady.add(*gpu_step, r);
@@ -628,6 +649,12 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"optimizer_s", r.optimizer_s},
                              {"io_wait_s", r.io_wait_s},
                              {"nvme_bytes", engine->bytes_moved()}};
+      DeviceTraffic::add_json(line, r);
+      if (eo.overlap_optimizer) {
+        line["optimizer_hidden_s"] = r.optimizer_hidden_s;
+        line["early_subgroups"] = r.early_subgroups;
+        line["early_rolled_back"] = r.early_rolled_back;
+      }
       if (gpu_step) {
         for (const auto& f : device::kStepTimeSeconds) line[f.json_key] = gpu_step->times.*f.member;
         for (const auto& f : device::kStepTimeCounts) line[f.json_key] = gpu_step->times.*f.member;
@@ -643,6 +670,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   }
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
   if (gpu_steady.steps > 0) out << gpu_steady.summary();
+  out << traffic.summary();
   out << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
                            engine->counters().steps, first_loss, last_loss, peak_rss_bytes() / 1048576.0,
                            engine->bytes_moved() / 1048576.0);
@@ -681,6 +709,18 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "where the model computes: auto (cuda when this build has the GPU layer and a CUDA device is "
                   "present, else cpu), cpu, or cuda (the GPT only; the optimizer stays on the CPU)")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  cmd->add_flag("--host-device", o->host_device,
+                "keep gathered parameters and gradients in the memory of a host device (streams as threads) and move "
+                "them through its copy streams: the device-resident engine's orchestration on the CPU, the same "
+                "results as without; prints what it moved and how long compute waited");
+  cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
+                "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
+                "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "
+                "parameters and optimizer state in memory (offload none or cpu)");
+  cmd->add_option("--host-device-delay-us", o->host_device_delay_us,
+                  "with --host-device: a random delay up to this many microseconds before each stream item (implies "
+                  "--host-device)")
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--comm", o->comm, "communicator: auto (mpi under mpirun with > 1 rank, else local), local, mpi, nccl")
       ->check(CLI::IsMember({"auto", "local", "mpi", "nccl"}));
   cmd->add_option("--comm-timeout", o->comm_timeout_s,

@@ -38,7 +38,7 @@ Result<DeviceChoice> resolve_device(std::string_view requested, const DeviceProb
 }
 
 Result<DeviceChoice> fit_device_to_model(DeviceChoice choice, std::string_view model_type) {
-  if (choice.device != ComputeDevice::kCuda || model_type == "gpt") return choice;
+  if (choice.device != ComputeDevice::kCuda || model_type == "gpt" || model_type == "llama") return choice;
   const std::string why = fmt::format("{} runs on the CPU only for now", model_type);
   if (choice.explicit_request) return Status::unsupported(fmt::format("--device cuda: {}; use --device cpu", why));
   choice.device = ComputeDevice::kCpu;

@@ -40,26 +40,28 @@ struct DeviceChoice {
 // is usable, else cpu (saying why). cuda without either: unsupported, naming why. "cpu" never
 // looks at the probe.
 Result<DeviceChoice> resolve_device(std::string_view requested, const DeviceProbe& probe);
-// Only the GPT runs on the GPU for now: another model on cuda is unsupported when cuda was asked
-// for, and falls back to cpu (saying why) under auto.
+// The GPT and the Llama family (every HF folder --model-dir takes) run on the GPU; another model
+// (a user's) on cuda is unsupported when cuda was asked for, and falls back to cpu (saying why)
+// under auto.
 Result<DeviceChoice> fit_device_to_model(DeviceChoice choice, std::string_view model_type);
 
 // What this build and machine have (calls into CUDA only in a GPU build).
 DeviceProbe probe_devices();
-// The model that computes on `choice`'s device: `cpu_model` itself for cpu; for cuda the GPT on
-// GPU 0 with the same parameters and modules (checkpoints are interchangeable).
+// The model that computes on `choice`'s device: `cpu_model` itself for cpu; for cuda the GPT or
+// Llama on GPU 0 with the same parameters and modules (checkpoints are interchangeable).
 Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice);
 
-// Where a GPU model's passes spent their time, summed since it was made (gpu::GptGpuTimes), and
-// its model flops per token. nullopt for a model on the CPU.
+// Where a GPU model's passes spent their time, summed since it was made (gpu::GpuModelTimes), and
+// its model flops per token at the training window T. nullopt for a model on the CPU.
 struct DeviceTimes {
   device::StepTimes times;
   // 6 N + 12 L C T (forward and backward of every parameter, plus attention's Q K^T and A V over
-  // the full T x T, PaLM's and nanoGPT's estimate_mfu convention; causal masking not discounted).
+  // the full T x T, PaLM's and nanoGPT's estimate_mfu convention; causal masking not discounted);
+  // for Llama C is the attention width Q = n_head * head_dim.
   double flops_per_token = 0;
-  std::string flops_formula;  // "6*N + 12*L*C*T, N = 124439808, L = 12, C = 768, T = 1024"
+  std::string flops_formula;  // "6*N + 12*L*C*T, N = 124439808, L = 12, C = 768, T = 1024" (Llama: Q for C)
 };
-std::optional<DeviceTimes> device_times(const model::Model& model);
+std::optional<DeviceTimes> device_times(const model::Model& model, int T);
 // b's times minus a's, field by field (the flops stay b's).
 DeviceTimes operator-(const DeviceTimes& b, const DeviceTimes& a);
 

@@ -1,10 +1,13 @@
-// --device in a build with the GPU layer: probes CUDA, and puts the GPT on GPU 0 (GptGpuModel).
+// --device in a build with the GPU layer: probes CUDA, and puts the GPT (GptGpuModel) or the Llama
+// family (LlamaGpuModel) on GPU 0.
 #include <fmt/format.h>
 
 #include "device_choice.h"
 #include "gpu/device.h"
 #include "gpu/gpt_gpu_model.h"
+#include "gpu/llama_gpu_model.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
 
 namespace zinf::cli {
 
@@ -28,25 +31,39 @@ DeviceProbe probe_devices() {
 
 Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice) {
   if (choice.device == ComputeDevice::kCpu) return cpu_model;
-  const auto* gpt = dynamic_cast<const model::GptModel*>(cpu_model.get());
-  if (gpt == nullptr) {
-    return Status::unsupported(fmt::format("--device cuda: {} runs on the CPU only for now; use --device cpu",
-                                           cpu_model->type()));
+  if (const auto* gpt = dynamic_cast<const model::GptModel*>(cpu_model.get())) {
+    auto made = gpu::GptGpuModel::create(gpt->config(), gpu::GpuModelOptions{});
+    if (!made.is_ok()) return made.status().with_context("--device cuda: the GPT on GPU 0");
+    return std::unique_ptr<model::Model>(std::move(made).value());
   }
-  auto made = gpu::GptGpuModel::create(gpt->config(), gpu::GptGpuModelOptions{});
-  if (!made.is_ok()) return made.status().with_context("--device cuda: the GPT on GPU 0");
-  return std::unique_ptr<model::Model>(std::move(made).value());
+  if (const auto* llama = dynamic_cast<const model::LlamaModel*>(cpu_model.get())) {
+    auto made = gpu::LlamaGpuModel::create(llama->config(), gpu::GpuModelOptions{});
+    if (!made.is_ok()) return made.status().with_context(fmt::format("--device cuda: the {} on GPU 0", llama->type()));
+    return std::unique_ptr<model::Model>(std::move(made).value());
+  }
+  return Status::unsupported(
+      fmt::format("--device cuda: {} runs on the CPU only for now; use --device cpu", cpu_model->type()));
 }
 
-std::optional<DeviceTimes> device_times(const model::Model& model) {
-  const auto* gpu = dynamic_cast<const gpu::GptGpuModel*>(&model);
+// 6 N + 12 L W T, W the attention width: n_embd for the GPT, n_head * head_dim for Llama.
+std::optional<DeviceTimes> device_times(const model::Model& model, int T) {
+  const auto* gpu = dynamic_cast<const gpu::BridgedGpuModel*>(&model);
   if (gpu == nullptr) return std::nullopt;
   DeviceTimes d{gpu->times(), 0.0, ""};
   std::uint64_t n = 0;
   for (const model::ParamSpec& p : model.params()) n += p.numel;
-  const model::GptConfig& c = gpu->config();
-  d.flops_per_token = 6.0 * static_cast<double>(n) + 12.0 * c.n_layer * c.n_embd * static_cast<double>(c.max_seq);
-  d.flops_formula = fmt::format("6*N + 12*L*C*T, N = {}, L = {}, C = {}, T = {}", n, c.n_layer, c.n_embd, c.max_seq);
+  int L = 0, W = 0;
+  const char* w_name = "C";
+  if (const auto* gpt = dynamic_cast<const gpu::GptGpuModel*>(gpu)) {
+    L = gpt->config().n_layer;
+    W = gpt->config().n_embd;
+  } else if (const auto* llama = dynamic_cast<const gpu::LlamaGpuModel*>(gpu)) {
+    L = llama->config().n_layer;
+    W = llama->config().n_head * llama->config().head_size();
+    w_name = "Q";
+  }
+  d.flops_per_token = 6.0 * static_cast<double>(n) + 12.0 * L * W * static_cast<double>(T);
+  d.flops_formula = fmt::format("6*N + 12*L*{0}*T, N = {1}, L = {2}, {0} = {3}, T = {4}", w_name, n, L, W, T);
   return d;
 }
 

@@ -12,6 +12,6 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
   return Status::unsupported("--device cuda: this zinf was built without the GPU layer");
 }
 
-std::optional<DeviceTimes> device_times(const model::Model&) { return std::nullopt; }
+std::optional<DeviceTimes> device_times(const model::Model&, int) { return std::nullopt; }
 
 }  // namespace zinf::cli

@@ -106,6 +106,15 @@ class IoBatch {
   std::vector<std::uint64_t> page_sums_;   // writes: the checksums of the pages being written
 };
 
+// Where a range of a tensor lies: `length` bytes at `file_offset` of data_files()[file] are bytes
+// [tensor_offset, tensor_offset + length) of the tensor.
+struct FileSpan {
+  std::uint32_t file = 0;
+  std::uint64_t file_offset = 0;
+  std::uint64_t tensor_offset = 0;
+  std::uint64_t length = 0;
+};
+
 struct StoreStats {
   std::uint64_t bytes_read = 0;
   std::uint64_t bytes_written = 0;
@@ -150,6 +159,13 @@ class SwapStore {
   Status wait(IoBatch& batch);
   Status read(const std::string& key, std::uint64_t offset, void* buffer, std::size_t nbytes);
   Status write(const std::string& key, std::uint64_t offset, const void* buffer, std::size_t nbytes);
+
+  // Where bytes [offset, offset + nbytes) of a tensor lie in the data files, for a reader that moves
+  // them itself (GPUDirect Storage into device memory). Any offset and length within the tensor.
+  // Such a transfer bypasses the page checksums: nothing is checked or recorded, so a writer
+  // that went this way would make later checked reads fail. NotFound for an unknown key,
+  // InvalidArgument for a range past the tensor's end.
+  Result<std::vector<FileSpan>> locate(const std::string& key, std::uint64_t offset, std::uint64_t nbytes) const;
 
   // Free-form string metadata saved with the manifest (e.g. the optimizer's step and slot).
   void set_metadata(const std::string& name, const std::string& value);

@@ -26,6 +26,22 @@
 
 namespace zinf::zero3 {
 
+// Where the coordinator keeps a module's gathered parameters and gradients.
+//  - kHostMemory: host memory, filled and read in place (the CPU path).
+//  - kHostDevice: device memory of a host device (src/device: streams as threads, device memory
+//    in host memory), moved through its copy streams: the next module is uploaded while this one
+//    computes, gradients are downloaded while backward goes on. It runs the device-resident
+//    engine's orchestration on any machine, with the same bits as kHostMemory; random delays per
+//    stream item and poisoned new blocks test it (a missing wait shows up as a wrong result).
+struct EngineDevice {
+  enum class Kind { kHostMemory, kHostDevice };
+  Kind kind = Kind::kHostMemory;
+  std::uint64_t seed = 0;         // the host device's delay pattern
+  std::uint32_t max_delay_us = 0; // a random sleep up to this long before each stream item
+  bool poison_new_blocks = false; // fill new device blocks with NaNs
+  std::uint64_t memory_cap_bytes = 0;  // the device memory the engine may hold (0: no cap)
+};
+
 struct EngineOptions {
   config::DsConfig ds;    // resolved (load_ds_config)
   std::uint64_t seed = 1234;  // parameter initialisation
@@ -36,6 +52,13 @@ struct EngineOptions {
   std::function<Status(std::size_t index, std::span<float> out)> initial_weights = {};
   // Test-only: a fault injector for the NVMe tiers' aio requests (aio::AioConfig::faults).
   std::shared_ptr<aio::FaultInjector> aio_faults = {};
+  // Where the coordinator keeps gathered parameters and gradients (see EngineDevice).
+  EngineDevice device = {};
+  // Step each sub-group's optimizer during the last micro-batch's backward, as soon as its
+  // gradients are final, and keep it unless the step clips or overflows (then it is rolled back
+  // and taken at the end): the same bits as the step at the end. Needs the optimizer state and the
+  // parameters in memory (offload none or cpu); otherwise a notice, and the step at the end.
+  bool overlap_optimizer = false;
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
@@ -56,6 +79,20 @@ struct StepReport {
   double seconds = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, io_wait_s = 0;
   std::uint64_t tokens = 0;        // tokens this rank processed
   std::uint64_t live_high_water = 0;  // gathered elements at most, this step
+  // The step's data movement through the device (EngineDevice kHostDevice; zero otherwise):
+  // bytes uploaded (parameters) and downloaded (gradients), the seconds the passes waited for
+  // uploads to land (device_wait_s: the compute stream's wait), for gradient downloads and for
+  // staging buffers, and the most device memory held at once (the caching allocator's peak).
+  std::uint64_t h2d_bytes = 0, d2h_bytes = 0;
+  double device_wait_s = 0, download_wait_s = 0, staging_wait_s = 0;
+  // Seconds the H2D and D2H copy streams spent copying this step (their GB/s: bytes / these);
+  // NaN where the device does not measure them.
+  double h2d_copy_s = 0, d2h_copy_s = 0;
+  // EngineOptions::overlap_optimizer: sub-groups stepped during backward and kept, or rolled back
+  // (the step clipped or overflowed), and the seconds of optimizer work that ran under the passes.
+  std::uint64_t early_subgroups = 0, early_rolled_back = 0;
+  double optimizer_hidden_s = 0;
+  std::uint64_t device_peak_bytes = 0;
 };
 
 // Everything a checkpoint restores besides weights and optimizer state.

@@ -1,0 +1,223 @@
+// The device gather target: device blocks from the device's caching allocator, uploads and
+// gradient downloads through pinned staging on the copy streams (device_gather_target.h).
+#include "zero3/device_gather_target.h"
+
+#include <chrono>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "zinf/aio/pinned.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+using device::StreamRole;
+using SkipWait = DeviceGatherOptions::SkipWait;
+
+class DeviceGatherTargetImpl final : public DeviceGatherTarget {
+ public:
+  DeviceGatherTargetImpl(device::Device& device, DeviceGatherOptions options) : device_(device), options_(options) {}
+
+  ~DeviceGatherTargetImpl() override {
+    // Staging and download buffers may still be read by a copy stream: drain before they go.
+    (void)device_.synchronize_all();
+  }
+
+  std::string_view name() const override { return "device"; }
+  bool asynchronous() const override { return true; }
+  const DeviceGatherStats& device_stats() const override { return stats_; }
+  device::Device& device() const override { return device_; }
+
+  GatherBlock allocate(std::size_t n) override {
+    if (n == 0) return {};
+    // Blocks are for the thread that drives the passes (the compute stream's role, on which
+    // nothing is enqueued); every copy that touches one declares its stream (record_use), so a
+    // returned block is reused only once those copies are done.
+    auto block = device_.allocate(n * sizeof(float), StreamRole::kCompute, "gathered parameters or gradients");
+    if (!block.is_ok()) return {};
+    auto* p = block.value().as<float>();
+    blocks_.emplace(p, BlockState{std::move(block).value(), device::Event()});
+    return adopt(p, n);
+  }
+
+  Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
+                GatherBlock& block) override {
+    BlockState& state = state_of(block);
+    const std::size_t bytes = per_rank * sizeof(float);
+    ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
+    ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(staging->buf.as_floats(), per_rank)));
+    float* mine = block.data() + per_rank * static_cast<std::size_t>(comm.rank());
+    ZINF_RETURN_IF_ERROR(device_.copy_h2d(mine, staging->buf.data(), bytes, "parameter upload"));
+    state.block.record_use(device_.stream_key(StreamRole::kH2D));
+    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
+    if (options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
+    state.ready = landed;
+    stats_.h2d_bytes += bytes;
+    ++stats_.uploads;
+    if (comm.world_size() > 1) {
+      // The host collective runs on this thread, in the order every rank issues them: the slice
+      // must have landed first.
+      ZINF_RETURN_IF_ERROR(ready(block));
+      ZINF_RETURN_IF_ERROR(comm.all_gather(std::span<const float>(mine, per_rank), block.span()));
+    }
+    return Status::ok();
+  }
+
+  Status ready(GatherBlock& block) override {
+    BlockState& state = state_of(block);
+    if (state.ready.empty()) return Status::ok();
+    if (options_.skip_wait != SkipWait::kUploadBeforeUse) {
+      const auto t0 = Clock::now();
+      ZINF_RETURN_IF_ERROR(device_.synchronize(state.ready));
+      stats_.ready_wait_s += since(t0);
+    }
+    state.ready = device::Event();
+    return Status::ok();
+  }
+
+  Status zero(GatherBlock& block) override {
+    // Device memory is host memory here (make_device_gather_target checks), and nothing but the
+    // driving thread writes a block the allocator handed out.
+    if (block.size() > 0) std::memset(block.data(), 0, block.size() * sizeof(float));
+    return Status::ok();
+  }
+
+  Result<std::uint64_t> start_download(const GatherBlock& src, std::size_t offset, std::size_t n) override {
+    BlockState& state = state_of(src);
+    const std::size_t bytes = n * sizeof(float);
+    ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
+    ZINF_RETURN_IF_ERROR(device_.copy_d2h(staging->buf.data(), src.data() + offset, bytes, "gradient download"));
+    state.block.record_use(device_.stream_key(StreamRole::kD2H));
+    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kD2H));
+    staging->free_after = landed;
+    staging->held = true;  // until release_download
+    const std::uint64_t ticket = next_ticket_++;
+    downloads_.emplace(ticket, Download{staging, landed, n});
+    stats_.d2h_bytes += bytes;
+    ++stats_.downloads;
+    return ticket;
+  }
+
+  Result<std::span<const float>> finish_download(std::uint64_t ticket, bool wait) override {
+    auto it = downloads_.find(ticket);
+    if (it == downloads_.end()) return Status::internal(fmt::format("no gradient download {}", ticket));
+    Download& d = it->second;
+    if (options_.skip_wait != SkipWait::kDownloadBeforeRead) {
+      if (wait) {
+        const auto t0 = Clock::now();
+        ZINF_RETURN_IF_ERROR(device_.synchronize(d.landed));
+        stats_.download_wait_s += since(t0);
+      } else {
+        ZINF_ASSIGN_OR_RETURN(bool done, device_.query(d.landed));
+        if (!done) return std::span<const float>();
+      }
+    }
+    return std::span<const float>(d.staging->buf.as_floats(), d.n);
+  }
+
+  void release_download(std::uint64_t ticket) override {
+    auto it = downloads_.find(ticket);
+    if (it == downloads_.end()) return;
+    it->second.staging->held = false;
+    downloads_.erase(it);
+  }
+
+ protected:
+  void free(float* data, std::size_t) override { blocks_.erase(data); }  // ~DeviceBlock fences it
+
+ private:
+  struct BlockState {
+    device::DeviceBlock block;
+    device::Event ready;  // the upload that fills it; empty once ready() has seen it
+  };
+  struct PinnedFloats {
+    aio::PinnedBuffer mem;
+    float* as_floats() const { return static_cast<float*>(mem.data()); }
+    void* data() const { return mem.data(); }
+    std::size_t size() const { return mem.size(); }
+  };
+  struct Staging {
+    PinnedFloats buf;
+    device::Event free_after;  // the copy that reads (H2D) or fills (D2H) it
+    bool held = false;         // a download not yet released
+  };
+  struct Download {
+    Staging* staging;
+    device::Event landed;
+    std::size_t n;
+  };
+
+  BlockState& state_of(const GatherBlock& block) { return blocks_.at(block.data()); }
+
+  // A staging buffer of at least `bytes` whose last copy has completed: a free one, else a new
+  // one while fewer than options_.staging_buffers exist, else the least recently used free one
+  // after waiting for its copy (grown if too small).
+  Result<Staging*> take_staging(std::size_t bytes) {
+    Staging* fallback = nullptr;
+    for (auto& s : staging_) {
+      if (s->held) continue;
+      if (s->buf.size() >= bytes) {
+        ZINF_ASSIGN_OR_RETURN(bool done, device_.query(s->free_after));
+        if (done) return touch(s.get());
+      }
+      if (fallback == nullptr) fallback = s.get();
+    }
+    if (staging_.size() < options_.staging_buffers || fallback == nullptr) {
+      staging_.push_back(std::make_unique<Staging>());
+      fallback = staging_.back().get();
+    } else {
+      const auto t0 = Clock::now();
+      ZINF_RETURN_IF_ERROR(device_.synchronize(fallback->free_after));
+      stats_.staging_wait_s += since(t0);
+    }
+    if (fallback->buf.size() < bytes) {
+      stats_.staging_bytes -= fallback->buf.size();
+      ZINF_ASSIGN_OR_RETURN(fallback->buf.mem, aio::PinnedBuffer::allocate(bytes));
+      stats_.staging_bytes += fallback->buf.size();
+    }
+    fallback->free_after = device::Event();
+    return touch(fallback);
+  }
+
+  // Moves s to the back of staging_ (most recently used), so the fallback above is the oldest.
+  Staging* touch(Staging* s) {
+    for (std::size_t i = 0; i < staging_.size(); ++i) {
+      if (staging_[i].get() != s) continue;
+      auto keep = std::move(staging_[i]);
+      staging_.erase(staging_.begin() + static_cast<std::ptrdiff_t>(i));
+      staging_.push_back(std::move(keep));
+      break;
+    }
+    return s;
+  }
+
+  device::Device& device_;
+  DeviceGatherOptions options_;
+  std::unordered_map<const float*, BlockState> blocks_;
+  std::vector<std::unique_ptr<Staging>> staging_;
+  std::unordered_map<std::uint64_t, Download> downloads_;
+  std::uint64_t next_ticket_ = 1;
+  DeviceGatherStats stats_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::Device& device,
+                                                                      DeviceGatherOptions options) {
+  if (!device.host_addressable()) {
+    return Status::unsupported(fmt::format(
+        "{}: the device-resident engine runs CPU models on the host device only; a model whose kernels run on "
+        "the device's compute stream is not wired to it yet",
+        device.describe()));
+  }
+  if (options.staging_buffers == 0) return Status::invalid_argument("device gather target: staging_buffers is 0");
+  return std::unique_ptr<DeviceGatherTarget>(new DeviceGatherTargetImpl(device, options));
+}
+
+}  // namespace zinf::zero3

@@ -1,0 +1,71 @@
+// Internal: the gather target of a device-resident engine: the coordinator's per-module memory
+// (gathered parameters and their gradients) is device memory of a device::Device, filled and
+// drained through its copy streams.
+//
+// A gather reads this rank's slice from the parameter tier into a pinned staging buffer (the
+// host thread: a memory tier's copy, or an NVMe tier's staged read), enqueues its upload on the
+// H2D stream and returns; ready() makes the values usable by the model. With W > 1 the slice
+// is all-gathered in place once it has landed (on the host device through the communicator's
+// host collective, which runs on the thread that drives the passes, so every rank issues its
+// collectives in one order). Because gather() returns before the copy lands, the coordinator
+// starts the next module's gathers while this one computes.
+//
+// A completed gradient is downloaded on the D2H stream into pinned memory (start_download); the
+// coordinator adds it into the rank's gradient partition once the download has landed
+// (finish_download), while backward goes on.
+//
+// Who computes: the model runs on the thread that drives the passes (a CPU model on the host
+// device, whose device memory is host memory). ready() therefore blocks that thread until the
+// upload has landed, and a block the model has released needs no fence on the compute stream.
+// A model whose kernels run on the device's compute stream would wait there instead
+// (Device::wait(kCompute, ...)) and fence released blocks on it; that consumer is not built yet.
+//
+// Invariants (each one has a test that breaks when it is removed, under random delays):
+//  - a staging buffer is reused only after the upload that reads it has completed;
+//  - a block's values are handed to the model only after its upload (and all-gather) completed;
+//  - a gradient is read on the host only after its download has completed, and its block goes
+//    back to the allocator fenced by the D2H stream;
+//  - device bytes never exceed the device's cap (the allocator refuses), and the coordinator
+//    keeps gathered elements within stage3_max_live_parameters.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "device/device.h"
+#include "zero3/gather_target.h"
+
+namespace zinf::zero3 {
+
+struct DeviceGatherOptions {
+  // Staging buffers for uploads and downloads in flight at once (each the size of the largest
+  // slice it carried so far). More in flight waits for the oldest.
+  std::size_t staging_buffers = 4;
+  // Test hook: leave out one wait so that the tests can show they catch it. Never set elsewhere.
+  enum class SkipWait { kNone, kUploadBeforeUse, kStagingReuse, kDownloadBeforeRead };
+  SkipWait skip_wait = SkipWait::kNone;
+};
+
+// What moved through the device, for the step breakdown (cumulative).
+struct DeviceGatherStats {
+  std::uint64_t h2d_bytes = 0;
+  std::uint64_t d2h_bytes = 0;
+  std::uint64_t uploads = 0;
+  std::uint64_t downloads = 0;
+  double ready_wait_s = 0;     // the driving thread blocked in ready(): compute waiting for uploads
+  double download_wait_s = 0;  // ... blocked in finish_download(wait = true)
+  double staging_wait_s = 0;   // ... blocked for a staging buffer still in flight
+  std::uint64_t staging_bytes = 0;  // pinned staging held
+};
+
+class DeviceGatherTarget : public GatherTarget {
+ public:
+  virtual const DeviceGatherStats& device_stats() const = 0;
+  virtual device::Device& device() const = 0;
+};
+
+// `device` must be host-addressable (the host device) for now, and outlive the target.
+Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::Device& device,
+                                                                      DeviceGatherOptions options = {});
+
+}  // namespace zinf::zero3

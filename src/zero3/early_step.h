@@ -1,0 +1,91 @@
+// Internal: the optimizer off the critical path (issue 19, part 4). During the last micro-batch's
+// backward, each sub-group whose gradients are final is stepped on a worker thread while backward
+// goes on, as if nothing will be clipped and nothing overflowed. Then:
+//  - the global norm is the sum of the per-sub-group squared norms in sub-group order, the same
+//    sum the step at the end takes (the worker computes each sub-group's with the same function);
+//  - no overflow and no clipping: the early steps used exactly the step's inputs (grad_scale
+//    1 / loss scale is what the step at the end uses when clip_gradients does not clip), so they
+//    are kept and only the sub-groups not yet stepped are stepped;
+//  - overflow: every early step is rolled back (the tier's snapshot) and the copies rewritten;
+//  - clipping: every early step is rolled back and the whole step taken with the clipped scale.
+// Either way the bits are those of the step at the end (tested against it). The price is a
+// snapshot of each early sub-group's master weights and states (host memory, reused across
+// steps), and a wasted early step when a step clips or overflows.
+//
+// Only where every sub-group can be stepped alone and the updated copies land in host memory:
+// memory optimizer tier (offload_optimizer none / cpu) and a parameter tier whose sink has host
+// memory for every sub-group (offload_param none / cpu). The worker then touches only the state
+// and the copy of the sub-group it steps, which the passes no longer read.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "zero3/tiers.h"
+#include "zinf/model/float_buffer.h"
+#include "zinf/optim/grad_stats.h"
+#include "zinf/swap/partition_layout.h"
+
+namespace zinf::zero3 {
+
+// Whether the tiers allow early steps (see above).
+bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const swap::PartitionLayout& layout);
+
+struct EarlyStepReport {
+  std::size_t stepped_early = 0;  // sub-groups stepped during backward and kept
+  std::size_t rolled_back = 0;    // sub-groups stepped during backward and rolled back
+  double hidden_s = 0;            // worker seconds stepping while the passes ran
+};
+
+class EarlyStepper {
+ public:
+  // Every reference must outlive the stepper; grads are the rank's gradient partitions.
+  EarlyStepper(const swap::PartitionLayout& layout, OptimizerTier& optimizer,
+               const std::vector<model::FloatBuffer>& grads);
+  ~EarlyStepper();  // waits for the worker
+  EarlyStepper(const EarlyStepper&) = delete;
+  EarlyStepper& operator=(const EarlyStepper&) = delete;
+
+  // Before the last micro-batch's pass: the step as if nothing clips or overflows (its
+  // grad_scale is 1 / loss scale).
+  void begin(const swap::StepInputs& speculative);
+  // Partition p's gradient is final (called from the thread that drives the passes). When its
+  // sub-group's are all final, the worker computes the sub-group's stats and steps it.
+  void partition_final(std::size_t p);
+  // After the passes: waits for the worker, and gives every sub-group's gradient stats (computed
+  // here for sub-groups that never completed early).
+  Result<std::vector<optim::GradStats>> stats();
+  // Ends the step. `in`: the step's real inputs, or nullptr when it is skipped (overflow). Keeps
+  // the early steps when in->grad_scale is the speculative one, else rolls them back (and rewrites
+  // the copies when skipping); then steps what remains.
+  Result<EarlyStepReport> finish(const swap::StepInputs* in);
+
+ private:
+  void worker_main();
+  Status step_one(std::size_t sg);
+
+  const swap::PartitionLayout& layout_;
+  OptimizerTier& optimizer_;
+  const std::vector<model::FloatBuffer>& grads_;
+  swap::StepInputs speculative_;
+  std::vector<std::size_t> remaining_;   // per sub-group: partitions not yet final
+  // Per sub-group, written by the worker and read after stats() (char: no shared bit words).
+  std::vector<char> stepped_;            // stepped early (under a snapshot)
+  std::vector<char> have_stats_;
+  std::vector<optim::GradStats> stats_;  // per sub-group
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::size_t> queue_;
+  std::size_t busy_ = 0;   // sub-groups taken by the worker and not finished
+  bool stopping_ = false;
+  Status failure_;
+  double worker_s_ = 0;
+  std::thread worker_;  // last: starts after the members it uses
+};
+
+}  // namespace zinf::zero3

@@ -1,0 +1,221 @@
+// The coordinator on a host device (device_gather_target.h): gathered values and gradients in
+// device memory, moved through the copy streams under random delays. What no bit-identity test
+// of the engine can see on its own: that uploads run ahead of use, that device memory stays
+// within the budget, and that each wait the target makes is needed (removing one, through the
+// target's test hook, gives wrong numbers under delays).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chain_model.h"
+#include "device/host_device.h"
+#include "zero3/coordinator.h"
+#include "zero3/device_gather_target.h"
+#include "zero3/engine_impl.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using testing::ChainModel;
+using testing::kSize;
+using testing::RecordingTier;
+using SkipWait = DeviceGatherOptions::SkipWait;
+
+constexpr int kModules = 10;  // m1..m10 between embed and head
+
+CoordinatorOptions options() {
+  CoordinatorOptions o;
+  o.param_persistence_threshold = 0;
+  o.prefetch_bucket_size = 2 * kSize + 50;
+  o.max_live_parameters = 1000000000;
+  o.max_reuse_distance = 0;
+  o.reduce_bucket_size = 1;
+  return o;
+}
+
+device::HostDeviceOptions delays(std::uint64_t seed) {
+  device::HostDeviceOptions d;
+  d.seed = seed;
+  d.max_delay = std::chrono::microseconds(500);
+  d.poison_new_blocks = true;
+  return d;
+}
+
+struct DeviceHarness {
+  ChainModel model{kModules};
+  PartitionPlan plan;
+  swap::PartitionLayout layout;
+  std::unique_ptr<Communicator> comm = make_local_communicator();
+  std::vector<model::FloatBuffer> grad_acc;
+  std::unique_ptr<RecordingTier> tier;
+  std::unique_ptr<device::HostDevice> device;
+  std::unique_ptr<DeviceGatherTarget> target;
+  std::unique_ptr<Coordinator> coordinator;
+
+  DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {})
+      : plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
+    layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
+    for (const swap::SubGroup& sg : layout.subgroups) {
+      grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
+      std::fill(grad_acc.back().span().begin(), grad_acc.back().span().end(), 0.0f);
+    }
+    tier = std::make_unique<RecordingTier>(plan.num_groups());
+    device = device::HostDevice::create(d);
+    auto made = make_device_gather_target(*device, g);
+    EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+    target = std::move(made).value();
+    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, o, grad_acc);
+  }
+  ~DeviceHarness() {
+    coordinator.reset();  // its blocks go back before the target and the device go
+    target.reset();
+  }
+
+  // One training pass; its loss.
+  Result<float> pass() {
+    tier->new_pass();
+    const std::vector<int32_t> tokens = {0};
+    coordinator->begin_pass(true);
+    ZINF_ASSIGN_OR_RETURN(float loss, model.forward_backward(tokens, tokens, 1, 1, *coordinator, 1.0f));
+    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
+    return loss;
+  }
+
+  // What `passes` passes must give: a forward reads element 0 of each module's value (p + 1 for
+  // partition p; head reads p0 again), and backward adds each use's value into its gradient.
+  static float expected_loss() {
+    float loss = 1;  // embed
+    for (int m = 1; m <= kModules; ++m) loss += static_cast<float>(m + 1);
+    return loss + 1;  // head
+  }
+  // The first mismatch of the accumulated gradients after `passes` passes, or "".
+  std::string gradient_mismatch(int passes) const {
+    for (std::size_t p = 0; p < plan.num_groups(); ++p) {
+      const float uses = p == 0 ? 2.0f : 1.0f;
+      const float want = static_cast<float>(passes) * uses * static_cast<float>(p + 1);
+      const float* acc = grad_acc[layout.subgroup_of[p]].data() + layout.offset_in_subgroup[p];
+      for (std::size_t i = 0; i < kSize; ++i) {
+        if (acc[i] != want) return fmt::format("partition {} element {}: {} instead of {}", p, i, acc[i], want);
+      }
+    }
+    return "";
+  }
+};
+
+TEST(DeviceCoordinatorTest, ResultsAreExactUnderRandomDelays) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    DeviceHarness h(options(), delays(seed));
+    for (int pass = 1; pass <= 3; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_EQ(loss.value(), DeviceHarness::expected_loss()) << "seed " << seed << " pass " << pass;
+    }
+    EXPECT_EQ(h.gradient_mismatch(3), "") << "seed " << seed;
+  }
+}
+
+TEST(DeviceCoordinatorTest, UploadsRunAheadAlongTheTraceAndGradientsComeBackThroughTheCopyStream) {
+  DeviceHarness h(options(), delays(4));
+  ASSERT_TRUE(h.pass().is_ok());
+  EXPECT_EQ(h.coordinator->stats().gathers_ahead, 0u) << "no trace yet: nothing to run ahead of";
+  ASSERT_TRUE(h.pass().is_ok());
+  const CoordinatorStats& s = h.coordinator->stats();
+  // 24 acquires a pass; all but the pass's first (and head's backward, which reuses forward's p0
+  // copy) are served by a gather started while the module before computed.
+  EXPECT_EQ(s.ahead_hits, 22u);
+  EXPECT_EQ(s.gathers_ahead, 22u);
+  // Every gradient partition's download: 11 a pass.
+  EXPECT_EQ(s.grad_downloads, 22u);
+  const DeviceGatherStats& d = h.target->device_stats();
+  EXPECT_EQ(d.d2h_bytes, 22u * kSize * sizeof(float));
+  EXPECT_EQ(d.h2d_bytes, d.uploads * kSize * sizeof(float));
+}
+
+// Gathered and gradient blocks are device memory: at most three gathered parameters and the two
+// gradients one rank holds at once (p0's, waiting for embed, and the module's), each a 512-byte
+// size class, whatever the delays.
+TEST(DeviceCoordinatorTest, DeviceMemoryStaysWithinTheLiveBudget) {
+  CoordinatorOptions o = options();
+  o.max_live_parameters = 3 * kSize + 50;
+  o.max_reuse_distance = 1000000000;
+  DeviceHarness h(o, delays(5));
+  for (int pass = 1; pass <= 3; ++pass) ASSERT_TRUE(h.pass().is_ok());
+  EXPECT_LE(h.coordinator->stats().live_high_water, o.max_live_parameters);
+  EXPECT_GT(h.coordinator->stats().evictions, 0u) << "the budget never bound: the test would prove nothing";
+  EXPECT_LE(h.device->allocator_stats().peak_in_use, 5u * 512u);
+  EXPECT_EQ(h.gradient_mismatch(3), "");
+}
+
+TEST(DeviceCoordinatorTest, ADeviceMemoryCapTooSmallIsAClearError) {
+  device::HostDeviceOptions d = delays(6);
+  d.memory_cap = 1024;  // two blocks
+  DeviceHarness h(options(), d);
+  auto loss = h.pass();
+  ASSERT_FALSE(loss.is_ok());
+  EXPECT_NE(loss.status().message().find("device memory"), std::string::npos) << loss.status().to_string();
+}
+
+// Each wait the target makes, left out: the results go wrong under the same delays that give
+// exact results with it (ResultsAreExactUnderRandomDelays).
+TEST(DeviceCoordinatorTest, EachWaitIsNeeded) {
+  for (SkipWait skip : {SkipWait::kUploadBeforeUse, SkipWait::kDownloadBeforeRead}) {
+    DeviceGatherOptions g;
+    g.skip_wait = skip;
+    g.staging_buffers = 1;  // one buffer shared by uploads and downloads: reuse comes at once
+    DeviceHarness h(options(), delays(7), g);
+    bool wrong = false;
+    for (int pass = 1; pass <= 3 && !wrong; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      wrong = loss.value() != DeviceHarness::expected_loss() || std::isnan(loss.value());
+      if (!wrong) wrong = !h.gradient_mismatch(pass).empty();
+    }
+    EXPECT_TRUE(wrong) << "wait " << static_cast<int>(skip) << " left out, and nothing noticed";
+  }
+}
+
+// With one group a module, the coordinator has one upload in flight at a time, so the staging
+// rule is checked on the target itself: ten gathers started back to back through one staging
+// buffer, then read.
+TEST(DeviceCoordinatorTest, AStagingBufferIsReusedOnlyAfterItsUploadLanded) {
+  for (SkipWait skip : {SkipWait::kNone, SkipWait::kStagingReuse}) {
+    DeviceGatherOptions g;
+    g.skip_wait = skip;
+    g.staging_buffers = 1;
+    DeviceHarness h(options(), delays(8), g);
+    std::vector<GatherBlock> blocks;
+    for (std::size_t p = 1; p <= kModules; ++p) {
+      blocks.push_back(h.target->allocate(kSize));
+      ASSERT_TRUE(h.target->gather(*h.tier, p, kSize, *h.comm, blocks.back()).is_ok());
+    }
+    int wrong = 0;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      ASSERT_TRUE(h.target->ready(blocks[i]).is_ok());
+      for (float v : blocks[i].span()) wrong += v != static_cast<float>(i + 2);
+    }
+    if (skip == SkipWait::kNone) {
+      EXPECT_EQ(wrong, 0);
+    } else {
+      EXPECT_GT(wrong, 0) << "the staging wait left out, and nothing noticed";
+    }
+  }
+}
+
+TEST(DeviceCoordinatorTest, OneStagingBufferStillGivesExactResults) {
+  DeviceGatherOptions g;
+  g.staging_buffers = 1;
+  DeviceHarness h(options(), delays(7), g);
+  for (int pass = 1; pass <= 3; ++pass) {
+    auto loss = h.pass();
+    ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+    EXPECT_EQ(loss.value(), DeviceHarness::expected_loss());
+  }
+  EXPECT_EQ(h.gradient_mismatch(3), "");
+}
+
+}  // namespace
+}  // namespace zinf::zero3

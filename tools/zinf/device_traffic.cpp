@@ -1,0 +1,74 @@
+// Step and run figures of the device-resident path (device_traffic.h).
+#include "device_traffic.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace zinf::cli {
+namespace {
+constexpr double kMiB = 1048576.0;
+bool moved(const zero3::StepReport& r) { return r.h2d_bytes + r.d2h_bytes > 0; }
+}  // namespace
+
+double device_wait_share(const zero3::StepReport& r) {
+  const double passes = r.forward_s + r.backward_s;
+  return passes > 0 ? r.device_wait_s / passes : 0.0;
+}
+
+void DeviceTraffic::add(const zero3::StepReport& r) {
+  if (!moved(r)) return;
+  ++steps_;
+  h2d_ += r.h2d_bytes;
+  d2h_ += r.d2h_bytes;
+  peak_ = std::max(peak_, r.device_peak_bytes);
+  seconds_ += r.seconds;
+  h2d_copy_s_ += r.h2d_copy_s;
+  d2h_copy_s_ += r.d2h_copy_s;
+  pass_s_ += r.forward_s + r.backward_s;
+  wait_s_ += r.device_wait_s;
+  download_wait_s_ += r.download_wait_s;
+  staging_wait_s_ += r.staging_wait_s;
+}
+
+std::string DeviceTraffic::step_line(const zero3::StepReport& r) {
+  if (!moved(r)) return "";
+  return fmt::format(" | h2d {:.1f} MiB d2h {:.1f} MiB wait {:.1f}%", r.h2d_bytes / kMiB, r.d2h_bytes / kMiB,
+                     100.0 * device_wait_share(r));
+}
+
+void DeviceTraffic::add_json(nlohmann::json& line, const zero3::StepReport& r) {
+  if (!moved(r)) return;
+  line["h2d_bytes"] = r.h2d_bytes;
+  line["d2h_bytes"] = r.d2h_bytes;
+  line["device_wait_s"] = r.device_wait_s;
+  line["device_wait_share"] = device_wait_share(r);
+  line["download_wait_s"] = r.download_wait_s;
+  line["staging_wait_s"] = r.staging_wait_s;
+  line["device_peak_bytes"] = r.device_peak_bytes;
+  // Transfer rates while copying; null where the device does not time its copies.
+  auto rate = [](std::uint64_t bytes, double s) {
+    return std::isfinite(s) && s > 0 ? nlohmann::json(static_cast<double>(bytes) / s / 1e9) : nlohmann::json();
+  };
+  line["h2d_gbps"] = rate(r.h2d_bytes, r.h2d_copy_s);
+  line["d2h_gbps"] = rate(r.d2h_bytes, r.d2h_copy_s);
+}
+
+std::string DeviceTraffic::summary() const {
+  if (steps_ == 0) return "";
+  const double per_step = 1.0 / static_cast<double>(steps_);
+  auto rate = [](std::uint64_t bytes, double s) {
+    return std::isfinite(s) && s > 0 ? fmt::format("{:.1f} GB/s", static_cast<double>(bytes) / s / 1e9)
+                                     : std::string("rate not measured");
+  };
+  return fmt::format(
+      "device: {} steps; per step: parameters up {:.1f} MiB ({}), gradients down {:.1f} MiB ({}); compute waited "
+      "for uploads {:.1f}% of the passes, for gradient downloads {:.3f} s, for staging {:.3f} s; peak device memory "
+      "{:.1f} MiB\n",
+      steps_, h2d_ * per_step / kMiB, rate(h2d_, h2d_copy_s_), d2h_ * per_step / kMiB, rate(d2h_, d2h_copy_s_),
+      pass_s_ > 0 ? 100.0 * wait_s_ / pass_s_ : 0.0, download_wait_s_ * per_step, staging_wait_s_ * per_step,
+      peak_ / kMiB);
+}
+
+}  // namespace zinf::cli

@@ -1,0 +1,36 @@
+// The device-resident path's share of a run (zinf train --host-device): what each step moved
+// through the device and how long the passes waited for it, per step (--json-log, the progress
+// line's breakdown) and for the whole run (the end-of-run summary).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "zinf/zero3/engine.h"
+
+namespace zinf::cli {
+
+class DeviceTraffic {
+ public:
+  // Adds a step's figures (steps that moved nothing through a device add nothing).
+  void add(const zero3::StepReport& r);
+  bool any() const { return steps_ > 0; }
+  // " | h2d 12.0 MiB d2h 11.9 MiB wait 3.1%" for the progress line, "" when nothing moved.
+  static std::string step_line(const zero3::StepReport& r);
+  // The step's keys for --json-log (none when nothing moved through a device).
+  static void add_json(nlohmann::json& line, const zero3::StepReport& r);
+  // "device: 24 steps, parameters up 1.2 GiB (2.1 GB/s of step time), ..." for the end of a run.
+  std::string summary() const;
+
+ private:
+  std::uint64_t steps_ = 0, h2d_ = 0, d2h_ = 0, peak_ = 0;
+  double h2d_copy_s_ = 0, d2h_copy_s_ = 0;
+  double seconds_ = 0, pass_s_ = 0, wait_s_ = 0, download_wait_s_ = 0, staging_wait_s_ = 0;
+};
+
+// The share of the passes (forward + backward) the compute waited for uploads to land.
+double device_wait_share(const zero3::StepReport& r);
+
+}  // namespace zinf::cli
