@@ -29,6 +29,7 @@
 #include "device_choice.h"
 #include "device_traffic.h"
 #include "model_options.h"
+#include "plan_cli.h"
 #include "run_state.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/log.h"
@@ -71,6 +72,8 @@ struct TrainOptions {
   bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
+  bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
+  PlanMachineOptions plan_machine;
 };
 
 // Where ranks other than 0 send their progress output.
@@ -505,8 +508,16 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     std::string templ = std::string(base != nullptr ? base : "/tmp") + "/zinf_train_nvme.XXXXXX";
     if (::mkdtemp(templ.data()) == nullptr) return Status::sys_error("create a temporary NVMe folder " + templ, errno);
     swap_dir.path = templ;
-    ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);
-    log(LogLevel::kInfo, fmt::format("no --config: built-in ZeRO-3 config with NVMe offload to {}", templ));
+    if (o.plan) {
+      // The planner sizes the run at the window it will train (its line, if any, comes later).
+      ZINF_ASSIGN_OR_RETURN(const int window, training_window(o, saved, run_model, *probe, null_stream()));
+      ZINF_ASSIGN_OR_RETURN(const std::string planned,
+                            plan_for_train(o.plan_machine, ctx, run_model.make, window, templ, out));
+      ds = config::parse_ds_config(planned, "<plan>", ctx);
+    } else {
+      ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);
+      log(LogLevel::kInfo, fmt::format("no --config: built-in ZeRO-3 config with NVMe offload to {}", templ));
+    }
   } else {
     ds = config::load_ds_config(o.config_path, ctx);
   }
@@ -715,7 +726,16 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--comm-timeout", o->comm_timeout_s,
                   "seconds any collective waits for the other ranks before failing (default 300)")
       ->check(CLI::Range(1, 7 * 24 * 3600));
+  cmd->add_flag("--plan", o->plan,
+                "plan first (zinf plan: the fastest config that fits this model here), print the plan, and train "
+                "with it; NVMe folders from --nvme-path, else a temporary folder");
+  o->plan_machine.add_to(*cmd, true);
   cmd->callback([o, exit_code, cmd] {
+    if (o->plan && !o->config_path.empty()) {
+      std::cerr << "zinf train: --plan writes the config itself: drop --config (or drop --plan)\n";
+      *exit_code = 2;
+      return;
+    }
     o->seed_given = cmd->count("--seed") > 0;
     o->data_format_given = cmd->count("--data-format") > 0;
     o->model_given = false;

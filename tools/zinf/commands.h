@@ -15,5 +15,6 @@ void add_config_command(CLI::App& app, int* exit_code);
 void add_train_command(CLI::App& app, int* exit_code);
 void add_consolidate_command(CLI::App& app, int* exit_code);
 void add_eval_command(CLI::App& app, int* exit_code);
+void add_plan_command(CLI::App& app, int* exit_code);
 
 }  // namespace zinf::cli

@@ -1,4 +1,4 @@
-// zinf: the command-line front end (train, config check, estimate, consolidate).
+// zinf: the command-line front end (train, plan, config check, estimate, consolidate, eval).
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   int exit_code = 0;
   zinf::cli::add_train_command(app, &exit_code);
   zinf::cli::add_estimate_command(app, &exit_code);
+  zinf::cli::add_plan_command(app, &exit_code);
   zinf::cli::add_consolidate_command(app, &exit_code);
   zinf::cli::add_eval_command(app, &exit_code);
   zinf::cli::add_config_command(app, &exit_code);

@@ -1,0 +1,176 @@
+// The planner: the fastest ds_config that fits a model on this machine, and how fast it will be.
+//
+// Memory comes from the engine's own sizing: a candidate's ds_config is parsed by the config
+// layer exactly as `zinf train` parses it, the partition layout is built by the engine's own
+// functions (model_partition_plan, PartitionLayout::build), the pinned pools are sized by
+// swap::PoolBudget, and the activations by the model's activation_bytes(). Time comes from
+// measured roofs (the machine's matrix rate, memory bandwidth and drive bandwidth; each one
+// measured, read from a file or assumed, and labelled so) with the overlap the engine's
+// pipelines allow. docs/plan.md describes the model and its measured accuracy.
+//
+// Threading: the functions are reentrant; the probes use every core while they run.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "zinf/config/ds_config.h"
+#include "zinf/model/matmul.h"
+#include "zinf/model/model.h"
+#include "zinf/status.h"
+
+namespace zinf::zero3 {
+
+// One rank's predicted peak memory, by kind, and the named terms it is made of.
+struct MemoryTerm {
+  std::string name;  // e.g. "optimizer state in memory (master + 2 states, fp32)"
+  std::uint64_t bytes = 0;
+  bool pinned = false;  // page-locked (pinned pools, pinned parameter partitions)
+};
+
+struct MemoryPrediction {
+  std::vector<MemoryTerm> host;  // process memory (RSS), the base term included
+  std::uint64_t disk_optimizer = 0;  // the optimizer's swap files (offload_optimizer.nvme_path)
+  std::uint64_t disk_params = 0;     // the parameters' swap files (offload_param.nvme_path)
+  std::uint64_t gpu = 0;         // 0: the CPU engine computes on the host
+  std::uint64_t host_bytes() const;
+  std::uint64_t pinned_bytes() const;
+  std::uint64_t disk_bytes() const { return disk_optimizer + disk_params; }
+};
+
+// The process memory of `zinf train` before any model state: the program, its libraries, the
+// math libraries' per-thread buffers and the built-in corpus. Calibrated on a tiny model
+// (docs/plan.md, "Memory"); a term of every prediction.
+inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{186} << 20;
+
+// Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
+// no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
+// ds.world_size ranks. Errors: the engine's own (a layout it refuses, a pool that overflows).
+Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T);
+
+// A roof and where its figure came from.
+struct Roof {
+  double value = 0;    // GFLOP/s or GB/s
+  std::string source;  // "measured: ...", "from <file>", "given (--flag)", "assumed: ..."
+  bool measured = false;
+};
+
+// The machine a plan is made for.
+struct Machine {
+  Roof matmul_gflops;    // the model's matrix products at its own precision (at 1024 rows)
+  // The same product at several row counts (rows, GFLOP/s), ascending: a micro-batch's rows
+  // B x T take the rate interpolated here. Empty: matmul_gflops at every shape.
+  std::vector<std::pair<int, double>> matmul_by_rows;
+  Roof memory_gbps;      // a STREAM triad's counted GB/s
+  Roof nvme_read_gbps;   // the drive, with the aio block the plan writes
+  Roof nvme_write_gbps;
+  std::uint64_t host_available = 0;  // bytes a plan may use (MemAvailable, or --host-memory)
+  std::string host_source;
+  int cores = 1;
+  int gpus = 0;            // usable CUDA devices (the caller probes them); the plan is the CPU engine's
+  std::string gpu_detail;  // device 0 in a few words, or why there is none
+  struct Drive {
+    std::string path;
+    std::uint64_t free_bytes = 0;
+  };
+  std::vector<Drive> drives;  // --nvme-path folders and their free space
+  // The aio block of the plan's config (from an aio_bench summary when given; else zinf's defaults).
+  config::AioSection aio;
+  std::string aio_source;
+};
+
+// The arithmetic a run in `precision` computes with (as the engine sets it on the model).
+model::ComputePrecision compute_precision(config::Precision precision);
+
+// Reads MemAvailable, the cores, and each folder's free space (statvfs). Folders must exist.
+Result<Machine> describe_machine(const std::vector<std::string>& nvme_paths);
+// Probes (each a fraction of a second; every core busy): the model's matrix product kind at a
+// layer of width `hidden` (capped) at 128 and 1024 rows (sets matmul_gflops and
+// matmul_by_rows), and a triad.
+void probe_matmul(Machine& machine, config::Precision precision, int hidden);
+Roof probe_memory_gbps();
+// Reads "best.read_gbps", "best.write_gbps" and the "aio" block of an aio_bench summary.json.
+Status read_aio_summary(const std::string& path, Machine& machine);
+// Writes then reads `bytes` in the first drive with O_DIRECT through the aio handle (the
+// machine's aio block), and sets the drive roofs from it ("measured: quick probe").
+Status probe_drive(Machine& machine, std::uint64_t bytes);
+
+// Factors from a measured run (calibrate()): the passes' predicted time (compute, gathers,
+// exposed parameter reads) and the optimizer step's are multiplied by them.
+struct Calibration {
+  double passes = 1.0, optimizer = 1.0;
+  std::string source;  // empty: not calibrated
+};
+
+// What to plan: the run shape, under zinf train's names.
+struct PlanRequest {
+  // The model with (true) or without (false) activation checkpointing; description only.
+  std::function<Result<std::unique_ptr<model::Model>>(bool recompute)> make_model;
+  int seq = 0;                              // the window T
+  std::optional<std::int64_t> micro_batch;  // fixed by --micro-batch, else searched
+  std::optional<std::int64_t> grad_accum;
+  std::optional<std::int64_t> train_batch;  // samples per optimizer step, all ranks
+  config::Precision precision = config::Precision::kBf16;
+  int world_size = 1;
+  double host_fraction = 0.9;  // of Machine::host_available a plan may take (the rest: headroom)
+  // Top-level blocks written as they are (JSON object text: "optimizer", "scheduler",
+  // "gradient_clipping", ...); empty: none (the engine's default AdamW, no clipping).
+  std::string optimizer_json;
+  Calibration calibration;
+};
+
+// One configuration tried.
+struct Candidate {
+  config::OffloadDevice param_device = config::OffloadDevice::kCpu;
+  config::OffloadDevice optimizer_device = config::OffloadDevice::kCpu;
+  std::int64_t micro_batch = 1, grad_accum = 1;
+  bool activation_checkpointing = false;
+  std::int64_t sub_group_size = 0;
+  std::int64_t max_live_parameters = 0, prefetch_bucket_size = 0, reduce_bucket_size = 0;
+  std::int64_t param_buffer_count = 0, param_buffer_size = 0, optimizer_buffer_count = 0;
+
+  std::string ds_config;  // the JSON written and parsed (the nvme_path of the first drive)
+  MemoryPrediction memory;
+  // Time per optimizer step and its terms (seconds).
+  double compute_s = 0, gather_s = 0, param_io_s = 0, param_io_exposed_s = 0, optimizer_s = 0, optimizer_io_s = 0,
+         optimizer_exposed_s = 0, step_s = 0;
+  double tokens_per_s = 0;
+  std::string bottleneck;  // "compute", "memory bandwidth", "NVMe reads", ...
+  bool fits = false;
+  std::string why_not;     // empty when it fits
+  std::string label() const;  // "params cpu, optimizer nvme, micro 4 x 2, sub_group 1e8, ..."
+};
+
+struct Plan {
+  std::vector<Candidate> fitting;  // best (smallest step_s) first
+  std::vector<Candidate> dropped;  // with why_not
+  std::string why_winner;          // empty when nothing fits
+  std::string shortfall;           // when nothing fits: what is short, by how much, the smallest change
+  std::vector<std::string> assumptions;  // the terms that were assumed, not measured
+  std::string calibration;               // the request's Calibration::source (empty: none)
+  std::int64_t tokens_per_step = 0;
+};
+
+// Enumerates offload devices and knobs, predicts each candidate, drops what does not fit
+// (naming the resource and the shortfall), and ranks the rest by predicted step time.
+Result<Plan> make_plan(const PlanRequest& request, const Machine& machine);
+
+// 38793984 -> "38.8M", 1000000000 -> "1G": element counts in tables and labels.
+std::string count_name(std::int64_t elements);
+
+// Calibration from zinf's own step breakdown: `ran` is the resolved config of a run of this
+// request's model and shape, passes_s and optimizer_s the medians of its --json-log's
+// forward_s + backward_s and optimizer_s (steps after the first). The factors are measured over
+// predicted for that config; `source` names where they came from.
+Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
+                              double passes_s, double optimizer_s, const std::string& source);
+
+// The winner's ds_config as `zinf train --config` and DeepSpeed read it.
+std::string plan_ds_config(const Candidate& c, const PlanRequest& request, const Machine& machine);
+
+}  // namespace zinf::zero3

@@ -1,0 +1,485 @@
+// The planner's search: candidates over offload devices and knobs, each one's ds_config parsed
+// as `zinf train` parses it, its memory from predict_memory and its time from the roofs.
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "zinf/zero3/plan.h"
+
+namespace zinf::zero3 {
+namespace {
+
+using config::OffloadDevice;
+using nlohmann::ordered_json;
+
+// Assumed constants of the time model (docs/plan.md, "Time", gives the runs they come from).
+// Non-matmul work (norms, softmax, GELU, the loss) moves each activation byte this many times
+// through memory per micro-step.
+constexpr double kActivationPasses = 6.0;
+// A memory-bound AVX2 Adam step runs at this multiple of the triad's counted GB/s (its arrays
+// are read-modify-write; docs/measuring.md) over 28 bytes per element, plus the 16-bit copy.
+constexpr double kAdamTriadRatio = 1.3;
+constexpr double kAdamBytes = 28.0;
+// Coordinator traffic per micro-step besides the gathers: the model's gradient writes, the
+// reduce into the fp32 partitions (read, read-modify-write): bytes per parameter.
+constexpr double kGradBytes = 16.0;
+
+std::string gib(std::uint64_t b) {
+  if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
+  if (b < (std::uint64_t{1} << 30)) return fmt::format("{:.0f} MiB", static_cast<double>(b) / (1u << 20));
+  return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1u << 30));
+}
+
+}  // namespace
+
+std::string count_name(std::int64_t v) {
+  const double d = static_cast<double>(v);
+  if (d >= 1e9) return fmt::format("{:.3g}G", d / 1e9);
+  if (d >= 1e6) return fmt::format("{:.3g}M", d / 1e6);
+  if (d >= 1e4) return fmt::format("{:.3g}k", d / 1e3);
+  return std::to_string(v);
+}
+
+namespace {
+
+// What the time model needs of a model, counted once.
+struct ModelShape {
+  std::uint64_t params = 0;         // all elements
+  std::uint64_t matmul_params = 0;  // weights of matrix products (the tied LM head counted)
+  std::uint64_t largest_group = 0;  // largest module's owned elements
+  int attention_layers = 0;
+  int hidden = 0;
+};
+
+ModelShape shape_of(const model::Model& m) {
+  ModelShape s;
+  s.params = m.num_params();
+  s.hidden = m.hidden_size();
+  const auto params = m.params();
+  int index = 0;
+  for (const model::ModuleSpec& mod : m.modules()) {
+    std::uint64_t owned = 0;
+    for (int p : mod.params) {
+      const model::ParamSpec& ps = params[static_cast<std::size_t>(p)];
+      if (ps.module == index) owned += ps.numel;
+      // A module whose backward does not read its values is a lookup (the embeddings); the same
+      // matrix listed by another module (the tied LM head) is a product there.
+      if (ps.shape.size() == 2 && (mod.backward_reads_values || ps.module != index)) s.matmul_params += ps.numel;
+    }
+    s.largest_group = std::max(s.largest_group, owned);
+    if (mod.name.find("attn") != std::string::npos) ++s.attention_layers;
+    ++index;
+  }
+  return s;
+}
+
+// The candidate's knobs as ds_config JSON.
+ordered_json zero_json(const Candidate& c, const Machine& machine) {
+  ordered_json z;
+  z["stage"] = 3;
+  z["sub_group_size"] = c.sub_group_size;
+  z["reduce_bucket_size"] = c.reduce_bucket_size;
+  z["stage3_prefetch_bucket_size"] = c.prefetch_bucket_size;
+  z["stage3_param_persistence_threshold"] = 100000;
+  z["stage3_max_live_parameters"] = c.max_live_parameters;
+  const std::string opt_path = machine.drives.empty() ? "" : machine.drives.front().path;
+  const std::string param_path = machine.drives.empty() ? "" : machine.drives[machine.drives.size() > 1 ? 1 : 0].path;
+  ordered_json op = {{"device", std::string(config::offload_device_name(c.param_device))}};
+  if (c.param_device == OffloadDevice::kNvme) {
+    op["nvme_path"] = param_path;
+    op["buffer_count"] = c.param_buffer_count;
+    op["buffer_size"] = c.param_buffer_size;
+    op["max_in_cpu"] = 0;
+  }
+  ordered_json oo = {{"device", std::string(config::offload_device_name(c.optimizer_device))}};
+  if (c.optimizer_device == OffloadDevice::kNvme) {
+    oo["nvme_path"] = opt_path;
+    oo["buffer_count"] = c.optimizer_buffer_count;
+    oo["pipeline_read"] = true;
+    oo["pipeline_write"] = true;
+  }
+  z["offload_param"] = op;
+  z["offload_optimizer"] = oo;
+  return z;
+}
+
+struct Roofs {
+  double flops, mem, read, write;  // bytes or flops per second
+  std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
+
+  // The matrix rate at `rows` rows: log-linear between the probed row counts, flat outside.
+  double flops_at(double rows) const {
+    if (flops_by_rows.empty()) return flops;
+    if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
+    for (std::size_t i = 1; i < flops_by_rows.size(); ++i) {
+      const auto [r0, f0] = flops_by_rows[i - 1];
+      const auto [r1, f1] = flops_by_rows[i];
+      if (rows <= r1) return f0 + (f1 - f0) * std::log(rows / r0) / std::log(static_cast<double>(r1) / r0);
+    }
+    return flops_by_rows.back().second;
+  }
+};
+
+// Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory
+// traffic, the parameters' NVMe reads (hidden behind the passes when prefetch can stage them),
+// and the optimizer step (its NVMe traffic overlapped with its compute by the pipelines).
+void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, const config::DsConfig& ds,
+                  const PlanRequest& r, const Roofs& roofs) {
+  const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
+  const double tokens = static_cast<double>(c.micro_batch) * r.seq;
+  const double shard = static_cast<double>(s.params) / W;
+  const double dsize = ds.bf16.enabled || ds.fp16.enabled ? 2.0 : 4.0;
+  const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
+  const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
+                       tokens * recompute;
+  const double act = static_cast<double>(m.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
+  c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * act / roofs.mem);
+  // Everything stays gathered across micro-steps when the live budget holds the whole model;
+  // otherwise each micro-step gathers forward and backward (and again to recompute).
+  const bool keep_all = static_cast<double>(c.max_live_parameters) >= static_cast<double>(s.params);
+  const double gathers = keep_all ? 1.0 : gas * (c.activation_checkpointing ? 3.0 : 2.0);
+  const double P = static_cast<double>(s.params);
+  c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
+  if (c.param_device == OffloadDevice::kNvme) {
+    c.param_io_s = gathers * dsize * shard / roofs.read;
+    const bool staged = static_cast<double>(c.param_buffer_size) >= static_cast<double>(s.largest_group) / W &&
+                        c.param_buffer_count >= 2;
+    c.param_io_exposed_s = staged ? std::max(0.0, c.param_io_s - (c.compute_s + c.gather_s)) : c.param_io_s;
+  }
+  c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
+  double opt_total = c.optimizer_s;
+  if (c.optimizer_device == OffloadDevice::kNvme) {
+    const double rw = 12.0 * shard;  // master + two Adam states, fp32
+    const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
+    c.optimizer_io_s = rw / roofs.read + (rw + copy) / roofs.write;
+    // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
+    // ahead during the passes, so the ramp is the last tile's write).
+    const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
+    opt_total = std::max(c.optimizer_s, c.optimizer_io_s) + c.optimizer_io_s / tiles / 2.0;
+  } else if (c.param_device == OffloadDevice::kNvme) {
+    c.optimizer_io_s = dsize * shard / roofs.write;  // the updated 16-bit copies
+    opt_total += c.optimizer_io_s;
+  }
+  const Calibration& k = r.calibration;
+  c.compute_s *= k.passes;
+  c.gather_s *= k.passes;
+  c.param_io_exposed_s *= k.passes;
+  c.optimizer_s *= k.optimizer;
+  opt_total *= k.optimizer;
+  c.optimizer_exposed_s = opt_total - c.optimizer_s;
+  c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + opt_total;
+  c.tokens_per_s = gas * tokens * W / c.step_s;
+  const std::pair<double, const char*> terms[] = {{c.compute_s, "compute (matrix products and activations)"},
+                                                  {c.gather_s, "memory bandwidth (gathers, gradients)"},
+                                                  {c.param_io_exposed_s, "NVMe parameter reads"},
+                                                  {c.optimizer_s, "optimizer step (memory bandwidth)"},
+                                                  {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
+  c.bottleneck = std::max_element(std::begin(terms), std::end(terms))->second;
+}
+
+Result<Roofs> roofs_of(const Machine& machine) {
+  for (const Roof* roof : {&machine.matmul_gflops, &machine.memory_gbps, &machine.nvme_read_gbps,
+                           &machine.nvme_write_gbps}) {
+    if (!(roof->value > 0)) return Status::invalid_argument(fmt::format("a roof is not positive ({})", roof->source));
+  }
+  Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9, machine.nvme_read_gbps.value * 1e9,
+              machine.nvme_write_gbps.value * 1e9, {}};
+  for (const auto& [rows, gflops] : machine.matmul_by_rows) roofs.flops_by_rows.emplace_back(rows, gflops * 1e9);
+  return roofs;
+}
+
+// The request's model, set to compute as the engine sets it (the product kind decides the
+// activations' 16-bit copies).
+Result<std::unique_ptr<model::Model>> planned_model(const PlanRequest& r, bool recompute) {
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, r.make_model(recompute));
+  ZINF_RETURN_IF_ERROR(m->set_compute_precision(compute_precision(r.precision)));
+  return m;
+}
+
+// Why a predicted candidate does not fit; empty when it does.
+std::string check_fit(const Candidate& c, const Machine& machine, const PlanRequest& r) {
+  std::vector<std::string> why;
+  const auto budget = static_cast<std::uint64_t>(static_cast<double>(machine.host_available) * r.host_fraction);
+  if (c.memory.host_bytes() > budget) {
+    why.push_back(fmt::format("host memory: needs {}, {} may be used ({:.0f}% of {} {}); short {}",
+                              gib(c.memory.host_bytes()), gib(budget), 100 * r.host_fraction,
+                              gib(machine.host_available), machine.host_source, gib(c.memory.host_bytes() - budget)));
+  }
+  // The optimizer's files go to the first drive, the parameters' to the second when given.
+  std::map<std::string, std::uint64_t> need;
+  if (!machine.drives.empty()) {
+    need[machine.drives.front().path] += c.memory.disk_optimizer;
+    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += c.memory.disk_params;
+  }
+  for (const Machine::Drive& d : machine.drives) {
+    if (need[d.path] > d.free_bytes) {
+      why.push_back(fmt::format("disk: needs {} free under {}; {} are (short {})", gib(need[d.path]), d.path,
+                                gib(d.free_bytes), gib(need[d.path] - d.free_bytes)));
+    }
+  }
+  std::string out;
+  for (const std::string& w : why) out += (out.empty() ? "" : "; ") + w;
+  return out;
+}
+
+// The candidates' knobs. micro-batches: the divisors of the per-rank batch (or the one given).
+std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, const ModelShape& s,
+                                 std::int64_t per_rank_batch) {
+  std::vector<std::int64_t> micros;
+  if (r.micro_batch) {
+    micros.push_back(*r.micro_batch);
+  } else {
+    for (std::int64_t b = 1; b <= per_rank_batch; ++b) {
+      if (per_rank_batch % b == 0) micros.push_back(b);
+    }
+  }
+  std::vector<OffloadDevice> devices = {OffloadDevice::kCpu};
+  if (!machine.drives.empty()) devices.push_back(OffloadDevice::kNvme);
+  const auto W = static_cast<std::uint64_t>(r.world_size);
+  const auto largest_partition = static_cast<std::int64_t>((s.largest_group + W - 1) / W);
+  const auto total = static_cast<std::int64_t>(s.params);
+  std::vector<Candidate> out;
+  for (OffloadDevice pd : devices) {
+    for (OffloadDevice od : devices) {
+      std::vector<std::int64_t> groups = {1000000000};
+      if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
+      for (std::int64_t sg : groups) {
+        if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
+        for (bool lean : {false, true}) {
+          for (bool ckpt : {false, true}) {
+            for (std::int64_t b : micros) {
+              Candidate c;
+              c.param_device = pd;
+              c.optimizer_device = od;
+              c.micro_batch = b;
+              c.grad_accum = per_rank_batch / b;
+              c.activation_checkpointing = ckpt;
+              c.sub_group_size = sg;
+              // Lean: gather at most two of the largest modules and reduce one at a time;
+              // else keep the whole model gathered across micro-steps.
+              c.max_live_parameters = lean ? 2 * std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group))
+                                           : std::max<std::int64_t>(total, 1);
+              c.prefetch_bucket_size = std::min<std::int64_t>(c.max_live_parameters / 2 + 1, 50000000);
+              c.reduce_bucket_size = lean ? std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group))
+                                          : std::min<std::int64_t>(total, 500000000);
+              c.param_buffer_count = 5;
+              c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
+              c.optimizer_buffer_count = 4;
+              out.push_back(c);
+            }
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::string explain_winner(const Plan& plan) {
+  const Candidate& w = plan.fitting.front();
+  std::string why = fmt::format("{} wins at {:.3f} s/step ({:.0f} tokens/s), bound by {}.", w.label(), w.step_s,
+                                w.tokens_per_s, w.bottleneck);
+  // Against the best of every other offload combination.
+  std::map<std::pair<int, int>, const Candidate*> best;
+  for (const Candidate& c : plan.fitting) {
+    auto key = std::make_pair(static_cast<int>(c.param_device), static_cast<int>(c.optimizer_device));
+    if (best.count(key) == 0) best[key] = &c;
+  }
+  for (const auto& [key, c] : best) {
+    if (c == &plan.fitting.front()) continue;
+    why += fmt::format(" Best with parameters {} and optimizer {}: {:.2f}x slower ({}).",
+                       config::offload_device_name(c->param_device), config::offload_device_name(c->optimizer_device),
+                       c->step_s / w.step_s, c->bottleneck);
+  }
+  std::size_t nvme_dropped = 0;
+  for (const Candidate& c : plan.dropped) nvme_dropped += c.optimizer_device == OffloadDevice::kCpu ? 1 : 0;
+  if (w.optimizer_device == OffloadDevice::kNvme && nvme_dropped > 0) {
+    why += " Keeping the optimizer state in memory does not fit.";
+  }
+  return why;
+}
+
+// When nothing fits: the candidate closest to fitting, what it lacks, and the smallest change.
+std::string explain_shortfall(const Plan& plan, const Machine& machine, const PlanRequest& r) {
+  const Candidate* closest = nullptr;
+  double best = 1e300;
+  const double budget = static_cast<double>(machine.host_available) * r.host_fraction;
+  for (const Candidate& c : plan.dropped) {
+    if (c.memory.host.empty()) continue;
+    double over = static_cast<double>(c.memory.host_bytes()) / std::max(budget, 1.0);
+    for (const Machine::Drive& d : machine.drives) {
+      over = std::max(over, static_cast<double>(c.memory.disk_bytes()) / std::max(1.0, static_cast<double>(d.free_bytes)));
+    }
+    if (over < best) {
+      best = over;
+      closest = &c;
+    }
+  }
+  if (closest == nullptr) return "no candidate could be sized (see the errors above)";
+  std::string s = fmt::format("nothing fits. Closest: {}: {}.", closest->label(), closest->why_not);
+  std::vector<std::string> change;
+  const std::uint64_t host = closest->memory.host_bytes();
+  if (static_cast<double>(host) > budget) {
+    change.push_back(fmt::format("{} more free host memory ({} available in all, at --host-fraction {:g})",
+                                 gib(host - static_cast<std::uint64_t>(budget)),
+                                 gib(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)),
+                                 r.host_fraction));
+  }
+  std::map<std::string, std::uint64_t> need;
+  if (!machine.drives.empty()) {
+    need[machine.drives.front().path] += closest->memory.disk_optimizer;
+    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += closest->memory.disk_params;
+  }
+  for (const Machine::Drive& d : machine.drives) {
+    if (need[d.path] > d.free_bytes) {
+      change.push_back(fmt::format("{} more free under {} ({} in all)", gib(need[d.path] - d.free_bytes), d.path,
+                                   gib(need[d.path])));
+    }
+  }
+  s += " The smallest change that fits it:";
+  for (std::size_t i = 0; i < change.size(); ++i) s += (i == 0 ? " " : " and ") + change[i];
+  s += " (or a smaller --seq or batch, or more ranks).";
+  if (machine.drives.empty()) s += " Or give --nvme-path: state on NVMe needs the least host memory.";
+  return s;
+}
+
+}  // namespace
+
+std::string Candidate::label() const {
+  return fmt::format("params {}, optimizer {}, micro {} x {}{}, sub_group {}, live {}",
+                     config::offload_device_name(param_device), config::offload_device_name(optimizer_device),
+                     micro_batch, grad_accum, activation_checkpointing ? ", recompute" : "", count_name(sub_group_size),
+                     count_name(max_live_parameters));
+}
+
+Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
+                              double passes_s, double optimizer_s, const std::string& source) {
+  if (!(passes_s > 0) || !(optimizer_s > 0)) {
+    return Status::invalid_argument(fmt::format("{}: the step breakdown has no positive forward/backward and "
+                                                "optimizer seconds (a --json-log of zinf train expected)",
+                                                source));
+  }
+  const bool recompute = ran.activation_checkpointing.present;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, planned_model(request, recompute));
+  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
+  Candidate c;
+  c.param_device = ran.zero.offload_param.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
+  c.optimizer_device =
+      ran.zero.offload_optimizer.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
+  c.micro_batch = ran.batch.train_micro_batch_size_per_gpu;
+  c.grad_accum = ran.batch.gradient_accumulation_steps;
+  c.activation_checkpointing = recompute;
+  c.sub_group_size = ran.zero.sub_group_size;
+  c.max_live_parameters = ran.zero.max_live_parameters;
+  c.param_buffer_count = ran.zero.offload_param.buffer_count;
+  c.param_buffer_size = ran.zero.offload_param.buffer_size;
+  PlanRequest uncalibrated = request;
+  uncalibrated.calibration = {};
+  predict_time(c, shape_of(*m), *m, ran, uncalibrated, roofs);
+  const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s;
+  const double optimizer = c.step_s - passes;
+  return Calibration{passes_s / passes, optimizer_s / optimizer,
+                     fmt::format("calibrated from {}: passes x{:.2f}, optimizer x{:.2f}", source, passes_s / passes,
+                                 optimizer_s / optimizer)};
+}
+
+std::string plan_ds_config(const Candidate& c, const PlanRequest& r, const Machine& machine) {
+  ordered_json j;
+  j["train_batch_size"] = c.micro_batch * c.grad_accum * r.world_size;
+  j["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  j["gradient_accumulation_steps"] = c.grad_accum;
+  j["steps_per_print"] = 10;
+  j["bf16"] = {{"enabled", r.precision == config::Precision::kBf16}};
+  j["fp16"] = {{"enabled", r.precision == config::Precision::kFp16}};
+  if (!r.optimizer_json.empty()) {
+    const ordered_json blocks = ordered_json::parse(r.optimizer_json);
+    for (const auto& [k, v] : blocks.items()) j[k] = v;
+  }
+  j["zero_optimization"] = zero_json(c, machine);
+  if (c.activation_checkpointing) j["activation_checkpointing"] = {{"partition_activations", false}};
+  const config::AioSection& a = machine.aio;
+  j["aio"] = {{"block_size", a.block_size},
+              {"queue_depth", a.queue_depth},
+              {"intra_op_parallelism", a.intra_op_parallelism},
+              {"single_submit", a.single_submit},
+              {"overlap_events", a.overlap_events}};
+  return j.dump(2) + "\n";
+}
+
+Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
+  if (!r.make_model) return Status::invalid_argument("make_plan: no model");
+  if (r.seq < 1) return Status::invalid_argument(fmt::format("--seq {}: must be at least 1", r.seq));
+  if (r.world_size < 1) return Status::invalid_argument(fmt::format("--world-size {}: must be at least 1", r.world_size));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, planned_model(r, false));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> recompute, planned_model(r, true));
+  const ModelShape shape = shape_of(*plain);
+
+  // Samples per rank per optimizer step: --train-batch, else micro x accumulation, else the
+  // Trainer's default micro-batch.
+  std::int64_t per_rank = config::TrainerDefaults::kMicroBatch;
+  if (r.train_batch) {
+    if (*r.train_batch % r.world_size != 0) {
+      return Status::invalid_argument(
+          fmt::format("--train-batch {} is not a multiple of --world-size {}", *r.train_batch, r.world_size));
+    }
+    per_rank = *r.train_batch / r.world_size;
+  } else if (r.micro_batch) {
+    per_rank = *r.micro_batch * r.grad_accum.value_or(1);
+  }
+  if (r.micro_batch && per_rank % *r.micro_batch != 0) {
+    return Status::invalid_argument(fmt::format("--micro-batch {} does not divide the {} samples per rank of --train-batch",
+                                                *r.micro_batch, per_rank));
+  }
+  Plan plan;
+  plan.tokens_per_step = per_rank * r.world_size * r.seq;
+  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
+  config::AutoContext ctx;
+  ctx.world_size = r.world_size;
+  for (Candidate c : enumerate(r, machine, shape, per_rank)) {
+    c.ds_config = plan_ds_config(c, r, machine);
+    Result<config::DsConfig> ds = config::parse_ds_config(c.ds_config, "<plan>", ctx);
+    if (!ds.is_ok()) return ds.status().with_context("the planner wrote a config zinf refuses");
+    const model::Model& m = c.activation_checkpointing ? *recompute : *plain;
+    Result<MemoryPrediction> mem = predict_memory(m, ds.value(), static_cast<int>(c.micro_batch), r.seq);
+    if (!mem.is_ok()) {
+      c.why_not = mem.status().message();
+      plan.dropped.push_back(std::move(c));
+      continue;
+    }
+    c.memory = std::move(mem).value();
+    predict_time(c, shape, m, ds.value(), r, roofs);
+    c.why_not = check_fit(c, machine, r);
+    c.fits = c.why_not.empty();
+    (c.fits ? plan.fitting : plan.dropped).push_back(std::move(c));
+  }
+  auto faster = [](const Candidate& a, const Candidate& b) {
+    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    return a.memory.host_bytes() < b.memory.host_bytes();  // equal time: the smaller one
+  };
+  std::stable_sort(plan.fitting.begin(), plan.fitting.end(), faster);
+  std::stable_sort(plan.dropped.begin(), plan.dropped.end(), faster);
+  const std::pair<const char*, const Roof*> named[] = {{"matmul rate", &machine.matmul_gflops},
+                                                       {"memory bandwidth", &machine.memory_gbps},
+                                                       {"NVMe read bandwidth", &machine.nvme_read_gbps},
+                                                       {"NVMe write bandwidth", &machine.nvme_write_gbps}};
+  for (const auto& [what, roof] : named) {
+    if (!roof->measured) plan.assumptions.push_back(fmt::format("{}: {}", what, roof->source));
+  }
+  plan.calibration = r.calibration.source;
+  plan.assumptions.push_back(fmt::format(
+      "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
+      "{} bytes/parameter of gradient traffic (docs/plan.md)",
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes));
+  plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
+  if (plan.fitting.empty()) {
+    plan.shortfall = explain_shortfall(plan, machine, r);
+  } else {
+    plan.why_winner = explain_winner(plan);
+  }
+  return plan;
+}
+
+}  // namespace zinf::zero3

@@ -1,0 +1,231 @@
+// The planner: memory predicted from the engine's own sizing (checked against a real engine's
+// high-water marks), the search's drops and ranking, the shortfall when nothing fits, and a
+// written config that parses back. No timings are asserted (bench/plan_accuracy.sh measures them).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "engine_harness.h"
+#include "zinf/model/gpt.h"
+#include "zinf/swap/pinned_pool.h"
+#include "zinf/zero3/plan.h"
+
+namespace zinf::zero3 {
+namespace {
+
+model::GptConfig tiny_gpt() {
+  model::GptConfig c;
+  c.vocab_size = 64;
+  c.max_seq = 16;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.n_embd = 32;
+  return c;
+}
+
+std::unique_ptr<model::Model> make_gpt(const model::GptConfig& base, bool recompute) {
+  model::GptConfig c = base;
+  c.activation_checkpointing = recompute;
+  auto m = model::GptModel::create(c);
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  return std::move(m).value();
+}
+
+class PlanTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("zinf_plan_test." + std::to_string(::getpid()) + "." +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // A machine with fixed roofs (no probe) and `host` bytes, the temporary folder as its drive.
+  Machine machine(std::uint64_t host, std::uint64_t disk_free = std::uint64_t{1} << 40) const {
+    Machine m;
+    m.host_available = host;
+    m.host_source = "test";
+    m.matmul_gflops = {50, "test", true};
+    m.memory_gbps = {20, "test", true};
+    m.nvme_read_gbps = {2, "test", true};
+    m.nvme_write_gbps = {1, "test", true};
+    m.drives.push_back({dir_.string(), disk_free});
+    return m;
+  }
+
+  PlanRequest request(const model::GptConfig& c) const {
+    PlanRequest r;
+    r.make_model = [c](bool recompute) -> Result<std::unique_ptr<model::Model>> { return make_gpt(c, recompute); };
+    r.seq = c.max_seq;
+    r.train_batch = 4;
+    return r;
+  }
+
+  std::filesystem::path dir_;
+};
+
+std::uint64_t term(const MemoryPrediction& m, const std::string& prefix) {
+  for (const MemoryTerm& t : m.host) {
+    if (t.name.rfind(prefix, 0) == 0) return t.bytes;
+  }
+  return 0;
+}
+
+TEST_F(PlanTest, MemoryUsesTheSwapLayersPoolSizing) {
+  const config::DsConfig ds = testing::ds_config("nvme", dir_.string());
+  auto m = make_gpt(tiny_gpt(), false);
+  auto mem = predict_memory(*m, ds, testing::kB, testing::kT);
+  ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+  // The parameter pool: offload_param's 3 x 1024 bf16 elements, as PoolBudget sizes it.
+  const swap::PoolBudget param_pool{"offload_param", 3, 1024, 2};
+  EXPECT_EQ(term(*mem, "parameter pinned pool"), param_pool.bytes());
+  EXPECT_GT(term(*mem, "optimizer pinned pool"), 0u);
+  EXPECT_EQ(term(*mem, "optimizer state in memory"), 0u);
+  EXPECT_GT(mem->disk_optimizer, 12 * m->num_params());  // two slots of master + two states
+  EXPECT_GE(mem->disk_params, 2 * m->num_params());
+  EXPECT_EQ(mem->pinned_bytes(), term(*mem, "parameter pinned pool") + term(*mem, "optimizer pinned pool"));
+
+  const config::DsConfig in_memory = testing::ds_config("cpu", dir_.string());
+  auto cpu = predict_memory(*m, in_memory, testing::kB, testing::kT);
+  ASSERT_TRUE(cpu.is_ok());
+  EXPECT_EQ(cpu->disk_bytes(), 0u);
+  EXPECT_GE(term(*cpu, "optimizer state in memory"), 12 * m->num_params());
+  EXPECT_EQ(term(*cpu, "activations"), m->activation_bytes(testing::kB, testing::kT));
+}
+
+// The engine's own high-water marks of a real run stay within the prediction: the gathered
+// elements (live_high_water) under the "live" and "persistent" terms.
+TEST_F(PlanTest, PredictionCoversARealRunsHighWater) {
+  for (const std::string device : {"none", "cpu", "nvme"}) {
+    SCOPED_TRACE(device);
+    const config::DsConfig ds = testing::ds_config(device, dir_.string());
+    auto described = make_gpt(tiny_gpt(), false);
+    auto mem = predict_memory(*described, ds, testing::kB, testing::kT);
+    ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+    auto comm = make_local_communicator();
+    EngineOptions eo;
+    eo.ds = ds;
+    auto engine = Engine::create(make_gpt(tiny_gpt(), false), eo, *comm);
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    std::uint64_t live = 0;
+    for (int step = 0; step < 3; ++step) {
+      const auto rows = testing::batch(step, 64);
+      std::vector<MicroBatch> micro;
+      for (const auto& r : rows) micro.push_back(testing::micro_batch(r));
+      auto rep = (*engine)->train_step(micro);
+      ASSERT_TRUE(rep.is_ok()) << rep.status().to_string();
+      live = std::max(live, rep->live_high_water);
+    }
+    EXPECT_LE(4 * live, term(*mem, "gathered parameters, live") + term(*mem, "gathered parameters, persistent"));
+    EXPECT_GT(mem->host_bytes(), kProcessBaseBytes);
+  }
+}
+
+TEST_F(PlanTest, RanksFittingCandidatesAndWritesAConfigThatParses) {
+  const PlanRequest r = request(tiny_gpt());
+  auto plan = make_plan(r, machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_FALSE(plan->fitting.empty());
+  for (std::size_t i = 1; i < plan->fitting.size(); ++i) EXPECT_LE(plan->fitting[i - 1].step_s, plan->fitting[i].step_s);
+  const Candidate& w = plan->fitting.front();
+  // Plenty of memory: the winner keeps everything in memory.
+  EXPECT_EQ(w.optimizer_device, config::OffloadDevice::kCpu);
+  EXPECT_EQ(w.micro_batch * w.grad_accum, 4);
+  EXPECT_FALSE(plan->why_winner.empty());
+  EXPECT_GT(w.step_s, 0);
+  auto ds = config::parse_ds_config(w.ds_config, "written", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->batch.train_batch_size, 4);
+  EXPECT_TRUE(ds->bf16.enabled);
+  // The assumed terms are named (the test's roofs are all "measured").
+  EXPECT_FALSE(plan->assumptions.empty());
+}
+
+// A measured run's breakdown scales the prediction: twice the predicted passes and optimizer
+// time measured for the winner's config gives the winner twice the predicted step.
+TEST_F(PlanTest, CalibrationScalesTheWinnersPrediction) {
+  PlanRequest r = request(tiny_gpt());
+  const Machine m = machine(std::uint64_t{8} << 30);
+  auto plan = make_plan(r, m);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  const Candidate w = plan->fitting.front();
+  auto ran = config::parse_ds_config(w.ds_config, "ran", config::AutoContext{});
+  ASSERT_TRUE(ran.is_ok());
+  const double passes = w.compute_s + w.gather_s + w.param_io_exposed_s;
+  auto k = calibrate(r, m, *ran, 2 * passes, 2 * (w.step_s - passes), "run.jsonl");
+  ASSERT_TRUE(k.is_ok()) << k.status().to_string();
+  EXPECT_NEAR(k->passes, 2.0, 1e-9);
+  EXPECT_NEAR(k->optimizer, 2.0, 1e-9);
+  EXPECT_NE(k->source.find("run.jsonl"), std::string::npos);
+  r.calibration = *k;
+  auto again = make_plan(r, m);
+  ASSERT_TRUE(again.is_ok());
+  EXPECT_NEAR(again->fitting.front().step_s, 2 * w.step_s, 1e-9 * w.step_s);
+  EXPECT_EQ(again->calibration, k->source);
+  EXPECT_FALSE(calibrate(r, m, *ran, 0, 1, "empty.jsonl").is_ok());
+}
+
+TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
+  model::GptConfig c = tiny_gpt();
+  c.n_layer = 8;
+  c.n_embd = 256;
+  c.n_head = 4;
+  c.vocab_size = 4096;
+  const PlanRequest r = request(c);
+  auto m = make_gpt(c, false);
+  // Room for the base, the gradients and the NVMe pools, not for 18 bytes per parameter of
+  // gradients, state and copies in memory.
+  const std::uint64_t host = kProcessBaseBytes + 17 * m->num_params();
+  auto plan = make_plan(r, machine(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_FALSE(plan->fitting.empty()) << plan->shortfall;
+  EXPECT_EQ(plan->fitting.front().optimizer_device, config::OffloadDevice::kNvme);
+  bool named = false;
+  for (const Candidate& d : plan->dropped) named = named || d.why_not.find("host memory: needs") != std::string::npos;
+  EXPECT_TRUE(named);
+}
+
+TEST_F(PlanTest, NothingFitsSaysWhatIsShortAndByHowMuch) {
+  const PlanRequest r = request(tiny_gpt());
+  auto plan = make_plan(r, machine(std::uint64_t{1} << 20, 4096));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->fitting.empty());
+  EXPECT_NE(plan->shortfall.find("nothing fits"), std::string::npos) << plan->shortfall;
+  EXPECT_NE(plan->shortfall.find("short"), std::string::npos) << plan->shortfall;
+  EXPECT_NE(plan->shortfall.find("MiB more free host memory"), std::string::npos) << plan->shortfall;
+}
+
+TEST_F(PlanTest, RefusesABatchTheRanksCannotSplit) {
+  PlanRequest r = request(tiny_gpt());
+  r.world_size = 3;
+  auto plan = make_plan(r, machine(std::uint64_t{8} << 30));
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("--train-batch 4"), std::string::npos) << plan.status().message();
+}
+
+TEST_F(PlanTest, ReadsAnAioSummaryAndNamesABadOne) {
+  Machine m = machine(std::uint64_t{8} << 30);
+  const std::string good = (dir_ / "summary.json").string();
+  {
+    std::ofstream f(good);
+    f << R"({"best": {"read_gbps": 3.5, "write_gbps": 2.25}, "aio": {"block_size": 262144, "queue_depth": 16}})";
+  }
+  ASSERT_TRUE(read_aio_summary(good, m).is_ok());
+  EXPECT_DOUBLE_EQ(m.nvme_read_gbps.value, 3.5);
+  EXPECT_EQ(m.aio.block_size, 262144);
+  EXPECT_EQ(m.aio.queue_depth, 16);
+  const std::string bad = (dir_ / "bad.json").string();
+  {
+    std::ofstream f(bad);
+    f << R"({"best": {"read_gbps": "fast"}})";
+  }
+  Status s = read_aio_summary(bad, m);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("best.read_gbps"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace zinf::zero3
