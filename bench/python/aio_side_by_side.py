@@ -2,12 +2,15 @@
 """zinf.aio.Handle against DeepNVMe's aio_handle and zinf's C++ aio_bench: same knobs, same file.
 
 A benchmark, not a test: DeepSpeed and torch come from PyPI in the benchmark's own environment
-(bench/python/run.sh makes it). Run interleaved (the order alternates every round), each
-measurement a ramp then a timed window of back-to-back whole-file requests, as aio_bench does;
-medians over the rounds and the median of the per-round ratios are printed.
+(bench/python/run.sh makes it). Each round measures every contender once, reads then writes
+(aio_bench's own order), each measurement a ramp then a timed window of back-to-back whole-file
+requests, as aio_bench does. The order of the contenders goes through every permutation over the
+rounds, so none always runs right after another's burst of writes or at the same point of a
+round. Medians over the rounds, the median of the per-round ratios and their range are printed.
 """
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -53,7 +56,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default=None, help="folder for the test files (default: a temporary one)")
     ap.add_argument("--size", default="256M", help="bytes per request and file")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--block-size", default="1M")
     ap.add_argument("--queue-depth", type=int, default=32)
     ap.add_argument("--parallelism", type=int, default=2)
@@ -98,20 +101,22 @@ def main():
         reads[name]()
         assert torch.equal(buf, pattern), f"{name}: the bytes read differ from the file"
 
-    results = {n: {"read": [], "write": []} for n in list(handles) + (["aio_bench"] if args.aio_bench else [])}
+    contenders = list(handles) + (["aio_bench"] if args.aio_bench else [])
+    results = {n: {"read": [], "write": []} for n in contenders}
+    orders = list(itertools.permutations(contenders))
     for rnd in range(args.rounds):
-        names = list(handles) if rnd % 2 == 0 else list(reversed(handles))
-        for op, table in (("read", reads), ("write", writes)):
-            for name in names:
-                results[name][op].append(timed_gbps(table[name], size, args.ramp, args.runtime))
-        if args.aio_bench:
-            r, w = aio_bench_point(args.aio_bench, folder, size, knobs, args.ramp, args.runtime)
-            results["aio_bench"]["read"].append(r)
-            results["aio_bench"]["write"].append(w)
+        for name in orders[rnd % len(orders)]:
+            if name == "aio_bench":
+                r, w = aio_bench_point(args.aio_bench, folder, size, knobs, args.ramp, args.runtime)
+            else:
+                r = timed_gbps(reads[name], size, args.ramp, args.runtime)
+                w = timed_gbps(writes[name], size, args.ramp, args.runtime)
+            results[name]["read"].append(r)
+            results[name]["write"].append(w)
 
     print(f"zinf.aio.Handle vs DeepNVMe aio_handle (DeepSpeed {__import__('deepspeed').__version__}, "
           f"torch {torch.__version__}); zinf backend {handles['zinf'].backend}")
-    print(f"file {size >> 20} MiB in {folder}; knobs {json.dumps(knobs)}; {args.rounds} rounds, "
+    print(f"file {size >> 20} MiB in {folder}; knobs {json.dumps(knobs)}; {args.rounds} rounds (order permuted), "
           f"ramp {args.ramp} s + {args.runtime} s per measurement; pinned buffers from each handle's "
           f"new_cpu_locked_tensor")
     print(f"{'':10} {'read GB/s':>10} {'write GB/s':>11}   (median over rounds)")
@@ -120,9 +125,11 @@ def main():
     summary = {"knobs": knobs, "size": size, "rounds": args.rounds, "results": results}
     for other in [n for n in results if n != "zinf"]:
         for op in ("read", "write"):
-            ratio = statistics.median(a / b for a, b in zip(results["zinf"][op], results[other][op]))
+            per_round = [a / b for a, b in zip(results["zinf"][op], results[other][op])]
+            ratio = statistics.median(per_round)
             summary[f"zinf/{other} {op}"] = ratio
-            print(f"zinf / {other} {op}: {ratio:.2f}x (median of per-round ratios)")
+            print(f"zinf / {other} {op}: {ratio:.2f}x (median of per-round ratios; range "
+                  f"{min(per_round):.2f}-{max(per_round):.2f})")
     stats = handles["zinf"].stats()
     print(f"zinf handle stats: {stats}")
     if args.json:
