@@ -64,6 +64,8 @@ def main():
     ap.add_argument("--no-overlap-events", action="store_true")
     ap.add_argument("--ramp", type=float, default=0.1)
     ap.add_argument("--runtime", type=float, default=0.5)
+    ap.add_argument("--one-handle", action="store_true",
+                    help="zinf reads and writes with one handle (default: aio_bench's three handles, same placement)")
     ap.add_argument("--aio-bench", default=None, help="path of zinf's aio_bench (C++) to run at the same point")
     ap.add_argument("--json", default=None, help="also write every measurement and ratio here")
     args = ap.parse_args()
@@ -76,10 +78,17 @@ def main():
 
     ds_module = AsyncIOBuilder().load()
     order = ("block_size", "queue_depth", "single_submit", "overlap_events", "intra_op_parallelism")
-    handles = {
-        "zinf": zinf.aio.Handle(*(knobs[k] for k in order)),
-        "deepnvme": ds_module.aio_handle(*(knobs[k] for k in order)),
-    }
+    # aio_bench makes three handles per point, in this order: one that lays out the read file, one
+    # that reads, one that writes. Pinned workers take the cores in turn over all handles of a
+    # process, so its reads and writes run on different cores, and on some machines the core a
+    # worker sits on moves its rate measurably (docs/python.md). By default the zinf side makes
+    # its handles in the same order, so that both run at the same point, placement included;
+    # --one-handle reads and writes with one handle instead, as most programs do.
+    zinf_knobs = [knobs[k] for k in order]
+    layout = None if args.one_handle else zinf.aio.Handle(block_size=1 << 20, queue_depth=16)
+    zinf_read = zinf.aio.Handle(*zinf_knobs)
+    zinf_write = zinf_read if args.one_handle else zinf.aio.Handle(*zinf_knobs)
+    handles = {"zinf": zinf_read, "deepnvme": ds_module.aio_handle(*zinf_knobs)}
     work = tempfile.TemporaryDirectory(dir=args.dir, prefix="zinf-py-aio-")
     folder = work.name
     example = torch.empty(0, dtype=torch.uint8)
@@ -90,12 +99,15 @@ def main():
         buf = h.new_cpu_locked_tensor(size, example)
         buf.copy_(pattern)  # touched: no first-touch faults in the timed part
         buffers[name] = buf
-    handles["zinf"].sync_pwrite(buffers["zinf"], src, 0)
+    if zinf_write is not zinf_read:
+        zinf_write.register_buffer(buffers["zinf"])
+    (layout or zinf_read).sync_pwrite(buffers["zinf"], src, 0, truncate=True, fdatasync=True)
     for name, h in handles.items():
         dst = os.path.join(folder, f"write-{name}.bin")
         buf = buffers[name]
+        hw = zinf_write if name == "zinf" else h
         reads[name] = (lambda h=h, buf=buf: h.sync_pread(buf, src, 0))
-        writes[name] = (lambda h=h, buf=buf, dst=dst: h.sync_pwrite(buf, dst, 0))
+        writes[name] = (lambda h=hw, buf=buf, dst=dst: h.sync_pwrite(buf, dst, 0))
         writes[name]()  # the written file exists at full size before timing, for both
         buf.zero_()
         reads[name]()
@@ -118,7 +130,7 @@ def main():
           f"torch {torch.__version__}); zinf backend {handles['zinf'].backend}")
     print(f"file {size >> 20} MiB in {folder}; knobs {json.dumps(knobs)}; {args.rounds} rounds (order permuted), "
           f"ramp {args.ramp} s + {args.runtime} s per measurement; pinned buffers from each handle's "
-          f"new_cpu_locked_tensor")
+          f"new_cpu_locked_tensor; zinf handles: {'one' if args.one_handle else 'made as aio_bench makes them'}")
     print(f"{'':10} {'read GB/s':>10} {'write GB/s':>11}   (median over rounds)")
     for name, r in results.items():
         print(f"{name:10} {statistics.median(r['read']):10.2f} {statistics.median(r['write']):11.2f}")
@@ -130,13 +142,15 @@ def main():
             summary[f"zinf/{other} {op}"] = ratio
             print(f"zinf / {other} {op}: {ratio:.2f}x (median of per-round ratios; range "
                   f"{min(per_round):.2f}-{max(per_round):.2f})")
-    stats = handles["zinf"].stats()
-    print(f"zinf handle stats: {stats}")
+    for what, h in (("read", zinf_read), ("write", zinf_write)):
+        print(f"zinf {what} handle stats: {h.stats()}")
+        if zinf_write is zinf_read:
+            break
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    for h in handles.values():
-        if hasattr(h, "close"):
+    for h in (layout, zinf_read, zinf_write):
+        if h is not None:
             h.close()
     work.cleanup()
 
