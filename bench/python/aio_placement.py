@@ -12,20 +12,9 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 
 import zinf
-
-
-def timed_gbps(op, nbytes, ramp_s, runtime_s):
-    start = time.perf_counter()
-    while time.perf_counter() - start < ramp_s:
-        op()
-    moved, start = 0, time.perf_counter()
-    while moved == 0 or time.perf_counter() - start < runtime_s:
-        op()
-        moved += nbytes
-    return moved / (time.perf_counter() - start) / 1e9
+from bench_timing import timed_gbps
 
 
 def main():

@@ -16,27 +16,15 @@ import os
 import statistics
 import subprocess
 import tempfile
-import time
 
 import torch
 import zinf
+from bench_timing import timed_gbps
 
 
 def parse_size(text):
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
-def timed_gbps(op, nbytes, ramp_s, runtime_s):
-    """Bytes per second of back-to-back calls of op() (each moving nbytes) over runtime_s after ramp_s."""
-    start = time.perf_counter()
-    while time.perf_counter() - start < ramp_s:
-        op()
-    moved, start = 0, time.perf_counter()
-    while moved == 0 or time.perf_counter() - start < runtime_s:
-        op()
-        moved += nbytes
-    return moved / (time.perf_counter() - start) / 1e9
 
 
 def aio_bench_point(exe, folder, size, knobs, ramp_s, runtime_s):
