@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the Python side-by-side benchmarks: zinf.aio.Handle vs DeepNVMe (and aio_bench), and
-# zinf.save_file/load_file vs safetensors and torch.save.
+# Runs the Python side-by-side benchmarks: zinf.aio.Handle vs DeepNVMe (and aio_bench) at two
+# points, the worker-placement check, and zinf.save_file/load_file vs safetensors and torch.save.
 #
 #   bench/python/run.sh [--dir FOLDER]
 # Environment:
@@ -32,4 +32,8 @@ fi
 # The build tree's package: its extension is built for the same CPython minor version.
 export PYTHONPATH=$build/python DS_ACCELERATOR=cpu ZINF_LOG_LEVEL=warning
 "$venv/bin/python" "$here/aio_side_by_side.py" "${dir_args[@]}" --aio-bench "$build/tools/aio_bench/aio_bench"
+# ds_config.json's "aio" defaults (one worker, qd 8), where the worker's core matters most.
+"$venv/bin/python" "$here/aio_side_by_side.py" "${dir_args[@]}" --aio-bench "$build/tools/aio_bench/aio_bench" \
+  --queue-depth 8 --parallelism 1
+"$venv/bin/python" "$here/aio_placement.py" "${dir_args[@]}"
 "$venv/bin/python" "$here/tensor_file_side_by_side.py" "${dir_args[@]}"

@@ -7,6 +7,14 @@ load the file's pages are dropped from the page cache (fsync, posix_fadvise DONT
 loader reads from the disk; loading into existing tensors is timed too. Saves are timed twice: as the call returns (safetensors and
 torch.save then leave the data in the page cache, zinf has written it with O_DIRECT) and until
 the data is durable (the call plus os.fsync of the file).
+
+What a load returns differs: zinf.load_file and safetensors' backend="pread" return tensors in
+private memory, while safetensors' default backend="mmap" reads the file into the page cache and
+returns tensors mapped from it copy-on-write, so the first write to each page later allocates
+and copies it. Loads are therefore also timed until every page of every tensor has been written
+once ("load + write"), and safetensors with backend="pread" is measured too. Filling fresh
+memory is timed in every round as well: on virtual machines whose host takes freed memory back,
+it bounds any loader that returns new private memory.
 """
 
 import argparse
@@ -57,6 +65,13 @@ def sync_file(path):
         os.close(fd)
 
 
+def write_every_page(tensors):
+    """Writes one byte (its own value) in every 4 KiB page of every tensor."""
+    for t in tensors.values():
+        flat = t.view(-1).view(torch.uint8)
+        flat[::4096] += 0
+
+
 def digest(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -85,6 +100,7 @@ def main():
     loaders = {
         "zinf": lambda p: zinf.load_file(p, framework="pt"),
         "safetensors": lambda p: st.load_file(p),
+        "st pread": lambda p: st.load_file(p, backend="pread"),
     }
     # Restoring into tensors that exist (a model's state dict): zinf fills them in place,
     # safetensors loads then copies (what load_state_dict does with its result).
@@ -109,7 +125,9 @@ def main():
     save_call = {k: [] for k in savers}
     save_durable = {k: [] for k in savers}
     load = {k: [] for k in loaders}
+    load_write = {k: [] for k in loaders}
     load_into = {k: [] for k in into}
+    fresh_fill = []
     for rnd in range(args.rounds):
         names = list(savers) if rnd % 2 == 0 else list(reversed(savers))
         for name in names:
@@ -121,7 +139,8 @@ def main():
             t2 = time.perf_counter()
             save_call[name].append(nbytes / (t1 - t0) / 1e9)
             save_durable[name].append(nbytes / (t2 - t0) / 1e9)
-        names = list(loaders) if rnd % 2 == 0 else list(reversed(loaders))
+        names = list(loaders)[rnd % len(loaders):] + list(loaders)[:rnd % len(loaders)]
+        names = names if rnd % 2 == 0 else list(reversed(names))
         for name in names:
             drop_cache(path["safetensors"])
             t0 = time.perf_counter()
@@ -131,16 +150,33 @@ def main():
         for name in names:
             drop_cache(path["safetensors"])
             t0 = time.perf_counter()
+            out = loaders[name](path["safetensors"])
+            write_every_page(out)
+            load_write[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
+            del out
+        t0 = time.perf_counter()
+        fresh = torch.empty(nbytes, dtype=torch.uint8)
+        write_every_page({"fresh": fresh})
+        fresh_fill.append(nbytes / (time.perf_counter() - t0) / 1e9)
+        del fresh
+        for name in [n for n in names if n in into]:
+            drop_cache(path["safetensors"])
+            t0 = time.perf_counter()
             into[name](path["safetensors"])
             load_into[name].append(nbytes / (time.perf_counter() - t0) / 1e9)
 
     print(f"state dict: {len(tensors)} fp32 tensors, {nbytes / 1e9:.2f} GB; torch {torch.__version__}, "
           f"safetensors {safetensors.__version__}; {args.rounds} rounds, interleaved; folder {work.name}")
     print(f"zinf's file and safetensors' file byte-identical: {same_bytes}; each loads the other's to equal tensors")
-    print(f"{'':12} {'save GB/s (call)':>17} {'save GB/s (durable)':>20} {'load GB/s (cold)':>17}")
-    for name in savers:
+    print(f"{'':12} {'save GB/s (call)':>17} {'save GB/s (durable)':>20} {'load GB/s (cold)':>17} {'load + write GB/s':>18}")
+    for name in list(savers) + [n for n in loaders if n not in savers]:
+        sc = f"{statistics.median(save_call[name]):17.2f}" if name in savers else f"{'-':>17}"
+        sd = f"{statistics.median(save_durable[name]):20.2f}" if name in savers else f"{'-':>20}"
         ld = f"{statistics.median(load[name]):17.2f}" if name in load else f"{'-':>17}"
-        print(f"{name:12} {statistics.median(save_call[name]):17.2f} {statistics.median(save_durable[name]):20.2f} {ld}")
+        lw = f"{statistics.median(load_write[name]):18.2f}" if name in load_write else f"{'-':>18}"
+        print(f"{name:12} {sc} {sd} {ld} {lw}")
+    print(f"filling fresh memory (torch.empty, a write per page), same rounds: {statistics.median(fresh_fill):.2f} GB/s "
+          f"(range {min(fresh_fill):.2f}-{max(fresh_fill):.2f})")
 
     def ratio(table, a, b):
         return statistics.median(x / y for x, y in zip(table[a], table[b]))
@@ -148,7 +184,13 @@ def main():
     for other in ("safetensors", "torch.save"):
         print(f"zinf.save_file / {other}: {ratio(save_call, 'zinf', other):.2f}x as called, "
               f"{ratio(save_durable, 'zinf', other):.2f}x durable")
-    print(f"zinf.load_file / safetensors.load_file: {ratio(load, 'zinf', 'safetensors'):.2f}x (cold)")
+    def spread(table, a, b):
+        r = [x / y for x, y in zip(table[a], table[b])]
+        return f"range {min(r):.2f}-{max(r):.2f}"
+
+    for other, what in (("safetensors", "safetensors.load_file"), ("st pread", 'safetensors.load_file(backend="pread")')):
+        print(f"zinf.load_file / {what}: {ratio(load, 'zinf', other):.2f}x as called ({spread(load, 'zinf', other)}), "
+              f"{ratio(load_write, 'zinf', other):.2f}x load + write ({spread(load_write, 'zinf', other)}) (cold file)")
     print(f"into existing tensors (cold file): zinf.load_file(out=) {statistics.median(load_into['zinf']):.2f} GB/s, "
           f"safetensors.load_file + copy_ {statistics.median(load_into['safetensors']):.2f} GB/s: "
           f"{ratio(load_into, 'zinf', 'safetensors'):.2f}x")
