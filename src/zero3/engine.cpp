@@ -70,6 +70,16 @@ Engine::~Engine() = default;
 const model::Model& Engine::model() const { return *impl_->model; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
 std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved(); }
+std::uint64_t Engine::checkpoint_bytes() const {
+  return impl_->rank_file_bytes(impl_->optimizer->optimizer().state_count());
+}
+
+std::uint64_t Engine::Impl::rank_file_bytes(std::size_t optimizer_states) const {
+  // checkpoint.cpp: per sub-group, the master weights and each state, fp32, back to back.
+  std::uint64_t bytes = 0;
+  for (const swap::SubGroup& sg : layout.subgroups) bytes += sg.numel * sizeof(float) * (1 + optimizer_states);
+  return bytes;
+}
 
 std::string Engine::describe() const {
   const Impl& m = *impl_;
@@ -158,9 +168,23 @@ Status Engine::Impl::init() {
   ZINF_ASSIGN_OR_RETURN(scaler, make_scaler(ds));
   counters.loss_scale = scaler->scale();
 
+  // Disk before anything is written: the swap stores take their space as they are made.
+  const TierContext tier_context{ds, layout, comm.rank(), dtype, options.aio_faults};
+  const optim::Optimizer opt(opt_config);
+  std::vector<DiskUse> disk = swap_disk_uses(tier_context, opt.state_count(), comm.local_size());
+  if (!options.save_dir.empty() && options.save_copies > 0) {
+    // Each rank of the node writes its own rank file; engine.json and `latest` are small.
+    constexpr std::uint64_t kCheckpointOverhead = std::uint64_t{1} << 20;
+    const std::uint64_t one = (rank_file_bytes(opt.state_count()) + kCheckpointOverhead) *
+                              static_cast<std::uint64_t>(std::max(1, comm.local_size()));
+    disk.push_back(DiskUse{options.save_dir, fmt::format("--save: {} checkpoint{} of {}", options.save_copies,
+                                                         options.save_copies == 1 ? "" : "s", format_bytes(one)),
+                           one * options.save_copies, 0});
+  }
+  ZINF_RETURN_IF_ERROR(check_disk_space(disk, options.free_space));
+
   // Tiers, and where the coordinator gathers.
-  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults},
-                                                optim::Optimizer(opt_config)));
+  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(tier_context, opt));
   handle = std::move(tiers.handle);
   optimizer = std::move(tiers.optimizer);
   params = std::move(tiers.params);

@@ -52,6 +52,8 @@ struct Engine::Impl {
   Status publish_params();
   Result<StepReport> train_step(std::span<const MicroBatch> micro_batches);
   void sync_scaler_counters();
+  // Bytes of this rank's checkpoint file (checkpoint.cpp's layout).
+  std::uint64_t rank_file_bytes(std::size_t optimizer_states) const;
 
   EngineOptions options;
   Communicator& comm;

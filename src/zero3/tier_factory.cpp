@@ -76,7 +76,38 @@ swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank) {
   // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so steps
   // need not fdatasync (failure safety against I/O errors stays: the optimizer's two slots).
   sc.durable = false;
+  // Nothing reopens them (every run starts its stores anew): they go when the run ends,
+  // failed or not, instead of filling the disk.
+  sc.remove_at_close = true;
   return sc;
+}
+
+std::vector<DiskUse> swap_disk_uses(const TierContext& c, std::size_t optimizer_states, int local_ranks) {
+  // A manifest and a lock file per store: a few KiB; this rounds them up generously.
+  constexpr std::uint64_t kStoreOverhead = std::uint64_t{1} << 20;
+  const auto per_node = [&](std::uint64_t bytes) { return bytes * static_cast<std::uint64_t>(std::max(1, local_ranks)); };
+  std::vector<DiskUse> uses;
+  const config::ZeroSection& zero = c.ds.zero;
+  if (zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
+    swap::StoreConfig sc = swap_store_config(zero.offload_optimizer.nvme_path, c.rank);
+    sc.kind = swap::StoreKind::kOptimizer;
+    // The master weights and each state, in two slots (optimizer_swapper.h, failure safety).
+    std::uint64_t bytes = kStoreOverhead;
+    for (const swap::SubGroup& sg : c.layout.subgroups) {
+      bytes += 2 * (1 + optimizer_states) * swap::tensor_footprint(sc, swap::DType::kF32, sg.numel);
+    }
+    uses.push_back(DiskUse{zero.offload_optimizer.nvme_path, "offload_optimizer swap files", per_node(bytes),
+                           per_node(swap::store_disk_bytes(sc))});
+  }
+  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
+    swap::StoreConfig sc = swap_store_config(zero.offload_param.nvme_path, c.rank);
+    sc.kind = swap::StoreKind::kParameters;
+    std::uint64_t bytes = kStoreOverhead;
+    for (const swap::ParamPartition& p : c.layout.params) bytes += swap::tensor_footprint(sc, c.dtype, p.numel);
+    uses.push_back(DiskUse{zero.offload_param.nvme_path, "offload_param swap files", per_node(bytes),
+                           per_node(swap::store_disk_bytes(sc))});
+  }
+  return uses;
 }
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {

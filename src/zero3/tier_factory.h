@@ -16,6 +16,7 @@
 #include "zinf/config/ds_config.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/optimizer_swapper.h"
+#include "zinf/zero3/disk_space.h"
 
 namespace zinf::zero3 {
 
@@ -43,5 +44,10 @@ struct Tiers {
 swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank);
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer);
+
+// What make_tiers' swap stores will take on disk, per tier on nvme (none for memory tiers), for
+// an optimizer with `optimizer_states` states and `local_ranks` ranks of this node sharing each
+// nvme_path's file system (every rank's folder is the same size, to a partition's padding).
+std::vector<DiskUse> swap_disk_uses(const TierContext& context, std::size_t optimizer_states, int local_ranks);
 
 }  // namespace zinf::zero3

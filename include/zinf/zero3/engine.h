@@ -23,6 +23,7 @@
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 #include "zinf/zero3/comm.h"
+#include "zinf/zero3/disk_space.h"
 
 namespace zinf::zero3 {
 
@@ -36,6 +37,13 @@ struct EngineOptions {
   std::function<Status(std::size_t index, std::span<float> out)> initial_weights = {};
   // Test-only: a fault injector for the NVMe tiers' aio requests (aio::AioConfig::faults).
   std::shared_ptr<aio::FaultInjector> aio_faults = {};
+  // Disk: before anything is created, the swap files' size (and save_copies checkpoints in
+  // save_dir, the most this run's saves keep there at once) is checked against the free space
+  // of each file system (disk_space.h); a run that cannot fit is refused, naming both. A swap
+  // file is removed when its tier closes, whether the run failed or not (they are scratch).
+  std::string save_dir = {};
+  std::uint64_t save_copies = 0;
+  FreeSpaceProbe free_space = {};  // test-only: null asks statvfs
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
@@ -93,6 +101,9 @@ class Engine {
   // stored beside (data loader position and such) and returned by load.
   Status save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state);
   Result<std::string> load_checkpoint(const std::string& dir, const std::string& tag);
+
+  // Bytes one checkpoint of this rank takes (its rank file; engine.json aside).
+  std::uint64_t checkpoint_bytes() const;
 
   const EngineCounters& counters() const;
   std::uint64_t bytes_moved() const;  // NVMe bytes read + written by the offload tiers so far
