@@ -21,7 +21,7 @@ constexpr std::uint64_t kEndOfPass = std::numeric_limits<std::uint64_t>::max();
 Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
                          const swap::PartitionLayout& layout, ParamTier& tier, GatherTarget& target,
                          Communicator& comm, const CoordinatorOptions& options,
-                         std::vector<model::FloatBuffer>& grad_acc)
+                         GradStore& grad_store)
     : model_(model),
       plan_(plan),
       layout_(layout),
@@ -29,7 +29,7 @@ Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
       target_(target),
       comm_(comm),
       opt_(options),
-      grad_acc_(grad_acc) {
+      grad_store_(grad_store) {
   const auto params = model.params();
   gathered_.resize(plan.num_groups());
   grads_.resize(plan.num_groups());
@@ -401,9 +401,8 @@ Status Coordinator::flush_bucket() {
   for (int g : bucket_) {
     const auto idx = static_cast<std::size_t>(g);
     const std::size_t per_rank = plan_.group(idx).per_rank;
-    float* acc = grad_acc_[layout_.subgroup_of[idx]].data() + layout_.offset_in_subgroup[idx];
     const float* in = reduced != nullptr ? reduced + off : grads_[idx].data();
-    for (std::size_t i = 0; i < per_rank; ++i) acc[i] += in[i];
+    ZINF_RETURN_IF_ERROR(grad_store_.accumulate(idx, std::span<const float>(in, per_rank)));
     off += per_rank;
     // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
     grad_live_ -= grads_[idx].size();

@@ -189,14 +189,7 @@ Status Engine::Impl::init() {
   optimizer = std::move(tiers.optimizer);
   params = std::move(tiers.params);
   gather = std::move(tiers.gather);
-
-  for (const swap::SubGroup& sg : layout.subgroups) {
-    grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
-    if (grad_acc.back().data() == nullptr && sg.numel > 0) {
-      return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", sg.numel));
-    }
-    std::memset(grad_acc.back().data(), 0, sg.numel * sizeof(float));
-  }
+  grads = std::move(tiers.grads);
 
   ZINF_RETURN_IF_ERROR(init_master_weights());
   ZINF_RETURN_IF_ERROR(publish_params());
@@ -213,7 +206,7 @@ Status Engine::Impl::init() {
   }
   co.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   co.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, grad_acc);
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, co, *grads);
   return Status::ok();
 }
 
@@ -274,7 +267,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const double io_before = params->io_wait_seconds() + optimizer->io_wait_seconds();
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
-  for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
+  ZINF_RETURN_IF_ERROR(grads->begin_step());
   // Gradients of loss * scale / (gas * W), summed over micro-batches and (by the reduce-scatter)
   // over ranks: scale x the mean gradient of the global batch.
   const double scale = scaler->scale();
@@ -299,8 +292,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();
-  for (const model::FloatBuffer& g : grad_acc) {
-    ZINF_ASSIGN_OR_RETURN(optim::GradStats s, optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+  {
+    ZINF_ASSIGN_OR_RETURN(const optim::GradStats s, grads->stats());
     reduced[1] += s.sq_norm;
     if (!s.finite()) reduced[2] += 1.0;
   }
@@ -328,7 +321,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     in.ctx.lr = r.lr;
     if (schedule) in.ctx.beta1 = schedule->momentum(k);
     in.grad_scale = grad_scale;
-    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
+    in.grads = grads->step_views();
     in.sink = &params->sink();
     ZINF_RETURN_IF_ERROR(optimizer->step(in));
     ZINF_RETURN_IF_ERROR(params->flush());
@@ -340,6 +333,10 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   sync_scaler_counters();
   r.optimizer_s = since(o0);
   r.io_wait_s = params->io_wait_seconds() + optimizer->io_wait_seconds() - io_before;
+  PinnedUse pinned = params->pinned_use();
+  pinned += optimizer->pinned_use();
+  r.pinned_bytes = pinned.allocated;
+  r.pinned_high_water = pinned.high_water;
   r.seconds = since(t0);
   return r;
 }

@@ -68,7 +68,7 @@ struct Engine::Impl {
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place
   std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it
-  std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
+  std::unique_ptr<GradStore> grads;  // fp32 gradient partitions (memory or the optimizer's swap)
   std::unique_ptr<Coordinator> coordinator;
   EngineCounters counters;
 

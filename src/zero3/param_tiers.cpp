@@ -137,6 +137,7 @@ class NvmeParamTier final : public ParamTier {
   swap::ParamSink& sink() override { return *sink_; }
   Status flush() override { return swapper_->flush(); }
   double io_wait_seconds() const override { return io_wait_; }
+  PinnedUse pinned_use() const override { return pinned_use_of(swapper_->pool()); }
 
  private:
   const swap::PartitionLayout& layout_;

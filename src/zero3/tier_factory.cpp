@@ -39,6 +39,9 @@ Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c,
       sc.pipeline_write = oo.pipeline_write;
       sc.sub_group_size = c.layout.sub_group_size;
       sc.pin_memory = oo.pin_memory;
+      // Gradients on NVMe beside the state they update (4 bytes per parameter off the RAM).
+      sc.swap_gradients = true;
+      sc.gradient_dtype = swap::DType::kF32;
       return make_nvme_optimizer_tier(sc, c.layout.params, std::move(optimizer), *handle, swap::OpenMode::kCreate);
     }
   }
@@ -61,6 +64,14 @@ Result<std::unique_ptr<ParamTier>> make_param_tier(const TierContext& c, Optimiz
       pc.max_in_cpu = static_cast<std::uint64_t>(op.max_in_cpu);
       pc.pin_memory = op.pin_memory;
       pc.dtype = c.dtype;
+      // As the optimizer's pool (optimizer_swapper.cpp): a budget the partitions leave mostly
+      // unused grows on demand; one they fill is allocated whole and registered.
+      std::uint64_t largest = 0;
+      for (const swap::ParamPartition& p : c.layout.params) largest = std::max(largest, p.numel);
+      const std::uint64_t used = pc.buffer_count * swap::align_up(std::min<std::uint64_t>(largest, pc.buffer_size) *
+                                                                      swap::dtype_size(pc.dtype), swap::kSwapAlignment);
+      pc.grow_pool = 2 * used <= pc.buffer_count * swap::align_up(pc.buffer_size * swap::dtype_size(pc.dtype),
+                                                                  swap::kSwapAlignment);
       return make_nvme_param_tier(c.layout, pc, *handle);
     }
   }
@@ -91,13 +102,17 @@ std::vector<DiskUse> swap_disk_uses(const TierContext& c, std::size_t optimizer_
   if (zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
     swap::StoreConfig sc = swap_store_config(zero.offload_optimizer.nvme_path, c.rank);
     sc.kind = swap::StoreKind::kOptimizer;
-    // The master weights and each state, in two slots (optimizer_swapper.h, failure safety).
+    // The master weights and each state, in two slots (optimizer_swapper.h, failure safety), and
+    // the gradients (kind "gradients").
     std::uint64_t bytes = kStoreOverhead;
     for (const swap::SubGroup& sg : c.layout.subgroups) {
       bytes += 2 * (1 + optimizer_states) * swap::tensor_footprint(sc, swap::DType::kF32, sg.numel);
+      bytes += swap::tensor_footprint(sc, swap::DType::kF32, sg.numel);
     }
+    swap::StoreConfig grads = sc;
+    grads.kind = swap::StoreKind::kGradients;
     uses.push_back(DiskUse{zero.offload_optimizer.nvme_path, "offload_optimizer swap files", per_node(bytes),
-                           per_node(swap::store_disk_bytes(sc))});
+                           per_node(swap::store_disk_bytes(sc) + swap::store_disk_bytes(grads))});
   }
   if (zero.offload_param.device == config::OffloadDevice::kNvme) {
     swap::StoreConfig sc = swap_store_config(zero.offload_param.nvme_path, c.rank);
@@ -118,6 +133,11 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
   ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
   t.gather = make_host_gather_target();
+  if (swap::OptimizerSwapper* swapper = t.optimizer->swapper()) {
+    ZINF_ASSIGN_OR_RETURN(t.grads, make_swapped_grad_store(context.layout, *swapper));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(t.grads, make_memory_grad_store(context.layout));
+  }
   return t;
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "zero3/gather_target.h"
+#include "zero3/grad_store.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/fault.h"
 #include "zinf/aio/handle.h"
@@ -37,6 +38,9 @@ struct Tiers {
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;
   std::unique_ptr<GatherTarget> gather;
+  // The gradient partitions: in the optimizer swapper's gradient store with an NVMe optimizer
+  // tier, else in memory. Destroyed before the optimizer tier whose swapper it may write.
+  std::unique_ptr<GradStore> grads;
 };
 
 // The swap store settings every swap store of this rank shares (checksums, stripe unit, no

@@ -31,6 +31,19 @@ namespace zinf::zero3 {
 
 class OptimizerTier;
 
+// A tier's pinned staging pool (swap::PinnedPool): bytes that are memory now and the most ever
+// leased at once. Zero for tiers without one (memory tiers).
+struct PinnedUse {
+  std::uint64_t allocated = 0;
+  std::uint64_t high_water = 0;
+  PinnedUse& operator+=(const PinnedUse& o) {
+    allocated += o.allocated;
+    high_water += o.high_water;
+    return *this;
+  }
+};
+inline PinnedUse pinned_use_of(const swap::PinnedPool& pool) { return {pool.allocated(), pool.high_water()}; }
+
 class ParamTier {
  public:
   virtual ~ParamTier() = default;
@@ -49,6 +62,7 @@ class ParamTier {
   virtual Status flush() = 0;
   // Seconds spent blocked on parameter reads so far.
   virtual double io_wait_seconds() const = 0;
+  virtual PinnedUse pinned_use() const { return {}; }
 };
 
 // device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
@@ -84,6 +98,10 @@ class OptimizerTier {
   virtual float* master_in_memory(std::size_t) { return nullptr; }
   virtual double io_wait_seconds() const = 0;
   virtual std::uint64_t bytes_moved() const = 0;
+  virtual PinnedUse pinned_use() const { return {}; }
+  // The NVMe tier's swapper (its gradient store takes the gradients when it swaps them); null
+  // for memory tiers.
+  virtual swap::OptimizerSwapper* swapper() { return nullptr; }
 };
 
 Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::PartitionLayout& layout,

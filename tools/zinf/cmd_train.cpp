@@ -641,7 +641,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"backward_s", r.backward_s},
                              {"optimizer_s", r.optimizer_s},
                              {"io_wait_s", r.io_wait_s},
-                             {"nvme_bytes", engine->bytes_moved()}};
+                             {"nvme_bytes", engine->bytes_moved()},
+                             {"pinned_bytes", r.pinned_bytes},
+                             {"pinned_high_water_bytes", r.pinned_high_water}};
       if (gpu_step) {
         for (const auto& f : device::kStepTimeSeconds) line[f.json_key] = gpu_step->times.*f.member;
         for (const auto& f : device::kStepTimeCounts) line[f.json_key] = gpu_step->times.*f.member;

@@ -64,6 +64,10 @@ struct StepReport {
   double seconds = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, io_wait_s = 0;
   std::uint64_t tokens = 0;        // tokens this rank processed
   std::uint64_t live_high_water = 0;  // gathered elements at most, this step
+  // The NVMe tiers' pinned staging pools (both together): bytes that are memory now (a pool whose
+  // budget is more than the model can use grows on demand, docs/swap.md) and the most ever leased.
+  std::uint64_t pinned_bytes = 0;
+  std::uint64_t pinned_high_water = 0;
 };
 
 // Everything a checkpoint restores besides weights and optimizer state.
