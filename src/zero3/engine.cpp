@@ -69,7 +69,7 @@ Engine::~Engine() = default;
 
 const model::Model& Engine::model() const { return *impl_->model; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
-std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved(); }
+std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved() + impl_->grads->bytes_moved(); }
 std::uint64_t Engine::checkpoint_bytes() const {
   return impl_->rank_file_bytes(impl_->optimizer->optimizer().state_count());
 }

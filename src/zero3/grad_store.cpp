@@ -108,11 +108,13 @@ class SwappedGradStore final : public GradStore {
     const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
     if (touched_[p]) {
       ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
+      bytes_ += padded * sizeof(float);
     } else {
       std::memset(acc, 0, padded * sizeof(float));
     }
     add_into(acc, in);
     ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(sg, start, in.size(), acc));
+    bytes_ += padded * sizeof(float);
     touched_[p] = true;
     return Status::ok();
   }
@@ -124,6 +126,7 @@ class SwappedGradStore final : public GradStore {
       std::memset(buf(), 0, swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float));
       ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(layout_.subgroup_of[p], layout_.offset_in_subgroup[p],
                                                          layout_.params[p].numel, buf()));
+      bytes_ += swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float);
       touched_[p] = true;
     }
     // grad_stats sums fixed 8192-element blocks and adds the block sums in order: read whole
@@ -135,6 +138,7 @@ class SwappedGradStore final : public GradStore {
       for (std::uint64_t start = 0; start < n; start += chunk_) {
         const std::uint64_t count = std::min(chunk_, n - start);
         ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, count, buf()));
+        bytes_ += count * sizeof(float);
         for (std::uint64_t b = 0; b < count; b += kNormBlock) {
           const std::uint64_t len = std::min<std::uint64_t>(kNormBlock, count - b);
           ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
@@ -149,6 +153,7 @@ class SwappedGradStore final : public GradStore {
 
   std::vector<optim::GradView> step_views() const override { return {}; }
   std::uint64_t host_bytes() const override { return chunk_ * sizeof(float); }
+  std::uint64_t bytes_moved() const override { return bytes_; }
 
  private:
   // grad_stats' block (optim/exec.h kNormBlock; stated in grad_stats.h), and the read size of
@@ -162,6 +167,7 @@ class SwappedGradStore final : public GradStore {
   swap::OptimizerSwapper& swapper_;
   std::vector<bool> touched_;  // per partition: accumulated this step
   std::uint64_t chunk_ = 0;    // elements of buffer_
+  std::uint64_t bytes_ = 0;    // read and written
   aio::PinnedBuffer buffer_;
 };
 

@@ -35,6 +35,9 @@ class GradStore {
   virtual std::vector<optim::GradView> step_views() const = 0;
   // Bytes of host memory the store holds.
   virtual std::uint64_t host_bytes() const = 0;
+  // Bytes it has read and written on NVMe so far (its accumulation and norm; the optimizer
+  // step's gradient reads are the optimizer tier's).
+  virtual std::uint64_t bytes_moved() const { return 0; }
 };
 
 // One fp32 array per sub-group in host memory. `layout` must outlive the store.

@@ -110,7 +110,7 @@ class Engine {
   std::uint64_t checkpoint_bytes() const;
 
   const EngineCounters& counters() const;
-  std::uint64_t bytes_moved() const;  // NVMe bytes read + written by the offload tiers so far
+  std::uint64_t bytes_moved() const;  // NVMe bytes read + written so far by the optimizer tier and the gradient store
 
  private:
   struct Impl;
