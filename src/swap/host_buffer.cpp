@@ -1,10 +1,15 @@
 // HostBuffer: aligned host memory for staging arenas and CPU-tier tensor copies.
 #include "swap/host_buffer.h"
 
+#include <sys/mman.h>
+
+#include <cassert>
+#include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 
+#include "zinf/log.h"
 #include "zinf/swap/types.h"
 
 namespace zinf::swap::detail {
@@ -28,6 +33,35 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin) {
   std::memset(ptr, 0, buffer.size_);
   buffer.plain_.reset(static_cast<std::byte*>(ptr));
   return buffer;
+}
+
+Result<HostBuffer> HostBuffer::reserve(std::size_t bytes) {
+  HostBuffer buffer;
+  buffer.size_ = static_cast<std::size_t>(align_up(bytes, kSwapAlignment));
+  if (buffer.size_ == 0) return buffer;
+  // MAP_NORESERVE: the budget is a ceiling, not a commitment; pages exist once committed.
+  void* p = ::mmap(nullptr, buffer.size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) {
+    return Status(ErrorCode::kResourceExhausted,
+                  fmt::format("reserving {} bytes of address space failed: {}", buffer.size_, std::strerror(errno)),
+                  errno);
+  }
+  buffer.reserved_ = std::unique_ptr<std::byte, UnmapDeleter>(static_cast<std::byte*>(p), UnmapDeleter{buffer.size_});
+  return buffer;
+}
+
+void HostBuffer::UnmapDeleter::operator()(std::byte* p) const { ::munmap(p, bytes); }
+
+void HostBuffer::commit(std::size_t offset, std::size_t length, bool pin) {
+  if (reserved_ == nullptr || length == 0) return;
+  assert(offset + length <= size_ && "HostBuffer::commit past the reserved range");
+  std::byte* p = reserved_.get() + offset;
+  // Pre-fault now, as allocate() does, so that timed I/O never pays for first-touch faults.
+  std::memset(p, 0, length);
+  if (pin && ::mlock(p, length) != 0) {
+    log_once(LogLevel::kNotice, "swap.host_buffer.mlock",
+             fmt::format("pinned pool growth: mlock refused ({}); its pages stay pageable", std::strerror(errno)));
+  }
 }
 
 }  // namespace zinf::swap::detail

@@ -71,6 +71,39 @@ Status OptimizerSwapper::write_gradients(std::size_t subgroup, const void* data)
   return st.with_context(fmt::format("writing the gradients of sub-group {}", subgroup));
 }
 
+namespace {
+
+// Bytes of a gradient range transfer: count rounded up to kAlign elements (a multiple of 4 KiB,
+// within the sub-group, whose length is a multiple of kAlign).
+Result<std::uint64_t> gradient_range_bytes(const PartitionLayout& layout, bool swapped, DType dtype,
+                                           std::size_t subgroup, std::uint64_t start, std::uint64_t count) {
+  if (!swapped || dtype != DType::kF32) {
+    return Status::invalid_argument("gradient ranges: gradients are not swapped as fp32 (swap_gradients)");
+  }
+  if (subgroup >= layout.subgroups.size() || start % PartitionLayout::kAlign != 0 ||
+      start + align_up(count, PartitionLayout::kAlign) > layout.subgroups[subgroup].numel) {
+    return Status::invalid_argument(fmt::format("gradient range [{}, +{}) of sub-group {}: outside it or unaligned",
+                                                start, count, subgroup));
+  }
+  return align_up(count, PartitionLayout::kAlign) * sizeof(float);
+}
+
+}  // namespace
+
+Status OptimizerSwapper::write_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
+                                              const float* buffer) {
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
+                                                                        config_.gradient_dtype, subgroup, start, count));
+  return grad_store_->write(grad_key(subgroup), start * sizeof(float), buffer, bytes);
+}
+
+Status OptimizerSwapper::read_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
+                                             float* buffer) {
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
+                                                                        config_.gradient_dtype, subgroup, start, count));
+  return grad_store_->read(grad_key(subgroup), start * sizeof(float), buffer, bytes);
+}
+
 Status OptimizerSwapper::read_state(std::size_t subgroup, std::size_t which, std::span<float> out) {
   if (subgroup >= layout_.subgroups.size() || which > optimizer_.state_count() ||
       out.size() != layout_.subgroups[subgroup].numel) {

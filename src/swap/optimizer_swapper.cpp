@@ -59,8 +59,13 @@ Status OptimizerSwapper::plan_tiles(aio::Handle& handle) {
   const std::size_t stages = 1 + (config_.pipeline_read ? 1 : 0) + (config_.pipeline_write ? 1 : 0);
   const std::uint64_t largest = std::max(layout_.largest_subgroup(), PartitionLayout::kAlign);
   PinnedPoolOptions po;
+  // buffer_size 0: the largest sub-group (the reference's default), and at least one tile of
+  // kAlign elements per stage (a model whose sub-groups are that small, with swapped gradients).
+  const std::uint64_t least = (stages * per_element * PartitionLayout::kAlign + 4 * config_.buffer_count - 1) /
+                              (4 * std::max<std::size_t>(1, config_.buffer_count));
   po.budget = PoolBudget{"offload_optimizer", config_.buffer_count,
-                         config_.buffer_size != 0 ? config_.buffer_size : static_cast<std::size_t>(largest), 4};
+                         config_.buffer_size != 0 ? config_.buffer_size
+                                                  : static_cast<std::size_t>(std::max(largest, least)), 4};
   po.pin_memory = config_.pin_memory;
   ZINF_RETURN_IF_ERROR(po.budget.checked_bytes().status());
   tile_ = std::min(align_down(po.budget.bytes() / (stages * per_element), PartitionLayout::kAlign), largest);
@@ -73,6 +78,10 @@ Status OptimizerSwapper::plan_tiles(aio::Handle& handle) {
         po.budget.buffer_count, po.budget.buffer_size, po.budget.bytes(), PartitionLayout::kAlign, stages,
         per_element, need, (need + 4 * config_.buffer_count - 1) / (4 * config_.buffer_count)));
   }
+  // A budget the tiles leave mostly unused (a small model under the reference's defaults) grows
+  // on demand: its unused part never becomes memory. One the tiles fill is allocated whole and
+  // registered for fixed-buffer I/O, which the large models whose steps are I/O-bound need.
+  po.grow_on_demand = 2 * stages * align_up(tile_ * per_element, kSwapAlignment) <= po.budget.bytes();
   ZINF_ASSIGN_OR_RETURN(pool_, PinnedPool::create(po, &handle));
   // Each stage's slot: master, states, swapped gradients, 16-bit copies, back to back.
   for (std::size_t i = 0; i < stages; ++i) {

@@ -16,6 +16,7 @@ Result<std::unique_ptr<ParamSwapper>> ParamSwapper::create(const ParamSwapConfig
   po.budget = PoolBudget{"offload_param", config.buffer_count, config.buffer_size, dtype_size(config.dtype)};
   po.pin_memory = config.pin_memory;
   po.streaming_reserve_buffers = 1;
+  po.grow_on_demand = config.grow_pool;
   ZINF_ASSIGN_OR_RETURN(p->pool_, PinnedPool::create(po, &handle));
   TensorSwapperConfig tc;
   tc.max_in_cpu = config.max_in_cpu;

@@ -9,6 +9,7 @@
 #include <limits>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -79,6 +80,8 @@ std::size_t PoolBudget::bytes() const { return buffer_count * buffer_bytes(); }
 
 struct PinnedPool::State {
   detail::HostBuffer arena;
+  std::vector<bool> committed;  // per kGrowthStep of a growing arena
+  std::size_t allocated = 0;    // bytes of the arena that are memory
   detail::FreeList regions[2];
   std::size_t in_use = 0;
   std::size_t high_water = 0;
@@ -109,13 +112,20 @@ Result<std::unique_ptr<PinnedPool>> PinnedPool::create(const PinnedPoolOptions& 
   pool->capacity_ = capacity;
   pool->reserve_buffers_ = std::min(options.streaming_reserve_buffers, b.buffer_count - 1);
   pool->reserve_ = pool->reserve_buffers_ * b.buffer_bytes();
-  ZINF_ASSIGN_OR_RETURN(pool->state_->arena,
-                        detail::HostBuffer::allocate(pool->capacity_, options.pin_memory));
+  pool->grows_ = options.grow_on_demand;
+  pool->pin_ = options.pin_memory;
+  if (pool->grows_) {
+    ZINF_ASSIGN_OR_RETURN(pool->state_->arena, detail::HostBuffer::reserve(pool->capacity_));
+    pool->state_->committed.assign((pool->capacity_ + kGrowthStep - 1) / kGrowthStep, false);
+  } else {
+    ZINF_ASSIGN_OR_RETURN(pool->state_->arena, detail::HostBuffer::allocate(pool->capacity_, options.pin_memory));
+    pool->state_->allocated = pool->capacity_;
+  }
   pool->base_ = pool->state_->arena.data();
   const std::size_t main = pool->capacity_ - pool->reserve_;
   pool->state_->regions[kMainRegion].add(0, main);
   pool->state_->regions[kReserveRegion].add(main, pool->reserve_);
-  if (handle != nullptr) {
+  if (handle != nullptr && !pool->grows_) {
     const Status st = handle->register_buffer(pool->base_, pool->capacity_);
     if (st.is_ok()) {
       pool->handle_ = handle;
@@ -171,8 +181,21 @@ Status PinnedPool::check_chunk_fits(std::size_t min_bytes) const {
       (min_bytes + budget_.element_bytes - 1) / budget_.element_bytes));
 }
 
+void PinnedPool::grow_to_cover(std::uint64_t offset, std::size_t bytes) {
+  State& s = *state_;
+  if (!grows_ || bytes == 0) return;
+  for (std::size_t i = offset / kGrowthStep; i <= (offset + bytes - 1) / kGrowthStep; ++i) {
+    if (s.committed[i]) continue;
+    const std::size_t begin = i * kGrowthStep, length = std::min(kGrowthStep, capacity_ - begin);
+    s.arena.commit(begin, length, pin_);
+    s.committed[i] = true;
+    s.allocated += length;
+  }
+}
+
 PinnedBlock PinnedPool::make_block(std::uint64_t offset, std::size_t size, std::size_t capacity, int region) {
   State& s = *state_;
+  grow_to_cover(offset, capacity);
   s.in_use += capacity;
   s.high_water = std::max(s.high_water, s.in_use);
   PinnedBlock block;
@@ -300,6 +323,11 @@ void PinnedPool::release(const PinnedBlock& block) {
 std::size_t PinnedPool::in_use() const {
   std::lock_guard lock(mutex_);
   return state_->in_use;
+}
+
+std::size_t PinnedPool::allocated() const {
+  std::lock_guard lock(mutex_);
+  return state_->allocated;
 }
 
 std::size_t PinnedPool::high_water() const {

@@ -36,6 +36,9 @@ std::string store_folder(const std::string& nvme_path, int rank, StoreKind kind)
       .string();
 }
 
+// Data file i of a store folder (one per nvme_path).
+std::string data_file_name(std::size_t i) { return fmt::format("stripe{}.swp", i); }
+
 // Opens (creating) a data file, O_DIRECT when asked and allowed.
 Result<fileio::UniqueFd> open_data_file(const std::string& path, bool direct, bool truncate) {
   // O_NOFOLLOW: a symbolic link planted at a swap file's name is refused, not written through.
@@ -110,7 +113,32 @@ std::vector<Piece> map_range(const TensorRecord& r, std::uint64_t offset, std::u
 
 SwapStore::SwapStore() : state_(std::make_unique<State>()) {}
 
-SwapStore::~SwapStore() = default;
+SwapStore::~SwapStore() {
+  if (!config_.remove_at_close) return;
+  // Files of the folders whose lock this store holds (open() stops at the first refused one).
+  const std::size_t held = state_->locks.size();
+  std::error_code ec;
+  for (std::size_t i = 0; i < held && i < state_->files.size(); ++i) fs::remove(state_->files[i].path, ec);
+  if (held > 0) fs::remove(manifest_path(), ec);
+}
+
+std::uint64_t tensor_footprint(const StoreConfig& config, DType dtype, std::uint64_t numel) {
+  const std::uint64_t nbytes = numel * dtype_size(dtype);
+  if (nbytes == 0) return 0;
+  return align_up(nbytes, kSwapAlignment) + (config.checksums ? 2 * detail::sums_half_bytes(nbytes) : 0);
+}
+
+std::uint64_t store_disk_bytes(const StoreConfig& config) {
+  std::uint64_t bytes = 0;
+  for (std::size_t i = 0; i < config.nvme_paths.size(); ++i) {
+    const fs::path file = fs::path(store_folder(config.nvme_paths[i], config.rank, config.kind)) /
+                          data_file_name(i);
+    struct stat st {};
+    // lstat: a link at a data file's name is refused by open(), so it frees nothing.
+    if (::lstat(file.c_str(), &st) == 0 && S_ISREG(st.st_mode)) bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return bytes;
+}
 
 std::string SwapStore::manifest_path() const { return (fs::path(folder_) / "manifest.json").string(); }
 
@@ -151,7 +179,7 @@ Result<std::unique_ptr<SwapStore>> SwapStore::open(const StoreConfig& config, Op
                                                     fmt::format("swap folder {}", folder)));
     store->state_->locks.push_back(std::move(lock));
     DataFile f;
-    f.name = fmt::format("stripe{}.swp", i);
+    f.name = data_file_name(i);
     f.path = (fs::path(folder) / f.name).string();
     store->state_->files.push_back(std::move(f));
   }

@@ -106,6 +106,8 @@ Status save_checkpoint(const CheckpointState& m, const std::string& dir, const s
   // The writer holds <dir>/.zinf_save.lock until the save is over (see prepare_save_folder).
   std::optional<fileio::FileLock> save_lock;
   const Status prepared = writer ? detail::prepare_save_folder(dir, tag, &save_lock) : Status::ok();
+  // A save that fails from here on leaves no <tag>.tmp behind (the writer removes it).
+  const detail::TmpFolderGuard remove_tmp(writer && prepared.is_ok() ? tmp_dir : std::string());
   // Every rank learns whether the folder is ready (a refused writer must not leave the others waiting).
   std::array<std::uint64_t, 1> not_ready = {prepared.is_ok() ? 0u : 1u};
   ZINF_RETURN_IF_ERROR(m.comm.all_reduce_sum_u64(not_ready));

@@ -88,10 +88,14 @@ std::string rank_file(const std::string& folder, int rank) { return fmt::format(
 
 std::string tmp_tag_folder(const std::string& dir, const std::string& tag) { return fmt::format("{}/{}.tmp", dir, tag); }
 
+Result<fileio::FileLock> lock_save_folder(const std::string& dir) {
+  return fileio::FileLock::acquire(dir + "/.zinf_save.lock", fmt::format("checkpoint folder {}", dir));
+}
+
 Status prepare_save_folder(const std::string& dir, const std::string& tag, std::optional<fileio::FileLock>* lock) {
   const std::string final_dir = dir + "/" + tag;
   ZINF_RETURN_IF_ERROR(make_dir(dir));
-  ZINF_ASSIGN_OR_RETURN(*lock, fileio::FileLock::acquire(dir + "/.zinf_save.lock", fmt::format("checkpoint folder {}", dir)));
+  ZINF_ASSIGN_OR_RETURN(*lock, lock_save_folder(dir));
   remove_stale_temporaries(dir);
   // A re-save of this tag that was cut off between its renames left only <tag>.old: put it
   // back first, so that removing <tag>.old below never loses the only copy `latest` names.
@@ -123,6 +127,12 @@ Status install_tag_folder(const std::string& dir, const std::string& tag) {
   save_phase("latest written");
   if (had_old) std::filesystem::remove_all(old_dir, ec);
   return Status::ok();
+}
+
+TmpFolderGuard::~TmpFolderGuard() {
+  if (folder_.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(folder_, ec);
 }
 
 void save_phase(const char* phase) {

@@ -26,6 +26,10 @@ std::string rank_file(const std::string& folder, int rank);
 // <dir>/<tag>.tmp, where a save writes before it renames the folder into place.
 std::string tmp_tag_folder(const std::string& dir, const std::string& tag);
 
+// <dir>/.zinf_save.lock, taken at once or refused at once: whoever changes which checkpoint
+// folders `dir` holds (a save, the removal of old ones) holds it.
+Result<fileio::FileLock> lock_save_folder(const std::string& dir);
+
 // The writing rank's first part of a save into `dir`: creates it (0700), takes
 // <dir>/.zinf_save.lock into *lock for the save's life (a second save into the folder is refused
 // at once), removes what a killed save left, puts back a <tag>.old that is the only copy of
@@ -35,6 +39,21 @@ Status prepare_save_folder(const std::string& dir, const std::string& tag, std::
 // The writing rank's last part: moves tmp_tag_folder(dir, tag) into place as <dir>/<tag> (an
 // older folder of that tag goes only after that succeeded), then writes `latest`.
 Status install_tag_folder(const std::string& dir, const std::string& tag);
+
+// The writing rank's guard over tmp_tag_folder(dir, tag): removes it (and what the ranks wrote
+// into it) when destroyed, so a save that fails part way (a full disk, say) leaves no temporary
+// folder behind; after install_tag_folder there is none left to remove. Declare it after the save
+// lock, so that it runs while the lock is still held. An empty folder name guards nothing.
+class TmpFolderGuard {
+ public:
+  explicit TmpFolderGuard(std::string folder) : folder_(std::move(folder)) {}
+  ~TmpFolderGuard();
+  TmpFolderGuard(const TmpFolderGuard&) = delete;
+  TmpFolderGuard& operator=(const TmpFolderGuard&) = delete;
+
+ private:
+  std::string folder_;
+};
 
 // Test-only (ZINF_TEST_SLOW_SAVE_MS=<ms>): announce each phase of a save on stderr and pause
 // there, so that the kill tests can stop a process inside a save. Unset: nothing happens.

@@ -21,7 +21,7 @@ constexpr std::uint64_t kEndOfPass = std::numeric_limits<std::uint64_t>::max();
 Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
                          const swap::PartitionLayout& layout, ParamTier& tier, GatherTarget& target,
                          Communicator& comm, const CoordinatorOptions& options,
-                         std::vector<model::FloatBuffer>& grad_acc)
+                         GradStore& grad_store)
     : model_(model),
       plan_(plan),
       layout_(layout),
@@ -29,7 +29,7 @@ Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
       target_(target),
       comm_(comm),
       opt_(options),
-      grad_acc_(grad_acc) {
+      grad_store_(grad_store) {
   const auto params = model.params();
   gathered_.resize(plan.num_groups());
   grads_.resize(plan.num_groups());
@@ -438,9 +438,9 @@ Status Coordinator::flush_bucket() {
     const auto idx = static_cast<std::size_t>(g);
     const std::size_t per_rank = plan_.group(idx).per_rank;
     if (reduced != nullptr) {
-      accumulate(idx, reduced + off);
+      ZINF_RETURN_IF_ERROR(accumulate(idx, reduced + off));
     } else if (!target_.asynchronous()) {
-      accumulate(idx, grads_[idx].data());
+      ZINF_RETURN_IF_ERROR(accumulate(idx, grads_[idx].data()));
     } else {
       // The gradient is in device memory: download it, add it in once it has landed.
       ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(grads_[idx], 0, per_rank));
@@ -462,11 +462,10 @@ Status Coordinator::flush_bucket() {
   return Status::ok();
 }
 
-void Coordinator::accumulate(std::size_t group, const float* reduced) {
-  float* acc = grad_acc_[layout_.subgroup_of[group]].data() + layout_.offset_in_subgroup[group];
-  const std::size_t per_rank = plan_.group(group).per_rank;
-  for (std::size_t i = 0; i < per_rank; ++i) acc[i] += reduced[i];
+Status Coordinator::accumulate(std::size_t group, const float* reduced) {
+  ZINF_RETURN_IF_ERROR(grad_store_.accumulate(group, std::span<const float>(reduced, plan_.group(group).per_rank)));
   if (on_added_) on_added_(group);
+  return Status::ok();
 }
 
 Status Coordinator::drain_downloads(bool wait) {
@@ -475,7 +474,7 @@ Status Coordinator::drain_downloads(bool wait) {
     const PendingDownload& d = downloads_[done];
     ZINF_ASSIGN_OR_RETURN(std::span<const float> landed, target_.finish_download(d.ticket, wait));
     if (landed.data() == nullptr) break;  // still in flight: later ones wait for their turn
-    accumulate(d.group, landed.data());
+    ZINF_RETURN_IF_ERROR(accumulate(d.group, landed.data()));
     target_.release_download(d.ticket);
   }
   downloads_.erase(downloads_.begin(), downloads_.begin() + static_cast<std::ptrdiff_t>(done));

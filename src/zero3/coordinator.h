@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "zero3/gather_target.h"
+#include "zero3/grad_store.h"
 #include "zero3/tiers.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/model/model.h"
@@ -98,13 +99,13 @@ class SparePool {
 
 class Coordinator final : public model::ParamAccess {
  public:
-  // grad_acc: the rank's fp32 gradient partitions, one array per sub-group (layout's padded
-  // layout); the coordinator adds every micro-step's reduced gradients into them. target: where
+  // grad_store: the rank's fp32 gradient partitions (grad_store.h); the coordinator adds every
+  // micro-step's reduced gradients into them. target: where
   // groups are gathered (the model gets pointers into its memory). Every reference must outlive
   // the coordinator.
   Coordinator(const model::Model& model, const PartitionPlan& plan, const swap::PartitionLayout& layout,
               ParamTier& tier, GatherTarget& target, Communicator& comm, const CoordinatorOptions& options,
-              std::vector<model::FloatBuffer>& grad_acc);
+              GradStore& grad_store);
 
   // Before each forward/backward (train) or forward_loss (eval).
   void begin_pass(bool train);
@@ -156,7 +157,7 @@ class Coordinator final : public model::ParamAccess {
   Status gather_ahead(std::size_t event);
   // Adds landed gradient downloads into their partitions, oldest first (wait: all of them).
   Status drain_downloads(bool wait);
-  void accumulate(std::size_t group, const float* reduced);
+  Status accumulate(std::size_t group, const float* reduced);  // into the gradient store
   Status make_room(std::uint64_t need, int module);
   void drop(int g);  // releases partition group g's gathered copy (its buffer kept for reuse or freed)
   void prefetch_after(std::size_t event);
@@ -174,7 +175,7 @@ class Coordinator final : public model::ParamAccess {
   GatherTarget& target_;
   Communicator& comm_;
   CoordinatorOptions opt_;
-  std::vector<model::FloatBuffer>& grad_acc_;
+  GradStore& grad_store_;
 
   std::vector<std::vector<int>> module_groups_;
   std::vector<Gathered> gathered_;         // per group

@@ -19,10 +19,10 @@ bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const swa
 }
 
 EarlyStepper::EarlyStepper(const swap::PartitionLayout& layout, OptimizerTier& optimizer,
-                           const std::vector<model::FloatBuffer>& grads)
+                           std::vector<optim::GradView> grads)
     : layout_(layout),
       optimizer_(optimizer),
-      grads_(grads),
+      grads_(std::move(grads)),
       remaining_(layout.subgroups.size()),
       stepped_(layout.subgroups.size()),
       have_stats_(layout.subgroups.size()),
@@ -84,8 +84,7 @@ void EarlyStepper::worker_main() {
 // On the worker: the sub-group's stats, and its step when it is finite (an overflowing one
 // would be rolled back anyway).
 Status EarlyStepper::step_one(std::size_t sg) {
-  const model::FloatBuffer& g = grads_[sg];
-  ZINF_ASSIGN_OR_RETURN(stats_[sg], optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+  ZINF_ASSIGN_OR_RETURN(stats_[sg], optim::grad_stats(grads_[sg]));
   have_stats_[sg] = true;
   if (!stats_[sg].finite()) return Status::ok();
   ZINF_RETURN_IF_ERROR(optimizer_.snapshot(sg));
@@ -102,8 +101,7 @@ Result<std::vector<optim::GradStats>> EarlyStepper::stats() {
   }
   for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
     if (have_stats_[sg]) continue;
-    const model::FloatBuffer& g = grads_[sg];
-    ZINF_ASSIGN_OR_RETURN(stats_[sg], optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
+    ZINF_ASSIGN_OR_RETURN(stats_[sg], optim::grad_stats(grads_[sg]));
     have_stats_[sg] = true;
   }
   return stats_;

@@ -43,9 +43,9 @@ struct EarlyStepReport {
 
 class EarlyStepper {
  public:
-  // Every reference must outlive the stepper; grads are the rank's gradient partitions.
-  EarlyStepper(const swap::PartitionLayout& layout, OptimizerTier& optimizer,
-               const std::vector<model::FloatBuffer>& grads);
+  // Every reference must outlive the stepper; grads: the rank's gradient partitions, one view
+  // per sub-group in memory (GradStore::step_views of a memory store), valid as long.
+  EarlyStepper(const swap::PartitionLayout& layout, OptimizerTier& optimizer, std::vector<optim::GradView> grads);
   ~EarlyStepper();  // waits for the worker
   EarlyStepper(const EarlyStepper&) = delete;
   EarlyStepper& operator=(const EarlyStepper&) = delete;
@@ -70,7 +70,7 @@ class EarlyStepper {
 
   const swap::PartitionLayout& layout_;
   OptimizerTier& optimizer_;
-  const std::vector<model::FloatBuffer>& grads_;
+  const std::vector<optim::GradView> grads_;
   swap::StepArgs speculative_;
   std::vector<std::size_t> remaining_;   // per sub-group: partitions not yet final
   // Per sub-group, written by the worker and read after stats() (char: no shared bit words).

@@ -71,7 +71,17 @@ Engine::~Engine() = default;
 
 const model::Model& Engine::model() const { return *impl_->model; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
-std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved(); }
+std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved() + impl_->grads->bytes_moved(); }
+std::uint64_t Engine::checkpoint_bytes() const {
+  return impl_->rank_file_bytes(impl_->optimizer->optimizer().state_count());
+}
+
+std::uint64_t Engine::Impl::rank_file_bytes(std::size_t optimizer_states) const {
+  // checkpoint.cpp: per sub-group, the master weights and each state, fp32, back to back.
+  std::uint64_t bytes = 0;
+  for (const swap::SubGroup& sg : layout.subgroups) bytes += sg.numel * sizeof(float) * (1 + optimizer_states);
+  return bytes;
+}
 
 std::string Engine::describe() const {
   const Impl& m = *impl_;
@@ -135,6 +145,21 @@ Status Engine::Impl::init() {
   ZINF_ASSIGN_OR_RETURN(scaler, make_scaler(ds));
   counters.loss_scale = scaler->scale();
 
+  // Disk before anything is written: the swap stores take their space as they are made.
+  const TierContext tier_context{ds, layout, comm.rank(), dtype, options.aio_faults};
+  const optim::Optimizer opt(opt_config);
+  std::vector<DiskUse> disk = swap_disk_uses(tier_context, opt.state_count(), comm.local_size());
+  if (!options.save_dir.empty() && options.save_copies > 0) {
+    // Each rank of the node writes its own rank file; engine.json and `latest` are small.
+    constexpr std::uint64_t kCheckpointOverhead = std::uint64_t{1} << 20;
+    const std::uint64_t one = (rank_file_bytes(opt.state_count()) + kCheckpointOverhead) *
+                              static_cast<std::uint64_t>(std::max(1, comm.local_size()));
+    disk.push_back(DiskUse{options.save_dir, fmt::format("--save: {} checkpoint{} of {}", options.save_copies,
+                                                         options.save_copies == 1 ? "" : "s", format_bytes(one)),
+                           one * options.save_copies, 0});
+  }
+  ZINF_RETURN_IF_ERROR(check_disk_space(disk, options.free_space));
+
   // Tiers, and where the coordinator gathers.
   if (options.device.kind == EngineDevice::Kind::kHostDevice) {
     device::HostDeviceOptions d;
@@ -144,21 +169,14 @@ Status Engine::Impl::init() {
     d.memory_cap = static_cast<std::size_t>(options.device.memory_cap_bytes);
     device = device::HostDevice::create(d);
   }
-  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(TierContext{ds, layout, comm.rank(), dtype, options.aio_faults,
-                                                            device.get()},
-                                                optim::Optimizer(opt_config)));
+  TierContext with_device = tier_context;
+  with_device.device = device.get();
+  ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(with_device, opt));
   handle = std::move(tiers.handle);
   optimizer = std::move(tiers.optimizer);
   params = std::move(tiers.params);
   gather = std::move(tiers.gather);
-
-  for (const swap::SubGroup& sg : layout.subgroups) {
-    grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
-    if (grad_acc.back().data() == nullptr && sg.numel > 0) {
-      return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", sg.numel));
-    }
-    std::memset(grad_acc.back().data(), 0, sg.numel * sizeof(float));
-  }
+  grads = std::move(tiers.grads);
 
   ZINF_RETURN_IF_ERROR(init_master_weights());
   ZINF_RETURN_IF_ERROR(publish_params());
@@ -175,10 +193,10 @@ Status Engine::Impl::init() {
   }
   coordinator_options.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   coordinator_options.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
-  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, grad_acc);
+  coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, *grads);
   if (options.overlap_optimizer) {
-    if (early_steps_possible(*optimizer, *params, layout)) {
-      early = std::make_unique<EarlyStepper>(layout, *optimizer, grad_acc);
+    if (early_steps_possible(*optimizer, *params, layout) && grads->step_views().size() == layout.subgroups.size()) {
+      early = std::make_unique<EarlyStepper>(layout, *optimizer, grads->step_views());
     } else {
       log(LogLevel::kNotice, fmt::format("{}: the optimizer step cannot overlap backward with parameters on {} and "
                                          "optimizer state on {} (it needs both in memory); it runs after backward",
@@ -254,7 +272,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const double d2h_before = device_target != nullptr ? copy_seconds(device::StreamRole::kD2H) : 0.0;
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
-  for (model::FloatBuffer& g : grad_acc) std::memset(g.data(), 0, g.size() * sizeof(float));
+  ZINF_RETURN_IF_ERROR(grads->begin_step());
   // Gradients of loss * scale / (gas * W), summed over micro-batches and (by the reduce-scatter)
   // over ranks: scale x the mean gradient of the global batch.
   const double scale = scaler->scale();
@@ -270,7 +288,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     in.ctx.lr = schedule ? schedule->lr(k) : base_lr;
     if (schedule) in.ctx.beta1 = schedule->momentum(k);
     in.grad_scale = grad_scale;
-    for (const model::FloatBuffer& g : grad_acc) in.grads.push_back(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0});
+    in.grads = grads->step_views();
     in.sink = &params->sink();
     return in;
   };
@@ -312,17 +330,16 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();
-  std::vector<optim::GradStats> sg_stats;
+  optim::GradStats all;
   if (early) {
-    ZINF_ASSIGN_OR_RETURN(sg_stats, early->stats());
+    // The early steps' per-sub-group stats, folded in sub-group order as the store folds them.
+    ZINF_ASSIGN_OR_RETURN(const std::vector<optim::GradStats> sg_stats, early->stats());
+    for (const optim::GradStats& s : sg_stats) all += s;
   } else {
-    for (const model::FloatBuffer& g : grad_acc) {
-      ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
-                            optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0}));
-      sg_stats.push_back(s);
-    }
+    ZINF_ASSIGN_OR_RETURN(all, grads->stats());
   }
-  for (const optim::GradStats& s : sg_stats) {
+  {
+    const optim::GradStats& s = all;
     reduced[1] += s.sq_norm;
     if (!s.finite()) reduced[2] += 1.0;
   }
@@ -368,6 +385,10 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   sync_scaler_counters();
   r.optimizer_s = since(o0);
   r.io_wait_s = params->io_wait_seconds() + optimizer->io_wait_seconds() - io_before;
+  PinnedUse pinned = params->pinned_use();
+  pinned += optimizer->pinned_use();
+  r.pinned_bytes = pinned.allocated;
+  r.pinned_high_water = pinned.high_water;
   r.seconds = since(t0);
   return r;
 }

@@ -34,6 +34,8 @@ struct Engine::Impl {
   void sync_scaler_counters();
   // What a checkpoint save or load sees of this engine (engine_checkpoint.cpp).
   CheckpointState checkpoint_state();
+  // Bytes of this rank's checkpoint file (checkpoint.cpp's layout).
+  std::uint64_t rank_file_bytes(std::size_t optimizer_states) const;
 
   EngineOptions options;
   Communicator& comm;
@@ -49,7 +51,7 @@ struct Engine::Impl {
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place
   std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it
-  std::vector<model::FloatBuffer> grad_acc;  // fp32 gradient partitions, per sub-group
+  std::unique_ptr<GradStore> grads;  // fp32 gradient partitions (memory or the optimizer's swap)
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<EarlyStepper> early;  // EngineOptions::overlap_optimizer where the tiers allow
   EngineCounters counters;

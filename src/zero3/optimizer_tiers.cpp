@@ -196,6 +196,8 @@ class NvmeOptimizerTier final : public OptimizerTier {
   }
   double io_wait_seconds() const override { return io_wait_; }
   std::uint64_t bytes_moved() const override { return bytes_; }
+  PinnedUse pinned_use() const override { return pinned_use_of(swapper_->pool()); }
+  swap::OptimizerSwapper* swapper() override { return swapper_.get(); }
 
  private:
   void account() {

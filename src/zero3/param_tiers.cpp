@@ -139,6 +139,7 @@ class NvmeParamTier final : public ParamTier {
   Status flush() override { return swapper_->flush(); }
   double io_wait_seconds() const override { return io_wait_; }
   swap::ParamSwapper* nvme_swapper() override { return swapper_.get(); }
+  PinnedUse pinned_use() const override { return pinned_use_of(swapper_->pool()); }
 
  private:
   const swap::PartitionLayout& layout_;

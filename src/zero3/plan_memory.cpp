@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "zero3/engine_impl.h"
+#include "zero3/model_partition.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/pinned_pool.h"
 #include "zinf/swap/types.h"

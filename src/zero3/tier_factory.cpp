@@ -42,6 +42,9 @@ Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c,
       swap_config.pipeline_write = offload.pipeline_write;
       swap_config.sub_group_size = c.layout.sub_group_size;
       swap_config.pin_memory = offload.pin_memory;
+      // Gradients on NVMe beside the state they update (4 bytes per parameter off the RAM).
+      swap_config.swap_gradients = true;
+      swap_config.gradient_dtype = swap::DType::kF32;
       return make_nvme_optimizer_tier(swap_config, c.layout.params, std::move(optimizer), *handle, swap::OpenMode::kCreate);
     }
   }
@@ -64,6 +67,16 @@ Result<std::unique_ptr<ParamTier>> make_param_tier(const TierContext& c, Optimiz
       swap_config.max_in_cpu = static_cast<std::uint64_t>(offload.max_in_cpu);
       swap_config.pin_memory = offload.pin_memory;
       swap_config.dtype = c.dtype;
+      // As the optimizer's pool (optimizer_swapper.cpp): a budget the partitions leave mostly
+      // unused grows on demand; one they fill is allocated whole and registered.
+      std::uint64_t largest = 0;
+      for (const swap::ParamPartition& p : c.layout.params) largest = std::max(largest, p.numel);
+      const std::uint64_t element = swap::dtype_size(swap_config.dtype);
+      const std::uint64_t used =
+          swap_config.buffer_count *
+          swap::align_up(std::min<std::uint64_t>(largest, swap_config.buffer_size) * element, swap::kSwapAlignment);
+      swap_config.grow_pool =
+          2 * used <= swap_config.buffer_count * swap::align_up(swap_config.buffer_size * element, swap::kSwapAlignment);
       return make_nvme_param_tier(c.layout, swap_config, *handle);
     }
   }
@@ -79,7 +92,42 @@ swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank) {
   // Swap files are scratch space, not checkpoints: a crash resumes from a checkpoint, so steps
   // need not fdatasync (failure safety against I/O errors stays: the optimizer's two slots).
   store.durable = false;
+  // Nothing reopens them (every run starts its stores anew): they go when the run ends,
+  // failed or not, instead of filling the disk.
+  store.remove_at_close = true;
   return store;
+}
+
+std::vector<DiskUse> swap_disk_uses(const TierContext& c, std::size_t optimizer_states, int local_ranks) {
+  // A manifest and a lock file per store: a few KiB; this rounds them up generously.
+  constexpr std::uint64_t kStoreOverhead = std::uint64_t{1} << 20;
+  const auto per_node = [&](std::uint64_t bytes) { return bytes * static_cast<std::uint64_t>(std::max(1, local_ranks)); };
+  std::vector<DiskUse> uses;
+  const config::ZeroSection& zero = c.ds.zero;
+  if (zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
+    swap::StoreConfig sc = swap_store_config(zero.offload_optimizer.nvme_path, c.rank);
+    sc.kind = swap::StoreKind::kOptimizer;
+    // The master weights and each state, in two slots (optimizer_swapper.h, failure safety), and
+    // the gradients (kind "gradients").
+    std::uint64_t bytes = kStoreOverhead;
+    for (const swap::SubGroup& sg : c.layout.subgroups) {
+      bytes += 2 * (1 + optimizer_states) * swap::tensor_footprint(sc, swap::DType::kF32, sg.numel);
+      bytes += swap::tensor_footprint(sc, swap::DType::kF32, sg.numel);
+    }
+    swap::StoreConfig grads = sc;
+    grads.kind = swap::StoreKind::kGradients;
+    uses.push_back(DiskUse{zero.offload_optimizer.nvme_path, "offload_optimizer swap files", per_node(bytes),
+                           per_node(swap::store_disk_bytes(sc) + swap::store_disk_bytes(grads))});
+  }
+  if (zero.offload_param.device == config::OffloadDevice::kNvme) {
+    swap::StoreConfig sc = swap_store_config(zero.offload_param.nvme_path, c.rank);
+    sc.kind = swap::StoreKind::kParameters;
+    std::uint64_t bytes = kStoreOverhead;
+    for (const swap::ParamPartition& p : c.layout.params) bytes += swap::tensor_footprint(sc, c.dtype, p.numel);
+    uses.push_back(DiskUse{zero.offload_param.nvme_path, "offload_param swap files", per_node(bytes),
+                           per_node(swap::store_disk_bytes(sc))});
+  }
+  return uses;
 }
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {
@@ -95,6 +143,11 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
     t.gather = make_host_gather_target();
   }
   note_use_gds_not_served(context.ds, context.device);
+  if (swap::OptimizerSwapper* swapper = t.optimizer->swapper()) {
+    ZINF_ASSIGN_OR_RETURN(t.grads, make_swapped_grad_store(context.layout, *swapper));
+  } else {
+    ZINF_ASSIGN_OR_RETURN(t.grads, make_memory_grad_store(context.layout));
+  }
   return t;
 }
 

@@ -11,12 +11,14 @@
 
 #include "device/device.h"
 #include "zero3/gather_target.h"
+#include "zero3/grad_store.h"
 #include "zero3/tiers.h"
 #include "zinf/aio/fault.h"
 #include "zinf/aio/handle.h"
 #include "zinf/config/ds_config.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/optimizer_swapper.h"
+#include "zinf/zero3/disk_space.h"
 
 namespace zinf::zero3 {
 
@@ -40,6 +42,9 @@ struct Tiers {
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;
   std::unique_ptr<GatherTarget> gather;  // a DeviceGatherTarget when TierContext::device is set
+  // The gradient partitions: in the optimizer swapper's gradient store with an NVMe optimizer
+  // tier, else in memory. Destroyed before the optimizer tier whose swapper it may write.
+  std::unique_ptr<GradStore> grads;
 };
 
 // The swap store settings every swap store of this rank shares (checksums, stripe unit, no
@@ -47,5 +52,10 @@ struct Tiers {
 swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank);
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer);
+
+// What make_tiers' swap stores will take on disk, per tier on nvme (none for memory tiers), for
+// an optimizer with `optimizer_states` states and `local_ranks` ranks of this node sharing each
+// nvme_path's file system (every rank's folder is the same size, to a partition's padding).
+std::vector<DiskUse> swap_disk_uses(const TierContext& context, std::size_t optimizer_states, int local_ranks);
 
 }  // namespace zinf::zero3

@@ -46,6 +46,18 @@ class StateArray {
   constexpr explicit StateArray(std::size_t position) : position_(position) {}
   std::size_t position_;
 };
+// A tier's pinned staging pool (swap::PinnedPool): bytes that are memory now and the most ever
+// leased at once. Zero for tiers without one (memory tiers).
+struct PinnedUse {
+  std::uint64_t allocated = 0;
+  std::uint64_t high_water = 0;
+  PinnedUse& operator+=(const PinnedUse& o) {
+    allocated += o.allocated;
+    high_water += o.high_water;
+    return *this;
+  }
+};
+inline PinnedUse pinned_use_of(const swap::PinnedPool& pool) { return {pool.allocated(), pool.high_water()}; }
 
 class ParamTier {
  public:
@@ -70,6 +82,7 @@ class ParamTier {
   // The swapper of an nvme tier (param_device_reader.h reads its files into device memory),
   // else nullptr.
   virtual swap::ParamSwapper* nvme_swapper() { return nullptr; }
+  virtual PinnedUse pinned_use() const { return {}; }
 };
 
 // device none / cpu. dtype fp32, bf16 or fp16. An fp32 tier given an optimizer tier whose master
@@ -116,6 +129,10 @@ class OptimizerTier {
   virtual float* master_in_memory(std::size_t) { return nullptr; }
   virtual double io_wait_seconds() const = 0;
   virtual std::uint64_t bytes_moved() const = 0;
+  virtual PinnedUse pinned_use() const { return {}; }
+  // The NVMe tier's swapper (its gradient store takes the gradients when it swaps them); null
+  // for memory tiers.
+  virtual swap::OptimizerSwapper* swapper() { return nullptr; }
 };
 
 Result<std::unique_ptr<OptimizerTier>> make_memory_optimizer_tier(const swap::PartitionLayout& layout,

@@ -1,7 +1,10 @@
 // Tests of the pinned staging pool: budget, resident blocks, streaming chunks, waits, high-water.
 #include "zinf/swap/pinned_pool.h"
 
+#include <unistd.h>
+
 #include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -178,6 +181,55 @@ TEST(PinnedPool, ConcurrentUseStaysWithinBudgetWithoutOverlap) {
   EXPECT_LE(pool->high_water(), pool->capacity());
   EXPECT_GT(pool->high_water(), 0u);
   EXPECT_EQ(pool->in_use(), 0u);
+}
+
+// Resident bytes of this process (/proc/self/statm).
+std::size_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "re");
+  if (f == nullptr) return 0;
+  unsigned long size = 0, resident = 0;
+  const int got = std::fscanf(f, "%lu %lu", &size, &resident);
+  std::fclose(f);
+  return got == 2 ? resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+// A growing arena is memory only where leases have reached, in growth steps, up to its budget;
+// a whole one is memory from the start.
+TEST(PinnedPool, AGrowingArenaBecomesMemoryAsLeasesReachIt) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  PinnedPoolOptions o;
+  o.budget = PoolBudget{"offload_param", 8, 8 * kMiB, 1};  // 64 MiB
+  o.pin_memory = false;
+  o.grow_on_demand = true;
+  const std::size_t rss0 = resident_bytes();
+  auto made = PinnedPool::create(o);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  PinnedPool& pool = *made.value();
+  EXPECT_EQ(pool.capacity(), 64 * kMiB);
+  EXPECT_EQ(pool.allocated(), 0u);
+  EXPECT_LT(resident_bytes(), rss0 + 16 * kMiB) << "the reserved arena became memory at create";
+  auto a = pool.acquire(kMiB);
+  ASSERT_TRUE(a.is_ok() && a.value());
+  EXPECT_EQ(pool.allocated(), PinnedPool::kGrowthStep);
+  std::memset(a->data(), 0x5a, kMiB);  // usable
+  auto b = pool.acquire(3 * kMiB);      // reaches into the next two steps
+  ASSERT_TRUE(b.is_ok() && b.value());
+  EXPECT_EQ(pool.allocated(), 2 * PinnedPool::kGrowthStep);
+  std::memset(b->data(), 0xa5, 3 * kMiB);
+  EXPECT_EQ(static_cast<unsigned char>(a->data()[kMiB - 1]), 0x5au);
+  a->reset();
+  b->reset();
+  EXPECT_EQ(pool.allocated(), 2 * PinnedPool::kGrowthStep);  // it does not shrink
+  EXPECT_EQ(pool.high_water(), 4 * kMiB);
+  {
+    auto all = pool.acquire(pool.capacity());
+    ASSERT_TRUE(all.is_ok() && all.value());
+    EXPECT_EQ(pool.allocated(), pool.capacity());  // never past the budget
+  }
+  o.grow_on_demand = false;
+  auto whole = PinnedPool::create(o);
+  ASSERT_TRUE(whole.is_ok());
+  EXPECT_EQ(whole.value()->allocated(), whole.value()->capacity());
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ struct Harness {
   PartitionPlan plan;
   swap::PartitionLayout layout;
   std::unique_ptr<Communicator> comm = make_local_communicator();
-  std::vector<model::FloatBuffer> grad_acc;
+  std::unique_ptr<GradStore> grads;
   std::unique_ptr<RecordingTier> tier;
   std::unique_ptr<CountingTarget> target = std::make_unique<CountingTarget>();
   std::unique_ptr<Coordinator> coordinator;
@@ -70,12 +70,9 @@ struct Harness {
   Harness(int n, const CoordinatorOptions& options)
       : model(n), plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
-    for (const swap::SubGroup& sg : layout.subgroups) {
-      grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
-      std::fill(grad_acc.back().span().begin(), grad_acc.back().span().end(), 0.0f);
-    }
+    grads = std::move(make_memory_grad_store(layout)).value();
     tier = std::make_unique<RecordingTier>(plan.num_groups());
-    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, options, grad_acc);
+    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, options, *grads);
   }
   // One training pass; the tier's log then holds this pass's reads and prefetches.
   void pass() {

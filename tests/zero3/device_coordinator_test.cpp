@@ -16,6 +16,7 @@
 #include "zero3/coordinator.h"
 #include "zero3/device_gather_target.h"
 #include "zero3/engine_impl.h"
+#include "zero3/grad_store.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -50,7 +51,7 @@ struct DeviceHarness {
   PartitionPlan plan;
   swap::PartitionLayout layout;
   std::unique_ptr<Communicator> comm = make_local_communicator();
-  std::vector<model::FloatBuffer> grad_acc;
+  std::unique_ptr<GradStore> grads;
   std::unique_ptr<RecordingTier> tier;
   std::unique_ptr<device::HostDevice> device;
   std::unique_ptr<DeviceGatherTarget> target;
@@ -59,16 +60,14 @@ struct DeviceHarness {
   DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {})
       : plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
-    for (const swap::SubGroup& sg : layout.subgroups) {
-      grad_acc.push_back(model::FloatBuffer::allocate(sg.numel));
-      std::fill(grad_acc.back().span().begin(), grad_acc.back().span().end(), 0.0f);
-    }
+    grads = std::move(make_memory_grad_store(layout)).value();
+    EXPECT_TRUE(grads->begin_step().is_ok());
     tier = std::make_unique<RecordingTier>(plan.num_groups());
     device = device::HostDevice::create(d);
     auto made = make_device_gather_target(*device, g);
     EXPECT_TRUE(made.is_ok()) << made.status().to_string();
     target = std::move(made).value();
-    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, o, grad_acc);
+    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, *comm, o, *grads);
   }
   ~DeviceHarness() {
     coordinator.reset();  // its blocks go back before the target and the device go
@@ -97,7 +96,8 @@ struct DeviceHarness {
     for (std::size_t p = 0; p < plan.num_groups(); ++p) {
       const float uses = p == 0 ? 2.0f : 1.0f;
       const float want = static_cast<float>(passes) * uses * static_cast<float>(p + 1);
-      const float* acc = grad_acc[layout.subgroup_of[p]].data() + layout.offset_in_subgroup[p];
+      const float* acc =
+          static_cast<const float*>(grads->step_views()[layout.subgroup_of[p]].data) + layout.offset_in_subgroup[p];
       for (std::size_t i = 0; i < kSize; ++i) {
         if (acc[i] != want) return fmt::format("partition {} element {}: {} instead of {}", p, i, acc[i], want);
       }

@@ -96,14 +96,20 @@ TEST_P(TierFactoryTest, CopiesReachTheParameterTierThroughItsSink) {
   expect_params_are_rounded_master(t, layout);
 
   for (std::int64_t step = 1; step <= 2; ++step) {
-    std::vector<std::vector<float>> grads;
+    // Through the tiers' gradient store (in memory, or the NVMe optimizer's swap store).
     swap::StepArgs in;
     in.ctx.step = step;
-    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-      grads.emplace_back(layout.subgroups[sg].numel, 0.0f);
-      for (std::size_t i = 0; i < grads.back().size(); ++i) grads.back()[i] = std::cos(0.1f * static_cast<float>(i + step));
-      in.grads.push_back(optim::GradView{grads.back().data(), DType::kF32, grads.back().size(), 1.0});
+    ASSERT_TRUE(t.grads->begin_step().is_ok());
+    for (std::size_t p = 0; p < layout.params.size(); ++p) {
+      std::vector<float> g(layout.params[p].numel);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = std::cos(0.1f * static_cast<float>(layout.offset_in_subgroup[p] + i + static_cast<std::size_t>(step)));
+      }
+      ASSERT_TRUE(t.grads->accumulate(p, g).is_ok());
     }
+    ASSERT_TRUE(t.grads->stats().is_ok());
+    in.grads = t.grads->step_views();
+    EXPECT_EQ(in.grads.empty(), optimizer_device == OffloadDevice::kNvme);
     in.sink = &t.params->sink();
     ASSERT_TRUE(t.optimizer->read_ahead().is_ok());
     ASSERT_TRUE(t.optimizer->step(in).is_ok());
@@ -188,7 +194,9 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
         ASSERT_TRUE(at_end.optimizer->step(inputs(at_end, end == End::kKeep ? speculative : clipped)).is_ok());
       }
 
-      EarlyStepper early(layout, *early_tiers.optimizer, grads);
+      std::vector<optim::GradView> views;
+      for (const model::FloatBuffer& g : grads) views.push_back(optim::GradView{g.data(), DType::kF32, g.size(), 1.0});
+      EarlyStepper early(layout, *early_tiers.optimizer, views);
       early.begin(inputs(early_tiers, speculative));
       for (std::size_t p = 0; p < layout.params.size(); ++p) early.partition_final(p);
       auto stats = early.stats();

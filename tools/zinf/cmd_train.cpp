@@ -39,6 +39,7 @@
 #include "zinf/zero3/comm.h"
 #include "zinf/zero3/comm_mpi.h"
 #include "zinf/zero3/comm_nccl.h"
+#include "zinf/zero3/checkpoint_keep.h"
 #include "zinf/zero3/engine.h"
 #include "zinf/zero3/hf_folder.h"
 #include "zinf/model/registry.h"
@@ -56,6 +57,7 @@ struct TrainOptions {
   int steps = kTrainDefaultSteps;
   std::string save_dir;
   int save_interval = 0;
+  int save_keep = 0;  // --save-keep: step checkpoints kept in save_dir (0: all)
   std::string resume_dir;
   std::uint64_t seed = 1234;
   bool seed_given = false;          // --seed was on the command line (a resume takes the checkpoint's)
@@ -469,6 +471,19 @@ struct GpuSteady {
   }
 };
 
+// The most checkpoints this run's saves hold in --save at once beyond what is there now (the
+// engine checks their size against the free space before any work): every periodic save and
+// the last one, or with --save-keep N the N kept plus the one being written.
+std::uint64_t checkpoints_to_write(const TrainOptions& o, const std::optional<SavedRun>& saved) {
+  if (o.save_dir.empty()) return 0;
+  const std::int64_t start = saved ? zero3::step_of_tag(saved->tag()).value_or(0) : 0;
+  std::int64_t saves = 1;  // the last (or a stop signal's)
+  if (o.save_interval > 0 && o.steps > start) saves += (o.steps - 1) / o.save_interval - start / o.save_interval;
+  if (o.save_keep <= 0) return static_cast<std::uint64_t>(saves);
+  const auto there = static_cast<std::int64_t>(zero3::list_step_checkpoints(o.save_dir).size());
+  return static_cast<std::uint64_t>(std::min(saves, std::max<std::int64_t>(1, o.save_keep + 1 - there)));
+}
+
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 // `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
@@ -476,6 +491,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // The device first: a --device cuda that cannot be honoured fails before any work.
   ZINF_ASSIGN_OR_RETURN(DeviceChoice device,
                         resolve_device(o.device, o.device == "cpu" ? DeviceProbe{} : probe_devices()));
+  if (o.save_keep > 0 && o.save_dir.empty()) return Status::invalid_argument("--save-keep needs --save (the folder it keeps checkpoints in)");
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(check_save_folder(o.save_dir));
   if (!o.json_log.empty() && comm.rank() == 0) ZINF_RETURN_IF_ERROR(check_json_log(o.json_log));
   // A resumed run continues the checkpoint's data order: its seed and data unless told otherwise.
@@ -541,6 +557,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.max_delay_us = o.host_device_delay_us;
   }
   eo.overlap_optimizer = o.overlap_optimizer;
+  eo.save_dir = o.save_dir;
+  eo.save_copies = checkpoints_to_write(o, saved);
   if (run_model.hf) {
     eo.initial_weights = [hf = run_model.hf](std::size_t index, std::span<float> out) {
       return hf->read_param(index, out).with_context("--model-dir");
@@ -580,8 +598,15 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   auto save = [&](std::int64_t step) -> Status {
     const std::string client =
         run_state_json(RunState{run_data.seed, run_data.id, geometry, loader.position(), run_model.source_dtype});
-    ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, fmt::format("global_step{}", step), client));
-    out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/global_step{}\n", o.save_dir, step);
+    ZINF_RETURN_IF_ERROR(engine->save_checkpoint(o.save_dir, zero3::step_tag(step), client));
+    out << (::isatty(STDOUT_FILENO) ? "\n" : "") << fmt::format("saved {}/{}\n", o.save_dir, zero3::step_tag(step));
+    // --save-keep: the rank that writes `latest` removes the oldest (never the one `latest` names).
+    const bool writer = ds->checkpoint.use_node_local_storage ? comm.local_rank() == 0 : comm.rank() == 0;
+    if (o.save_keep > 0 && writer) {
+      ZINF_ASSIGN_OR_RETURN(const std::vector<std::string> removed,
+                            zero3::keep_newest_checkpoints(o.save_dir, static_cast<std::size_t>(o.save_keep)));
+      for (const std::string& tag : removed) log(LogLevel::kInfo, fmt::format("--save-keep {}: removed {}/{}", o.save_keep, o.save_dir, tag));
+    }
     return Status::ok();
   };
 
@@ -648,7 +673,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"backward_s", r.backward_s},
                              {"optimizer_s", r.optimizer_s},
                              {"io_wait_s", r.io_wait_s},
-                             {"nvme_bytes", engine->bytes_moved()}};
+                             {"nvme_bytes", engine->bytes_moved()},
+                             {"pinned_bytes", r.pinned_bytes},
+                             {"pinned_high_water_bytes", r.pinned_high_water}};
       DeviceTraffic::add_json(line, r);
       if (eo.overlap_optimizer) {
         line["optimizer_hidden_s"] = r.optimizer_hidden_s;
@@ -693,6 +720,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--steps", o->steps, "the optimizer step to reach (default 50); the schedule's length is its total_num_steps")->check(CLI::PositiveNumber);
   cmd->add_option("--save", o->save_dir, "checkpoint folder (saved at the end, and every --save-interval steps)");
   cmd->add_option("--save-interval", o->save_interval, "steps between checkpoints")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--save-keep", o->save_keep,
+                  "keep only the newest N step checkpoints in --save (older ones are removed after each save; "
+                  "never the one 'latest' names); default: keep all")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--resume", o->resume_dir, "continue from the latest checkpoint in this folder");
   cmd->add_option("--seed", o->seed,
                   "seed for initialisation and data order (default 1234; a resumed run takes the checkpoint's)");

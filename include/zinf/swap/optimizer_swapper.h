@@ -126,6 +126,13 @@ class OptimizerSwapper {
   // Writes sub-group `subgroup`'s gradients (numel elements of gradient_dtype, padded layout)
   // to the gradient store, for the next step.
   Status write_gradients(std::size_t subgroup, const void* data);
+  // One partition's gradients at a time, for accumulating them in the store: elements
+  // [start, start + count) of sub-group `subgroup`'s gradients (gradient_dtype fp32), start a
+  // multiple of PartitionLayout::kAlign. `buffer` is 4 KiB aligned with room for count rounded
+  // up to kAlign elements; a write writes that padded length (the padding must be zero, as the
+  // layout's gaps are). Synchronous; the step reads what was written last.
+  Status write_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count, const float* buffer);
+  Status read_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count, float* buffer);
   // Starts reading the committed master weights and optimizer states of the first tiles, one
   // per pipeline slot, into the slots' pinned buffers (no memory beyond them), so that the next
   // step() finds them read: call it while other work (the forward and backward passes) runs.

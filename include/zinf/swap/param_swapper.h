@@ -37,6 +37,9 @@ struct ParamSwapConfig {
   bool pin_memory = false;
   DType dtype = DType::kBF16;            // the partitions' dtype
   std::size_t io_threads = 2;
+  // The pool grows on demand (PinnedPoolOptions::grow_on_demand): for a budget larger than the
+  // partitions can use, whose unused part then never becomes memory.
+  bool grow_pool = false;
 };
 
 class ParamSwapper {

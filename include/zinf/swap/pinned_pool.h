@@ -2,8 +2,9 @@
 //
 // The budget comes from the config as buffer_count x buffer_size elements of the tensor's
 // dtype (each buffer rounded up to 4 KiB). The arena is allocated once, pre-faulted, page-locked
-// when asked (pin_memory), and registered with the aio handle for fixed-buffer I/O. The pool
-// never hands out more than its capacity and records its high-water mark.
+// when asked (pin_memory), and registered with the aio handle for fixed-buffer I/O; or, with
+// grow_on_demand, reserved and made memory as leases first reach it. The pool never hands out
+// more than its capacity and records its high-water mark.
 //
 // Two kinds of requests:
 //  - acquire(bytes): a resident block holding a whole tensor (prefetched parameters, optimizer
@@ -63,6 +64,12 @@ struct PinnedPoolOptions {
   // Buffers at the end of the arena that only streaming chunks may use (at most
   // buffer_count - 1). 0: resident blocks and chunks share everything.
   std::size_t streaming_reserve_buffers = 0;
+  // Memory follows use: the arena's address space is reserved at create and its pages are
+  // faulted in (and page-locked with pin_memory) as blocks first reach them, in steps of
+  // kGrowthStep, so a pool never holds more than its leases have touched (allocated() <=
+  // capacity()). Such an arena is not registered for fixed-buffer I/O (registering faults every
+  // page in); false: the whole arena is allocated, pre-faulted and registered at create.
+  bool grow_on_demand = false;
 };
 
 // A lease on part of a pool's arena; returns it on destruction. Move-only.
@@ -79,7 +86,12 @@ class PinnedBlock {
 
   std::byte* data() const { return data_; }
   std::size_t size() const { return size_; }
+  // Pages of a growing arena are committed in steps of this many bytes (one step is the least).
+  static constexpr std::size_t kGrowthStep = std::size_t{2} << 20;
+
   std::size_t capacity() const { return capacity_; }
+  // Bytes of the arena that are memory now: capacity() unless the pool grows on demand.
+  std::size_t allocated() const;
   explicit operator bool() const { return data_ != nullptr; }
   // Returns the block to its pool now.
   void reset();
@@ -120,7 +132,12 @@ class PinnedPool {
   // requests are waiting).
   Result<PinnedBlock> try_acquire_chunk(std::size_t max_bytes, std::size_t min_bytes);
 
+  // Pages of a growing arena are committed in steps of this many bytes (one step is the least).
+  static constexpr std::size_t kGrowthStep = std::size_t{2} << 20;
+
   std::size_t capacity() const { return capacity_; }
+  // Bytes of the arena that are memory now: capacity() unless the pool grows on demand.
+  std::size_t allocated() const;
   std::size_t resident_capacity() const { return capacity_ - reserve_; }
   std::size_t streaming_reserve() const { return reserve_; }
   std::size_t in_use() const;
@@ -146,6 +163,9 @@ class PinnedPool {
                                    std::optional<std::chrono::milliseconds> timeout);
   Result<PinnedBlock> chunk_impl(std::size_t max_bytes, std::size_t min_bytes, bool wait);
   PinnedBlock make_block(std::uint64_t offset, std::size_t size, std::size_t capacity, int region);
+  // A growing arena: commits the steps of [offset, offset + bytes) not yet committed. Called
+  // under mutex_.
+  void grow_to_cover(std::uint64_t offset, std::size_t bytes);
 
   PoolBudget budget_;
   std::size_t capacity_ = 0;
@@ -154,6 +174,8 @@ class PinnedPool {
   std::byte* base_ = nullptr;
   aio::Handle* handle_ = nullptr;
   bool registered_ = false;
+  bool grows_ = false;
+  bool pin_ = false;
   std::unique_ptr<State> state_;
   mutable std::mutex mutex_;
   std::condition_variable cv_;

@@ -59,7 +59,21 @@ struct StoreConfig {
   // data file and the offset. Pages never written with checksums on are not checked. Off:
   // nothing is computed, and a reopened store's checksums are dropped.
   bool checksums = true;
+  // Scratch space: when the store is destroyed, its data files and manifest are removed (the
+  // lock files and folders stay: removing a lock file another process may be opening would let
+  // two owners in). Only the folders this store holds the lock of are touched, so a store refused
+  // because another run owns the folder removes nothing of that run's.
+  bool remove_at_close = false;
 };
+
+// Bytes a store with `config` takes on disk for one tensor of numel elements of dtype: its
+// padded extents plus, with checksums, its two checksum halves. The space a tier needs is the
+// sum over its tensors (the manifest aside, a few KiB); a free-space check made before any
+// store exists adds them up.
+std::uint64_t tensor_footprint(const StoreConfig& config, DType dtype, std::uint64_t numel);
+// Bytes the data files of the store `config` names (its kind's folder) take on disk now, from an
+// earlier run: space an OpenMode::kCreate open gives back when it truncates them. 0 when none.
+std::uint64_t store_disk_bytes(const StoreConfig& config);
 
 enum class OpenMode {
   kCreate,        // start empty; files and manifest of an earlier store are discarded

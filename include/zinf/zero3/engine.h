@@ -23,6 +23,7 @@
 #include "zinf/model/model.h"
 #include "zinf/status.h"
 #include "zinf/zero3/comm.h"
+#include "zinf/zero3/disk_space.h"
 
 namespace zinf::zero3 {
 
@@ -59,6 +60,13 @@ struct EngineOptions {
   // and taken at the end): the same bits as the step at the end. Needs the optimizer state and the
   // parameters in memory (offload none or cpu); otherwise a notice, and the step at the end.
   bool overlap_optimizer = false;
+  // Disk: before anything is created, the swap files' size (and save_copies checkpoints in
+  // save_dir, the most this run's saves keep there at once) is checked against the free space
+  // of each file system (disk_space.h); a run that cannot fit is refused, naming both. A swap
+  // file is removed when its tier closes, whether the run failed or not (they are scratch).
+  std::string save_dir = {};
+  std::uint64_t save_copies = 0;
+  FreeSpaceProbe free_space = {};  // test-only: null asks statvfs
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
@@ -93,6 +101,10 @@ struct StepReport {
   std::uint64_t early_subgroups = 0, early_rolled_back = 0;
   double optimizer_hidden_s = 0;
   std::uint64_t device_peak_bytes = 0;
+  // The NVMe tiers' pinned staging pools (both together): bytes that are memory now (a pool whose
+  // budget is more than the model can use grows on demand, docs/swap.md) and the most ever leased.
+  std::uint64_t pinned_bytes = 0;
+  std::uint64_t pinned_high_water = 0;
 };
 
 // Everything a checkpoint restores besides weights and optimizer state.
@@ -131,8 +143,11 @@ class Engine {
   Status save_checkpoint(const std::string& dir, const std::string& tag, const std::string& client_state);
   Result<std::string> load_checkpoint(const std::string& dir, const std::string& tag);
 
+  // Bytes one checkpoint of this rank takes (its rank file; engine.json aside).
+  std::uint64_t checkpoint_bytes() const;
+
   const EngineCounters& counters() const;
-  std::uint64_t bytes_moved() const;  // NVMe bytes read + written by the offload tiers so far
+  std::uint64_t bytes_moved() const;  // NVMe bytes read + written so far by the optimizer tier and the gradient store
 
  private:
   struct Impl;

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Capacity (issue 23): GPT shapes trained a few steps with parameters, gradients and optimizer
+# state on NVMe in DIR, after `aio_bench --quick` on DIR. Prints one table row per size:
+# parameters, bytes on disk per parameter (the swap folder's peak, sampled every second), peak
+# RSS, the last step's time and breakdown, NVMe bytes per step, and I/O efficiency of the
+# optimizer phase = (its bytes at aio_bench's best read and write bandwidths) / its time. The
+# optimizer phase's bytes are the formula of its transfers per parameter (fp32 master, exp_avg,
+# exp_avg_sq read and written, fp32 gradients read, the 16-bit copy written: 30 bytes), not a
+# measurement. Without --sizes: the largest preset whose state fits 0.8 of DIR's free space.
+#
+# Usage: bench/capacity.sh DIR [--sizes "small gpt2 gpt2-medium"] [--steps 3] [--seq 256]
+#                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
+# --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
+# 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
+# Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
+set -euo pipefail
+dir=$1; shift
+sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --sizes) sizes=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --seq) seq=$2; shift 2 ;;
+    --zinf) zinf=$2; shift 2 ;;
+    --no-aio-bench) aio=0; shift ;;
+    --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
+    *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+mkdir -p "$dir"
+work=$(mktemp -d "$dir/capacity.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+disk_per_param=30  # bytes: bf16 parameters 2, master/exp_avg/exp_avg_sq x 2 slots 24, gradients 4
+free=$(df --output=avail -B1 "$dir" | tail -1)
+if [ -z "$sizes" ]; then
+  # Parameter counts of the presets (zinf train --help lists them), largest first.
+  for s in 13b 6.7b 2.7b gpt2-xl 1.3b gpt2-large gpt2-medium gpt2 small; do
+    # "Model with 124M total params": rounded, enough to choose a size.
+    n=$("$zinf" estimate --model "$s" 2>/dev/null | sed -n 's/.*Model with \([0-9.]*\)\([MB]\) total params.*/\1 \2/p' |
+        awk '{ printf "%.0f", $1 * ($2 == "B" ? 1e9 : 1e6) }' || true)
+    [ -n "$n" ] || continue
+    if [ $(( n * disk_per_param )) -le $(( free * 8 / 10 )) ]; then sizes=$s; break; fi
+  done
+  echo "free space in $dir: $((free / 1000000000)) GB; largest preset whose state fits 0.8 of it: $sizes"
+fi
+rbw=0; wbw=0
+if [ "$aio" = 1 ]; then
+  bench=$(dirname "$zinf")/../aio_bench/aio_bench
+  "$bench" --dir "$work" --quick > "$work/aio.txt" 2>&1 || { cat "$work/aio.txt"; exit 1; }
+  rbw=$(sed -n 's/^Best read: *\([0-9.]*\) GB\/s.*/\1/p' "$work/aio.txt")
+  wbw=$(sed -n 's/^Best write: *\([0-9.]*\) GB\/s.*/\1/p' "$work/aio.txt")
+  echo "aio_bench --quick on $dir: best read $rbw GB/s, best write $wbw GB/s"
+fi
+cat > "$work/ds.json" <<JSON
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
+ "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+ "zero_optimization": {"stage": 3$live,
+   "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"},
+   "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": true, "pipeline_write": true}}}
+JSON
+printf '%-12s %14s %10s %12s %9s %8s %8s %8s %8s %12s %8s %s\n' size params disk_B/p peak_RSS_MiB step_s fwd_s bwd_s optim_s io_s nvme_MB/step io_eff losses
+for s in $sizes; do
+  rm -rf "$work/nvme"; mkdir -p "$work/nvme"; : > "$work/log.jsonl"
+  "$zinf" train --config "$work/ds.json" --model "$s" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" \
+    > "$work/out.txt" 2>&1 &
+  pid=$!
+  peak_disk=0
+  while kill -0 "$pid" 2>/dev/null; do
+    d=$(du -sb "$work/nvme" 2>/dev/null | cut -f1 || echo 0)
+    [ "${d:-0}" -gt "$peak_disk" ] && peak_disk=$d
+    sleep 1
+  done
+  wait "$pid" || { echo "$s: zinf train failed:"; tail -5 "$work/out.txt"; continue; }
+  n=$(sed -n 's/^model \([0-9]*\) params.*/\1/p' "$work/out.txt" | head -1)
+  python3 - "$s" "$n" "$peak_disk" "$rbw" "$wbw" "$work/log.jsonl" <<'PY'
+import json, sys
+size, n, disk, rbw, wbw, log = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4] or 0), float(sys.argv[5] or 0), sys.argv[6]
+lines = [json.loads(l) for l in open(log) if l.strip()]
+last = lines[-1]
+per_step = (last["nvme_bytes"] - lines[-2]["nvme_bytes"]) if len(lines) > 1 else last["nvme_bytes"]
+read, write = n * (12 + 4), n * (12 + 2)  # optimizer phase: master+2 states (+grads) read; master+2 states (+copy) written
+eff = ((read / (rbw * 1e9) + write / (wbw * 1e9)) / last["optimizer_s"]) if rbw > 0 and wbw > 0 else float("nan")
+losses = " ".join(f"{l['loss']:.3f}" for l in lines)
+print(f"{size:<12} {n:>14} {disk / n:>10.2f} {max(l['peak_rss_bytes'] for l in lines) / 2**20:>12.0f} {last['step_s']:>9.2f} "
+      f"{last['forward_s']:>8.2f} {last['backward_s']:>8.2f} {last['optimizer_s']:>8.2f} {last['io_wait_s']:>8.2f} "
+      f"{per_step / 1e6:>12.0f} {eff:>8.2f} {losses}")
+PY
+done

@@ -1,0 +1,189 @@
+// GradStore: the rank's gradient partitions in host memory or in the optimizer's swap store.
+#include "zero3/grad_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "zinf/aio/pinned.h"
+#include "zinf/model/float_buffer.h"
+
+namespace zinf::zero3 {
+namespace {
+
+// The one accumulation loop both stores run, so their sums are the same floats.
+void add_into(float* acc, std::span<const float> in) {
+  for (std::size_t i = 0; i < in.size(); ++i) acc[i] += in[i];
+}
+
+Status check_partition(const swap::PartitionLayout& layout, std::size_t p, std::size_t n) {
+  if (p >= layout.params.size() || n != layout.params[p].numel) {
+    return Status::invalid_argument(fmt::format("gradient store: partition {} with {} elements ({} partitions)", p, n,
+                                                layout.params.size()));
+  }
+  return Status::ok();
+}
+
+class MemoryGradStore final : public GradStore {
+ public:
+  explicit MemoryGradStore(const swap::PartitionLayout& layout) : layout_(layout) {}
+
+  Status allocate() {
+    for (const swap::SubGroup& sg : layout_.subgroups) {
+      acc_.push_back(model::FloatBuffer::allocate(sg.numel));
+      if (acc_.back().data() == nullptr && sg.numel > 0) {
+        return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", sg.numel));
+      }
+    }
+    return begin_step();
+  }
+
+  Status begin_step() override {
+    for (model::FloatBuffer& g : acc_) std::memset(g.data(), 0, g.size() * sizeof(float));
+    return Status::ok();
+  }
+
+  Status accumulate(std::size_t p, std::span<const float> in) override {
+    ZINF_RETURN_IF_ERROR(check_partition(layout_, p, in.size()));
+    add_into(acc_[layout_.subgroup_of[p]].data() + layout_.offset_in_subgroup[p], in);
+    return Status::ok();
+  }
+
+  Result<optim::GradStats> stats() override {
+    optim::GradStats all;
+    for (const model::FloatBuffer& g : acc_) {
+      ZINF_ASSIGN_OR_RETURN(optim::GradStats s, optim::grad_stats(view(g)));
+      all += s;
+    }
+    return all;
+  }
+
+  std::vector<optim::GradView> step_views() const override {
+    std::vector<optim::GradView> out;
+    for (const model::FloatBuffer& g : acc_) out.push_back(view(g));
+    return out;
+  }
+
+  std::uint64_t host_bytes() const override {
+    std::uint64_t b = 0;
+    for (const model::FloatBuffer& g : acc_) b += g.size() * sizeof(float);
+    return b;
+  }
+
+ private:
+  static optim::GradView view(const model::FloatBuffer& g) {
+    return optim::GradView{g.data(), optim::DType::kF32, g.size(), 1.0};
+  }
+
+  const swap::PartitionLayout& layout_;
+  std::vector<model::FloatBuffer> acc_;  // per sub-group, padded layout
+};
+
+class SwappedGradStore final : public GradStore {
+ public:
+  SwappedGradStore(const swap::PartitionLayout& layout, swap::OptimizerSwapper& swapper)
+      : layout_(layout), swapper_(swapper), touched_(layout.params.size(), false) {}
+
+  Status allocate() {
+    std::uint64_t largest = swap::PartitionLayout::kAlign;
+    for (const swap::ParamPartition& p : layout_.params) largest = std::max(largest, p.numel);
+    // A multiple of the norm's 8192-element blocks, so stats() reads whole blocks at a time.
+    chunk_ = swap::align_up(std::max<std::uint64_t>(largest, kStatsChunk), kNormBlock);
+    ZINF_ASSIGN_OR_RETURN(buffer_, aio::PinnedBuffer::allocate(chunk_ * sizeof(float), swap::kSwapAlignment));
+    return begin_step();
+  }
+
+  Status begin_step() override {
+    std::fill(touched_.begin(), touched_.end(), false);
+    return Status::ok();
+  }
+
+  Status accumulate(std::size_t p, std::span<const float> in) override {
+    ZINF_RETURN_IF_ERROR(check_partition(layout_, p, in.size()));
+    const std::size_t sg = layout_.subgroup_of[p];
+    const std::uint64_t start = layout_.offset_in_subgroup[p];
+    float* acc = buf();
+    // The padding up to kAlign is written too, and must stay zero.
+    const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
+    if (touched_[p]) {
+      ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
+      bytes_ += padded * sizeof(float);
+    } else {
+      std::memset(acc, 0, padded * sizeof(float));
+    }
+    add_into(acc, in);
+    ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(sg, start, in.size(), acc));
+    bytes_ += padded * sizeof(float);
+    touched_[p] = true;
+    return Status::ok();
+  }
+
+  Result<optim::GradStats> stats() override {
+    // Partitions no micro-batch reached still hold the last step's sums: zero them.
+    for (std::size_t p = 0; p < layout_.params.size(); ++p) {
+      if (touched_[p] || layout_.params[p].numel == 0) continue;
+      std::memset(buf(), 0, swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float));
+      ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(layout_.subgroup_of[p], layout_.offset_in_subgroup[p],
+                                                         layout_.params[p].numel, buf()));
+      bytes_ += swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float);
+      touched_[p] = true;
+    }
+    // grad_stats sums fixed 8192-element blocks and adds the block sums in order: read whole
+    // blocks and add each block's sum in that order, and the norm is the in-memory store's.
+    optim::GradStats all;
+    for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
+      const std::uint64_t n = layout_.subgroups[sg].numel;
+      optim::GradStats one;
+      for (std::uint64_t start = 0; start < n; start += chunk_) {
+        const std::uint64_t count = std::min(chunk_, n - start);
+        ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, count, buf()));
+        bytes_ += count * sizeof(float);
+        for (std::uint64_t b = 0; b < count; b += kNormBlock) {
+          const std::uint64_t len = std::min<std::uint64_t>(kNormBlock, count - b);
+          ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
+                                optim::grad_stats(optim::GradView{buf() + b, optim::DType::kF32, len, 1.0}));
+          one += s;
+        }
+      }
+      all += one;
+    }
+    return all;
+  }
+
+  std::vector<optim::GradView> step_views() const override { return {}; }
+  std::uint64_t host_bytes() const override { return chunk_ * sizeof(float); }
+  std::uint64_t bytes_moved() const override { return bytes_; }
+
+ private:
+  // grad_stats' block (optim/exec.h kNormBlock; stated in grad_stats.h), and the read size of
+  // stats() when the partitions are smaller.
+  static constexpr std::uint64_t kNormBlock = 8192;
+  static constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;
+
+  float* buf() const { return static_cast<float*>(buffer_.data()); }
+
+  const swap::PartitionLayout& layout_;
+  swap::OptimizerSwapper& swapper_;
+  std::vector<bool> touched_;  // per partition: accumulated this step
+  std::uint64_t chunk_ = 0;    // elements of buffer_
+  std::uint64_t bytes_ = 0;    // read and written
+  aio::PinnedBuffer buffer_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionLayout& layout) {
+  auto store = std::make_unique<MemoryGradStore>(layout);
+  ZINF_RETURN_IF_ERROR(store->allocate());
+  return std::unique_ptr<GradStore>(std::move(store));
+}
+
+Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
+                                                           swap::OptimizerSwapper& swapper) {
+  auto store = std::make_unique<SwappedGradStore>(layout, swapper);
+  ZINF_RETURN_IF_ERROR(store->allocate());
+  return std::unique_ptr<GradStore>(std::move(store));
+}
+
+}  // namespace zinf::zero3

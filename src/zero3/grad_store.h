@@ -1,0 +1,51 @@
+// Internal: the rank's fp32 gradient partitions, accumulated across a step's micro-batches by the
+// coordinator, then read by the global norm and the optimizer step. In host memory, or (with
+// offload_optimizer.device nvme) in the optimizer swapper's gradient store, so that they do not
+// hold 4 bytes per parameter of RAM.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "zinf/optim/grad_stats.h"
+#include "zinf/optim/optimizer.h"
+#include "zinf/status.h"
+#include "zinf/swap/optimizer_swapper.h"
+#include "zinf/swap/partition_layout.h"
+
+namespace zinf::zero3 {
+
+// Threading: one call at a time (the coordinator's thread, then the engine's).
+class GradStore {
+ public:
+  virtual ~GradStore() = default;
+  // Starts a step: every gradient reads as zero until accumulated.
+  virtual Status begin_step() = 0;
+  // acc[i] += in[i] for partition `partition` (an index into the layout's params); in.size() is
+  // its numel. Once per partition and micro-batch, in any order. The sums are the same floats,
+  // added in the same order, wherever the store keeps them: results do not depend on it.
+  virtual Status accumulate(std::size_t partition, std::span<const float> in) = 0;
+  // After the last micro-batch: grad_stats over each sub-group's whole padded array, folded in
+  // sub-group order (the norm every store gives bit for bit alike).
+  virtual Result<optim::GradStats> stats() = 0;
+  // The gradients as swap::StepArgs::grads takes them: one view per sub-group in memory, or
+  // none when the optimizer step reads them from its gradient store.
+  virtual std::vector<optim::GradView> step_views() const = 0;
+  // Bytes of host memory the store holds.
+  virtual std::uint64_t host_bytes() const = 0;
+  // Bytes it has read and written on NVMe so far (its accumulation and norm; the optimizer
+  // step's gradient reads are the optimizer tier's).
+  virtual std::uint64_t bytes_moved() const { return 0; }
+};
+
+// One fp32 array per sub-group in host memory. `layout` must outlive the store.
+Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionLayout& layout);
+// In `swapper`'s gradient store (made with swap_gradients, fp32), through one buffer of the
+// largest partition: each accumulation reads the partition's sum so far (unless it is the
+// step's first for that partition), adds, and writes it back. `swapper` must outlive the store.
+Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
+                                                           swap::OptimizerSwapper& swapper);
+
+}  // namespace zinf::zero3
