@@ -101,14 +101,20 @@ TEST(OptimizerTiers, MemoryAndNvmeGiveTheSameBitsForAStep) {
   make(memory, OffloadDevice::kNone, OffloadDevice::kCpu, DType::kBF16);
   make(nvme, OffloadDevice::kNone, OffloadDevice::kNvme, DType::kBF16);
   for (Made* m : {&memory, &nvme}) {
-    std::vector<std::vector<float>> grads;
+    // Through the tiers' gradient store (memory, or the NVMe optimizer's gradient swap store),
+    // the same values at the same padded positions.
     swap::StepArgs args;
     args.ctx.step = 1;
-    for (const swap::SubGroup& sg : m->layout.subgroups) {
-      grads.emplace_back(sg.numel);
-      for (std::size_t i = 0; i < sg.numel; ++i) grads.back()[i] = std::cos(0.01f * static_cast<float>(i));
-      args.grads.push_back(optim::GradView{grads.back().data(), DType::kF32, sg.numel, 1.0});
+    ASSERT_TRUE(m->tiers.grads->begin_step().is_ok());
+    for (std::size_t p = 0; p < m->layout.params.size(); ++p) {
+      std::vector<float> g(m->layout.params[p].numel);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        g[i] = std::cos(0.01f * static_cast<float>(m->layout.offset_in_subgroup[p] + i));
+      }
+      ASSERT_TRUE(m->tiers.grads->accumulate(p, g).is_ok());
     }
+    ASSERT_TRUE(m->tiers.grads->stats().is_ok());
+    args.grads = m->tiers.grads->step_views();
     args.sink = &m->tiers.params->sink();
     ASSERT_TRUE(m->tiers.optimizer->step(args).is_ok());
   }
