@@ -111,9 +111,10 @@ Result<int> check_format(const nlohmann::json& j, const std::string& folder) {
   }
   const nlohmann::json* format = jsonck::member(j, "format");
   const std::int64_t version = format != nullptr && format->is_number_integer() ? format->get<std::int64_t>() : 0;
-  if (version != kCheckpointFormat) {
-    return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads format {}", folder,
-                                           format == nullptr ? "(none)" : jsonck::describe(*format), kCheckpointFormat));
+  if (version < kOldestCheckpointFormat || version > kCheckpointFormat) {
+    return Status::unsupported(fmt::format("{}/engine.json: checkpoint format {}, this zinf reads formats {} to {}",
+                                           folder, format == nullptr ? "(none)" : jsonck::describe(*format),
+                                           kOldestCheckpointFormat, kCheckpointFormat));
   }
   return static_cast<int>(version);
 }
@@ -143,8 +144,11 @@ Result<SavedLayout> saved_layout(const ModelLayout& model, const nlohmann::json&
   return s;
 }
 
-Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, const SavedLayout& saved, const std::string& file) {
+Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, int format, const SavedLayout& saved,
+                                               const std::string& file) {
   constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  // Format 2 kept each checksum's top 53 bits.
+  const std::uint64_t max_checksum = format == 2 ? (std::uint64_t{1} << 53) - 1 : kMax;
   const nlohmann::json* ranks = jsonck::member(j, "ranks");
   const std::size_t world = static_cast<std::size_t>(saved.plan.world_size());
   if (ranks == nullptr || !ranks->is_array() || ranks->size() != world) {
@@ -156,7 +160,7 @@ Result<std::vector<SavedRankFile>> saved_ranks(const nlohmann::json& j, const Sa
     const jsonck::Where w{file, path};
     SavedRankFile f;
     ZINF_ASSIGN_OR_RETURN(f.bytes, jsonck::uint_key((*ranks)[r], "bytes", 0, kMax, w));
-    ZINF_ASSIGN_OR_RETURN(f.checksum, jsonck::uint_key((*ranks)[r], "checksum", 0, kMax, w));
+    ZINF_ASSIGN_OR_RETURN(f.checksum, jsonck::uint_key((*ranks)[r], "checksum", 0, max_checksum, w));
     if (f.bytes != saved.rank_file_bytes) {
       return Status::corruption(fmt::format("{}: {}.bytes = {}, but the recorded layout makes every rank file {} bytes",
                                             file, path, f.bytes, saved.rank_file_bytes));
@@ -234,7 +238,7 @@ Result<EngineJson> parse_engine_json(std::string_view text, const std::string& f
     return Status::unsupported(fmt::format("{}: checksum_algo \"{}\", this zinf checks {}", file, e.checksum_algo, kChecksumAlgo));
   }
   ZINF_ASSIGN_OR_RETURN(e.node_local, jsonck::bool_key_or(j, "node_local", false, w));
-  ZINF_ASSIGN_OR_RETURN(e.ranks, saved_ranks(j, e.saved, file));
+  ZINF_ASSIGN_OR_RETURN(e.ranks, saved_ranks(j, e.format, e.saved, file));
   ZINF_ASSIGN_OR_RETURN(e.counters, saved_counters(j, file));
   ZINF_ASSIGN_OR_RETURN(e.client_state, jsonck::string_key_or(j, "client_state", "", w));
   return e;

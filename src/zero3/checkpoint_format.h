@@ -42,12 +42,12 @@ struct SavedLayout {
 
 struct SavedRankFile {
   std::uint64_t bytes = 0;
-  std::uint64_t checksum = 0;  // the XXH3-64 of the file
+  std::uint64_t checksum = 0;  // the XXH3-64 of the file (format 2: its top 53 bits)
 };
 
 // Everything a load needs from engine.json, each value checked for type and range.
 struct EngineJson {
-  int format = 0;        // kCheckpointFormat
+  int format = 0;        // kOldestCheckpointFormat .. kCheckpointFormat
   nlohmann::json model;  // the architecture, normalized (a GPT without "type" gets it)
   ModelLayout model_layout;
   SavedLayout saved;
@@ -60,9 +60,11 @@ struct EngineJson {
   std::string client_state;
 };
 
-// The engine.json format a save writes and a load reads: each rank file's whole XXH3-64. (Formats
-// 1 and 2 were never released; a load refuses them as Unsupported.)
+// The engine.json format a save writes: each rank file's whole XXH3-64. A load also reads format
+// 2 (released by earlier zinf: the top 53 bits of each checksum), so that their checkpoints
+// resume; format 1 (never released) is refused as Unsupported.
 inline constexpr int kCheckpointFormat = 3;
+inline constexpr int kOldestCheckpointFormat = 2;
 
 // The checksum of each rank file, named in engine.json ("checksum_algo").
 inline constexpr const char* kChecksumAlgo = "xxh3-64";

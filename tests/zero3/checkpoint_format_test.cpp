@@ -81,21 +81,33 @@ TEST_F(CheckpointFormatTest, WhatASaveWritesReadsBack) {
   EXPECT_EQ(e.client_state, R"({"seed": 1})");
 }
 
-// Only format 3 is read (formats 1 and 2 were never released); its checksums use all 64 bits
-// and name their algorithm.
-TEST_F(CheckpointFormatTest, OnlyFormat3IsReadWithWholeChecksums) {
+// Format 3's checksums use all 64 bits and name their algorithm. Format 2 (earlier zinf's
+// released checkpoints) is still read, its checksums the top 53 bits; formats 1 (never released)
+// and 4 are Unsupported.
+TEST_F(CheckpointFormatTest, Format3KeepsWholeChecksumsFormat2FiftyThreeBitsOthersAreUnsupported) {
   nlohmann::json j = nlohmann::json::parse(detail::engine_json_text(*model_, record_));
   j["ranks"][0]["checksum"] = 0xFFFF'FFFF'0000'0001u;
   auto whole = detail::parse_engine_json(j.dump(), "ckpt/t");
   ASSERT_TRUE(whole.is_ok()) << whole.status().to_string();
   EXPECT_EQ(whole->ranks[0].checksum, 0xFFFF'FFFF'0000'0001u);
-  for (const nlohmann::json& other : {nlohmann::json(1), nlohmann::json(2), nlohmann::json(4), nlohmann::json("3")}) {
+  j["format"] = 2;
+  // Format 2's checksums are the top 53 bits: a larger value is out of range there.
+  auto too_big = detail::parse_engine_json(j.dump(), "ckpt/t");
+  ASSERT_FALSE(too_big.is_ok());
+  EXPECT_EQ(too_big.status().code(), ErrorCode::kCorruption);
+  EXPECT_NE(too_big.status().message().find("ranks[0].checksum"), std::string::npos) << too_big.status().message();
+  j["ranks"][0]["checksum"] = 0xFFFF'FFFF'0000'0001u >> 11;
+  auto format2 = detail::parse_engine_json(j.dump(), "ckpt/t");
+  ASSERT_TRUE(format2.is_ok()) << format2.status().to_string();
+  EXPECT_EQ(format2->format, 2);
+  for (const nlohmann::json& other : {nlohmann::json(1), nlohmann::json(4), nlohmann::json("3")}) {
     j["format"] = other;
     auto r = detail::parse_engine_json(j.dump(), "ckpt/t");
     ASSERT_FALSE(r.is_ok()) << other.dump();
     EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported) << r.status().to_string();
-    EXPECT_NE(r.status().message().find("reads format 3"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("reads formats 2 to 3"), std::string::npos) << r.status().message();
   }
+  j["ranks"][0]["checksum"] = 0xFFFF'FFFF'0000'0001u;
   j["format"] = 3;
   j["checksum_algo"] = "fnv1a-64";
   auto other_sum = detail::parse_engine_json(j.dump(), "ckpt/t");

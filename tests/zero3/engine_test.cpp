@@ -620,9 +620,10 @@ TEST(EngineTest, CheckpointWithoutChecksumAlgoIsRefused) {
   EXPECT_NE(loaded.status().message().find("checksum_algo"), std::string::npos) << loaded.status().message();
 }
 
-// Format 3 keeps each rank file's whole XXH3-64 (gathered as integers, not through a double);
-// one flipped bit is damage; formats 2 (never released) and 4 are not read.
-TEST(EngineTest, CheckpointKeepsTheWholeChecksumAndReadsOnlyFormat3) {
+// Format 3 keeps each rank file's whole XXH3-64 (gathered as integers, not through a double); one
+// flipped bit is damage. A format-2 checkpoint (earlier zinf: the top 53 bits) still loads and is
+// still verified; formats 1 and 4 are not read.
+TEST(EngineTest, CheckpointKeepsTheWholeChecksumAndReadsFormat2) {
   TempDir nvme, ckpt;
   Trainer t(RunSetup{}, nvme.path());
   ASSERT_TRUE(t.status().is_ok());
@@ -643,14 +644,25 @@ TEST(EngineTest, CheckpointKeepsTheWholeChecksumAndReadsOnlyFormat3) {
   auto damaged = t.engine().load_checkpoint(ckpt.path(), "a");
   ASSERT_FALSE(damaged.is_ok());
   EXPECT_EQ(damaged.status().code(), ErrorCode::kCorruption) << damaged.status().to_string();
-  for (int format : {2, 4}) {
+  // The same checkpoint as format 2 wrote it: top 53 bits; one of them flipped is damage.
+  j["format"] = 2;
+  j["ranks"][0]["checksum"] = whole >> 11;
+  std::ofstream(json_path) << j.dump(2);
+  auto format2 = t.engine().load_checkpoint(ckpt.path(), "a");
+  EXPECT_TRUE(format2.is_ok()) << format2.status().to_string();
+  j["ranks"][0]["checksum"] = (whole >> 11) ^ 1;
+  std::ofstream(json_path) << j.dump(2);
+  auto damaged2 = t.engine().load_checkpoint(ckpt.path(), "a");
+  ASSERT_FALSE(damaged2.is_ok());
+  EXPECT_EQ(damaged2.status().code(), ErrorCode::kCorruption) << damaged2.status().to_string();
+  for (int format : {1, 4}) {
     j["format"] = format;
     j["ranks"][0]["checksum"] = whole;
     std::ofstream(json_path) << j.dump(2);
     auto other = t.engine().load_checkpoint(ckpt.path(), "a");
     ASSERT_FALSE(other.is_ok());
     EXPECT_EQ(other.status().code(), ErrorCode::kUnsupported) << other.status().to_string();
-    EXPECT_NE(other.status().message().find("reads format 3"), std::string::npos) << other.status().message();
+    EXPECT_NE(other.status().message().find("reads formats 2 to 3"), std::string::npos) << other.status().message();
   }
 }
 
