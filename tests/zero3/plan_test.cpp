@@ -176,9 +176,17 @@ TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
   c.vocab_size = 4096;
   const PlanRequest r = request(c);
   auto m = make_gpt(c, false);
-  // Room for the base, the gradients and the NVMe pools, not for 18 bytes per parameter of
-  // gradients, state and copies in memory.
-  const std::uint64_t host = kProcessBaseBytes + 17 * m->num_params();
+  // A budget between the smallest NVMe-optimizer candidate and the smallest one that keeps the
+  // optimizer state in memory (both as the planner predicts them on a roomy machine).
+  auto roomy = make_plan(r, machine(std::uint64_t{64} << 30));
+  ASSERT_TRUE(roomy.is_ok()) << roomy.status().to_string();
+  std::uint64_t nvme = UINT64_MAX, in_memory = UINT64_MAX;
+  for (const Candidate& d : roomy->fitting) {
+    std::uint64_t& least = d.optimizer_device == config::OffloadDevice::kNvme ? nvme : in_memory;
+    least = std::min(least, d.memory.host_bytes());
+  }
+  ASSERT_LT(nvme, in_memory) << "NVMe state must need less host memory than state in memory";
+  const std::uint64_t host = nvme + (in_memory - nvme) / 2;
   auto plan = make_plan(r, machine(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)));
   ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
   ASSERT_FALSE(plan->fitting.empty()) << plan->shortfall;
