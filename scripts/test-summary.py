@@ -15,7 +15,8 @@ for path in sys.argv[1:]:
     for line in lines:
         entry = json.loads(line)
         result = entry.get("result", "")
-        out = entry.get("stdout", "") or ""
+        # Colour codes (gtest colours its output when asked to) would split "] N tests".
+        out = re.sub(r"\x1b\[[0-9;]*m", "", entry.get("stdout", "") or "")
         # gtest prints "[  PASSED  ] N tests." / "[  FAILED  ] N tests," / "[  SKIPPED ] N tests,"
         gp = re.search(r"\[  PASSED  \] (\d+) test", out)
         gf = re.search(r"\[  FAILED  \] (\d+) test", out)
