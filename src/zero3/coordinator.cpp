@@ -201,8 +201,12 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
     ++stats_.evictions;
   }
   // Spare buffers count against the budget too: free them first.
-  spare_.trim_to(live_ + need <= opt_.max_live_parameters ? opt_.max_live_parameters - live_ - need : 0);
+  trim_spare_for(need);
   return Status::ok();
+}
+
+void Coordinator::trim_spare_for(std::uint64_t need) {
+  spare_.trim_to(live_ + need <= opt_.max_live_parameters ? opt_.max_live_parameters - live_ - need : 0);
 }
 
 // Reads this rank's slice into its place in the gathered buffer and all-gathers in place: the
@@ -258,10 +262,7 @@ Status Coordinator::gather_ahead(std::size_t event) {
     if (gathered.valid) continue;
     const std::uint64_t size = gathered_size(static_cast<std::size_t>(g));
     if (!gathered.persistent && live_ + size > opt_.max_live_parameters) break;
-    // Spare blocks count against the budget too.
-    if (!gathered.persistent) {
-      spare_.trim_to(live_ + size <= opt_.max_live_parameters ? opt_.max_live_parameters - live_ - size : 0);
-    }
+    if (!gathered.persistent) trim_spare_for(size);  // spare blocks count against the budget too
     ZINF_RETURN_IF_ERROR(start_gather(g));
     gathered.ahead = true;
     ++stats_.gathers_ahead;

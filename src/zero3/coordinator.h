@@ -159,6 +159,8 @@ class Coordinator final : public model::ParamAccess {
   Status drain_downloads(bool wait);
   Status accumulate(std::size_t group, const float* reduced);  // into the gradient store
   Status make_room(std::uint64_t need, int module);
+  // Frees spare blocks until they fit beside live_ + need under max_live_parameters.
+  void trim_spare_for(std::uint64_t need);
   void drop(int g);  // releases partition group g's gathered copy (its buffer kept for reuse or freed)
   void prefetch_after(std::size_t event);
   void finish_trace(Trace& t);

@@ -10,8 +10,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const swap::PartitionLayout& layout) {
-  if (!optimizer.steps_subgroups()) return false;
+bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const GradStore& grads,
+                          const swap::PartitionLayout& layout) {
+  if (!optimizer.steps_subgroups() || grads.step_views().size() != layout.subgroups.size()) return false;
   for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
     if (params.sink().host_subgroup(sg) == nullptr) return false;
   }

@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "zero3/grad_store.h"
 #include "zero3/tiers.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/optim/grad_stats.h"
@@ -32,8 +33,10 @@
 
 namespace zinf::zero3 {
 
-// Whether the tiers allow early steps (see above).
-bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const swap::PartitionLayout& layout);
+// Whether the tiers allow early steps (see above): the optimizer steps sub-groups alone, the
+// parameter sink has host memory for every sub-group, and the gradients are in memory.
+bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const GradStore& grads,
+                          const swap::PartitionLayout& layout);
 
 struct EarlyStepReport {
   std::size_t stepped_early = 0;  // sub-groups stepped during backward and kept

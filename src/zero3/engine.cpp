@@ -195,7 +195,7 @@ Status Engine::Impl::init() {
   coordinator_options.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
   coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, *grads);
   if (options.overlap_optimizer) {
-    if (early_steps_possible(*optimizer, *params, layout) && grads->step_views().size() == layout.subgroups.size()) {
+    if (early_steps_possible(*optimizer, *params, *grads, layout)) {
       early = std::make_unique<EarlyStepper>(layout, *optimizer, grads->step_views());
     } else {
       log(LogLevel::kNotice, fmt::format("{}: the optimizer step cannot overlap backward with parameters on {} and "
@@ -306,7 +306,10 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     coordinator->set_on_gradient_added(nullptr);
     if (!ended.is_ok()) {
       // Early steps taken under this pass are rolled back: the step did not happen.
-      if (early) (void)early->stats(), (void)early->finish(nullptr);
+      if (early) {
+        (void)early->stats();  // waits for the worker
+        (void)early->finish(nullptr);
+      }
       return ended;
     }
     const double pass = since(p0);

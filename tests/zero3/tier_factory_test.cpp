@@ -175,7 +175,7 @@ TEST(EarlyStepper, KeptRolledBackOrDroppedGivesTheStepAtTheEndsBits) {
       }
       Tiers& at_end = sets[0];
       Tiers& early_tiers = sets[1];
-      ASSERT_TRUE(early_steps_possible(*early_tiers.optimizer, *early_tiers.params, layout));
+      ASSERT_TRUE(early_steps_possible(*early_tiers.optimizer, *early_tiers.params, *early_tiers.grads, layout));
       std::vector<model::FloatBuffer> grads;
       for (const swap::SubGroup& sg : layout.subgroups) {
         grads.push_back(model::FloatBuffer::allocate(sg.numel));

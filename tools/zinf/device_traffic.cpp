@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,11 @@ namespace zinf::cli {
 namespace {
 constexpr double kMiB = 1048576.0;
 bool moved(const zero3::StepReport& r) { return r.h2d_bytes + r.d2h_bytes > 0; }
+// GB/s while copying; NaN where the device does not time its copies.
+double gb_per_s(std::uint64_t bytes, double copy_s) {
+  return std::isfinite(copy_s) && copy_s > 0 ? static_cast<double>(bytes) / copy_s / 1e9
+                                             : std::numeric_limits<double>::quiet_NaN();
+}
 }  // namespace
 
 double device_wait_share(const zero3::StepReport& r) {
@@ -49,7 +55,8 @@ void DeviceTraffic::add_json(nlohmann::json& line, const zero3::StepReport& r) {
   line["device_peak_bytes"] = r.device_peak_bytes;
   // Transfer rates while copying; null where the device does not time its copies.
   auto rate = [](std::uint64_t bytes, double s) {
-    return std::isfinite(s) && s > 0 ? nlohmann::json(static_cast<double>(bytes) / s / 1e9) : nlohmann::json();
+    const double r = gb_per_s(bytes, s);
+    return std::isnan(r) ? nlohmann::json() : nlohmann::json(r);
   };
   line["h2d_gbps"] = rate(r.h2d_bytes, r.h2d_copy_s);
   line["d2h_gbps"] = rate(r.d2h_bytes, r.d2h_copy_s);
@@ -59,8 +66,8 @@ std::string DeviceTraffic::summary() const {
   if (steps_ == 0) return "";
   const double per_step = 1.0 / static_cast<double>(steps_);
   auto rate = [](std::uint64_t bytes, double s) {
-    return std::isfinite(s) && s > 0 ? fmt::format("{:.1f} GB/s", static_cast<double>(bytes) / s / 1e9)
-                                     : std::string("rate not measured");
+    const double r = gb_per_s(bytes, s);
+    return std::isnan(r) ? std::string("rate not measured") : fmt::format("{:.1f} GB/s", r);
   };
   return fmt::format(
       "device: {} steps; per step: parameters up {:.1f} MiB ({}), gradients down {:.1f} MiB ({}); compute waited "
