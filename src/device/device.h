@@ -100,6 +100,9 @@ class Device {
   }
   // Enqueues `work` on `role`.
   virtual Status enqueue(StreamRole role, Work work, std::string_view what) = 0;
+  // Enqueues setting `bytes` of device memory at `device_ptr` to zero on `role` (cudaMemsetAsync
+  // on a GPU): what a consumer on the compute stream zeroes its gradient buffers with.
+  virtual Status fill_zero(StreamRole role, void* device_ptr, std::size_t bytes, std::string_view what) = 0;
 
   // An event after everything enqueued on `role` so far.
   virtual Result<Event> record(StreamRole role) = 0;

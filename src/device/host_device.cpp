@@ -265,6 +265,15 @@ Status HostDevice::copy_d2h(void* host_dst, const void* device_src, std::size_t 
       [=, impl = impl_.get()] { return impl->copy(StreamRole::kD2H, host_dst, device_src, bytes); }, what);
 }
 
+Status HostDevice::fill_zero(StreamRole role, void* device_ptr, std::size_t bytes, std::string_view what) {
+  if (bytes == 0) return Status::ok();
+  if (device_ptr == nullptr) return Status::invalid_argument(fmt::format("host device: zero '{}' at a null pointer", what));
+  return impl_->stream(role).push([=] {
+    std::memset(device_ptr, 0, bytes);
+    return Status::ok();
+  }, what);
+}
+
 Result<double> HostDevice::copy_seconds(StreamRole role) const {
   return static_cast<double>(impl_->copy_ns[static_cast<std::size_t>(role)].load()) * 1e-9;
 }

@@ -44,6 +44,7 @@ class HostDevice final : public Device {
   Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) override;
   Status copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) override;
   Status enqueue(StreamRole role, Work work, std::string_view what) override;
+  Status fill_zero(StreamRole role, void* device_ptr, std::size_t bytes, std::string_view what) override;
   Result<double> copy_seconds(StreamRole role) const override;
   Result<Event> record(StreamRole role) override;
   Status wait(StreamRole role, const Event& event) override;

@@ -29,13 +29,18 @@ class CudaEventState final : public device::EventState {
 const CudaEventState* cuda_state(const device::Event& e) { return dynamic_cast<const CudaEventState*>(e.state()); }
 
 // Members in destruction-safe order: the allocator (which waits for its fences) before the streams
-// its fences are on.
+// its fences are on. The streams and the allocator are the device's own (make_cuda_device) or
+// someone else's that outlive it (make_cuda_device_view): then the owners are empty.
 class CudaDevice final : public device::Device {
  public:
-  CudaDevice(int ordinal, DeviceInfo info, Stream compute, std::unique_ptr<CopyEngine> copies,
-             std::unique_ptr<CachingAllocator> alloc)
-      : ordinal_(ordinal), info_(std::move(info)), compute_(std::move(compute)), copies_(std::move(copies)),
-        alloc_(std::move(alloc)) {}
+  struct Owned {
+    std::unique_ptr<Stream> compute;
+    std::unique_ptr<CopyEngine> copies;
+    std::unique_ptr<CachingAllocator> alloc;
+  };
+  CudaDevice(int ordinal, DeviceInfo info, Stream& compute, CopyEngine& copies, CachingAllocator& alloc, Owned owned)
+      : owned_(std::move(owned)), ordinal_(ordinal), info_(std::move(info)), compute_(&compute), copies_(&copies),
+        alloc_(&alloc) {}
   ~CudaDevice() override { (void)synchronize_all(); }
 
   std::string describe() const override { return info_.to_string(); }
@@ -61,6 +66,15 @@ class CudaDevice final : public device::Device {
     ZINF_RETURN_IF_ERROR(work(device::StreamContext{stream(role), role}).with_context(
         fmt::format("GPU {}, {} stream, '{}'", ordinal_, device::stream_role_name(role), what)));
     return last_launch_status(fmt::format("'{}' on the {} stream of GPU {}", what, device::stream_role_name(role), ordinal_));
+  }
+
+  Status fill_zero(StreamRole role, void* device_ptr, std::size_t bytes, std::string_view what) override {
+    if (bytes == 0) return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(ordinal_));
+    ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(device_ptr, 0, bytes, stream(role)),
+                              fmt::format("zero '{}' ({} bytes) on the {} stream of GPU {}", what, bytes,
+                                          device::stream_role_name(role), ordinal_));
+    return Status::ok();
   }
 
   Result<device::Event> record(StreamRole role) override {
@@ -94,7 +108,7 @@ class CudaDevice final : public device::Device {
   }
 
   Status synchronize_all() override {
-    ZINF_RETURN_IF_ERROR(compute_.synchronize());
+    ZINF_RETURN_IF_ERROR(compute_->synchronize());
     return copies_->synchronize();
   }
 
@@ -105,14 +119,15 @@ class CudaDevice final : public device::Device {
       case StreamRole::kD2H: return copies_->d2h_stream().get();
       case StreamRole::kCompute: break;
     }
-    return compute_.get();
+    return compute_->get();
   }
 
+  Owned owned_;  // destroyed last: after the destructor has drained the streams
   int ordinal_;
   DeviceInfo info_;
-  Stream compute_;
-  std::unique_ptr<CopyEngine> copies_;
-  std::unique_ptr<CachingAllocator> alloc_;
+  Stream* compute_;
+  CopyEngine* copies_;
+  CachingAllocator* alloc_;
 };
 
 }  // namespace
@@ -121,13 +136,24 @@ Result<std::unique_ptr<device::Device>> make_cuda_device(CudaDeviceOptions optio
   const int d = options.device;
   ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(d));
   ZINF_ASSIGN_OR_RETURN(DeviceInfo info, device_info(d));
+  CudaDevice::Owned owned;
   ZINF_ASSIGN_OR_RETURN(Stream compute, Stream::create(d, "device compute"));
+  owned.compute = std::make_unique<Stream>(std::move(compute));
   CopyEngineOptions copy_options;
   copy_options.require_pinned_host = options.require_pinned_host;
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CopyEngine> copies, CopyEngine::create(d, copy_options));
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<CachingAllocator> alloc, make_device_allocator(d, options.memory_cap));
+  ZINF_ASSIGN_OR_RETURN(owned.copies, CopyEngine::create(d, copy_options));
+  ZINF_ASSIGN_OR_RETURN(owned.alloc, make_device_allocator(d, options.memory_cap));
+  Stream& c = *owned.compute;
+  CopyEngine& e = *owned.copies;
+  CachingAllocator& a = *owned.alloc;
+  return std::unique_ptr<device::Device>(std::make_unique<CudaDevice>(d, std::move(info), c, e, a, std::move(owned)));
+}
+
+Result<std::unique_ptr<device::Device>> make_cuda_device_view(int ordinal, Stream& compute, CopyEngine& copies,
+                                                              CachingAllocator& alloc) {
+  ZINF_ASSIGN_OR_RETURN(DeviceInfo info, device_info(ordinal));
   return std::unique_ptr<device::Device>(
-      std::make_unique<CudaDevice>(d, std::move(info), std::move(compute), std::move(copies), std::move(alloc)));
+      std::make_unique<CudaDevice>(ordinal, std::move(info), compute, copies, alloc, CudaDevice::Owned{}));
 }
 
 }  // namespace zinf::gpu

@@ -21,4 +21,12 @@ struct CudaDeviceOptions {
 // cudaStream_t); a launch error is reported by enqueue, naming the item.
 Result<std::unique_ptr<device::Device>> make_cuda_device(CudaDeviceOptions options = {});
 
+class Stream;
+class CopyEngine;
+// The device interface over a compute stream, copy engine and allocator someone else owns (a GPU
+// model's: the engine then gathers into the memory the model computes with, and orders its
+// copies against the stream its kernels run on). They must outlive the device.
+Result<std::unique_ptr<device::Device>> make_cuda_device_view(int ordinal, Stream& compute, CopyEngine& copies,
+                                                              device::CachingAllocator& alloc);
+
 }  // namespace zinf::gpu

@@ -15,11 +15,13 @@
 #include "device/caching_allocator.h"
 #include "gpu/blas.h"
 #include "gpu/copy_engine.h"
+#include "gpu/cuda_device.h"
 #include "gpu/cuda_error.h"
 #include "gpu/device.h"
 #include "gpu/device_allocator.h"
 #include "gpu/gpu_pass.h"
 #include "gpu/host_staging.h"
+#include "gpu/kernels.h"
 #include "gpu/param_bridge.h"
 #include "gpu/stream.h"
 #include "zinf/optim/half.h"
@@ -50,6 +52,10 @@ class GpuModelBridge final : public GpuParamAccess {
   // pass; grown on demand and reused across passes.
   std::vector<Event> marks;
   std::size_t marks_used = 0;
+  // The device interface over the streams and allocator above (model::Model::compute_device());
+  // declared after them, so it goes first. With device_memory the engine gathers into it.
+  std::unique_ptr<device::Device> device_view;
+  bool device_memory = false;
 
   // The current pass.
   model::ParamAccess* host = nullptr;
@@ -78,6 +84,7 @@ class GpuModelBridge final : public GpuParamAccess {
   Status add_segments();
   Status upload(int m, std::span<const bf16*> out);
   Status download_and_add(int m, std::span<const int> done);
+  Status cast_on_device(int m, std::span<const bf16*> out);
 };
 
 Status GpuModelBridge::reserve_bt(int bt) {
@@ -163,7 +170,7 @@ Status GpuModelBridge::acquire(int m, model::Phase phase, std::span<const bf16*>
     return s;
   }
   t0 = Clock::now();
-  s = upload(m, out);
+  s = device_memory ? cast_on_device(m, out) : upload(m, out);
   times.upload_s += seconds_since(t0);
   if (!s.is_ok()) {
     // Not acquired as far as the model knows: undo the host side (a second error is dropped).
@@ -209,6 +216,28 @@ Status GpuModelBridge::upload(int m, std::span<const bf16*> out) {
   return Status::ok();
 }
 
+// With device memory: the host acquire gave fp32 device pointers that kernels enqueued from now on
+// may read (the engine made the compute stream wait for their upload); they are cast to bf16 into
+// one block on the compute stream, the same bits as upload()'s host cast.
+Status GpuModelBridge::cast_on_device(int m, std::span<const bf16*> out) {
+  const model::ModuleSpec& mod = module_spec(m);
+  const PackedLayout& l = ledger->value_layout(m);
+  const std::string what = fmt::format("module '{}' values ({} parameters, {} bytes bf16)", mod.name,
+                                       mod.params.size(), l.bytes);
+  ZINF_ASSIGN_OR_RETURN(DeviceBlock block, alloc->allocate(l.bytes, compute.key(), what));
+  for (std::size_t k = 0; k < mod.params.size(); ++k) {
+    const float* src = host_values[k];
+    if (src == nullptr) {
+      return Status::internal(fmt::format("{}: the engine gave no values for '{}'", what, param_spec(mod.params[k]).name));
+    }
+    auto* dst = reinterpret_cast<bf16*>(static_cast<std::byte*>(block.data()) + l.offsets[k]);
+    ZINF_RETURN_IF_ERROR(cast_to_bf16(dst, src, param_spec(mod.params[k]).numel, compute.get()).with_context(what));
+    out[k] = dst;
+  }
+  values[static_cast<std::size_t>(m)] = std::move(block);
+  return Status::ok();
+}
+
 Status GpuModelBridge::release(int m, model::Phase phase) {
   ZINF_RETURN_IF_ERROR(ledger->release(m));
   // Back to the compute stream's cache: later kernels on it run after the ones that read it,
@@ -227,6 +256,16 @@ Status GpuModelBridge::grad_buffers(int m, std::span<float*> out) {
   hg.assign(mod.params.size(), nullptr);
   ZINF_RETURN_IF_ERROR(host->grad_buffers(m, hg));
   ZINF_ASSIGN_OR_RETURN(const std::vector<int> fresh, ledger->open_grads(m));
+  if (device_memory) {
+    // The engine's device buffers, zeroed on the compute stream; the net adds into them.
+    for (std::size_t k = 0; k < mod.params.size(); ++k) {
+      if (hg[k] == nullptr) {
+        return Status::internal(fmt::format("the engine gave no gradient buffer for '{}'", param_spec(mod.params[k]).name));
+      }
+      out[k] = hg[k];
+    }
+    return Status::ok();
+  }
   for (const int p : fresh) {
     const model::ParamSpec& s = param_spec(p);
     const std::size_t bytes = s.numel * sizeof(float);
@@ -241,7 +280,8 @@ Status GpuModelBridge::grad_buffers(int m, std::span<float*> out) {
 
 Status GpuModelBridge::grads_ready(int m) {
   ZINF_ASSIGN_OR_RETURN(const std::vector<int> done, ledger->close_grads(m));
-  if (!done.empty()) {
+  // With device memory the engine downloads the gradients after the kernels enqueued so far.
+  if (!done.empty() && !device_memory) {
     const auto t0 = Clock::now();
     ZINF_RETURN_IF_ERROR(mark());  // the compute stream idles from here until the next kernel
     ZINF_RETURN_IF_ERROR(download_and_add(m, done));
@@ -310,6 +350,7 @@ Status BridgedGpuModel::attach(std::unique_ptr<model::Model> cpu, std::string la
   impl->values.resize(impl->cpu->modules().size());
   impl->grads.resize(impl->cpu->params().size());
   impl->host_grads.resize(impl->cpu->modules().size());
+  ZINF_ASSIGN_OR_RETURN(impl->device_view, make_cuda_device_view(d, impl->compute, *impl->copies, *impl->alloc));
   bridge_ = std::move(impl);
   return Status::ok();
 }
@@ -326,6 +367,12 @@ std::string BridgedGpuModel::config_json() const { return bridge_->cpu->config_j
 std::span<const model::ParamSpec> BridgedGpuModel::params() const { return bridge_->cpu->params(); }
 std::span<const model::ModuleSpec> BridgedGpuModel::modules() const { return bridge_->cpu->modules(); }
 GpuModelTimes BridgedGpuModel::times() const { return bridge_->times; }
+device::Device* BridgedGpuModel::compute_device() { return bridge_->device_view.get(); }
+Status BridgedGpuModel::use_device_memory() {
+  bridge_->device_memory = true;
+  return Status::ok();
+}
+bool BridgedGpuModel::uses_device_memory() const { return bridge_->device_memory; }
 int BridgedGpuModel::vocab_size() const { return bridge_->cpu->vocab_size(); }
 int BridgedGpuModel::max_seq() const { return bridge_->cpu->max_seq(); }
 int BridgedGpuModel::hidden_size() const { return bridge_->cpu->hidden_size(); }

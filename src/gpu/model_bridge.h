@@ -76,6 +76,15 @@ class BridgedGpuModel : public model::Model {
   uint64_t activation_bytes(int B, int T) const override;
   GpuModelTimes times() const;
 
+  // The device interface over this model's compute stream, copy streams and allocator: an engine
+  // that gathers into it (EngineDevice kModelDevice) calls use_device_memory(), and from then on
+  // acquire() casts the engine's fp32 device values to bf16 on the compute stream, the net adds
+  // into the engine's device gradient buffers, and nothing is staged, uploaded or downloaded
+  // here: the engine's copies run on the copy streams, prefetched and overlapped (docs/zero3.md).
+  device::Device* compute_device() override;
+  Status use_device_memory() override;
+  bool uses_device_memory() const;
+
   // The GPU computes in bf16 with fp32 accumulation whatever the run's precision.
   Status set_compute_precision(model::ComputePrecision) override { return Status::ok(); }
 

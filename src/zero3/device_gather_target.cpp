@@ -48,11 +48,19 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
 
   Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
                 GatherBlock& block) override {
+    if (on_stream() && comm.world_size() > 1) {
+      return Status::unsupported(fmt::format(
+          "{}: gathering into device memory for kernels on its compute stream with {} ranks needs device "
+          "collectives, which the coordinator does not use yet; run one rank per engine, or the host path",
+          device_.describe(), comm.world_size()));
+    }
     BlockState& state = state_of(block);
     const std::size_t bytes = per_rank * sizeof(float);
     ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
     ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(staging->buf.as_floats(), per_rank)));
     float* mine = block.data() + per_rank * static_cast<std::size_t>(comm.rank());
+    // A reused block may still be read by kernels enqueued before it was released.
+    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
     ZINF_RETURN_IF_ERROR(device_.copy_h2d(mine, staging->buf.data(), bytes, "parameter upload"));
     state.block.record_use(device_.stream_key(StreamRole::kH2D));
     ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
@@ -72,7 +80,10 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   Status ready(GatherBlock& block) override {
     BlockState& state = state_of(block);
     if (state.ready.empty()) return Status::ok();
-    if (options_.skip_wait != SkipWait::kUploadBeforeUse) {
+    if (on_stream()) {
+      // The compute stream waits; the host goes on enqueueing.
+      if (options_.skip_wait != SkipWait::kUploadBeforeUse) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kCompute, state.ready));
+    } else if (options_.skip_wait != SkipWait::kUploadBeforeUse) {
       const auto t0 = Clock::now();
       ZINF_RETURN_IF_ERROR(device_.synchronize(state.ready));
       stats_.ready_wait_s += since(t0);
@@ -82,6 +93,9 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   }
 
   Status zero(GatherBlock& block) override {
+    if (on_stream()) {
+      return device_.fill_zero(StreamRole::kCompute, block.data(), block.size() * sizeof(float), "gradient buffer");
+    }
     // Device memory is host memory here (make_device_gather_target checks), and nothing but the
     // driving thread writes a block the allocator handed out.
     if (block.size() > 0) std::memset(block.data(), 0, block.size() * sizeof(float));
@@ -92,6 +106,8 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     BlockState& state = state_of(src);
     const std::size_t bytes = n * sizeof(float);
     ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
+    // The kernels that write the gradient were enqueued before grads_ready().
+    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kD2H));
     ZINF_RETURN_IF_ERROR(device_.copy_d2h(staging->buf.data(), src.data() + offset, bytes, "gradient download"));
     state.block.record_use(device_.stream_key(StreamRole::kD2H));
     ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kD2H));
@@ -155,6 +171,16 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
 
   BlockState& state_of(const GatherBlock& block) { return blocks_.at(block.data()); }
 
+  bool on_stream() const { return options_.consumer == DeviceGatherOptions::Consumer::kComputeStream; }
+
+  // With a consumer on the compute stream: later work on `copy` waits for the compute work
+  // enqueued so far.
+  Status after_compute(StreamRole copy) {
+    if (!on_stream() || options_.skip_wait == SkipWait::kComputeBeforeCopy) return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
+    return device_.wait(copy, computed);
+  }
+
   // A staging buffer of at least `bytes` whose last copy has completed: a free one, else a new
   // one while fewer than options_.staging_buffers exist, else the least recently used free one
   // after waiting for its copy (grown if too small).
@@ -210,10 +236,10 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
 
 Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::Device& device,
                                                                       DeviceGatherOptions options) {
-  if (!device.host_addressable()) {
-    return Status::unsupported(fmt::format(
-        "{}: the device-resident engine runs CPU models on the host device only; a model whose kernels run on "
-        "the device's compute stream is not wired to it yet",
+  if (!device.host_addressable() && options.consumer == DeviceGatherOptions::Consumer::kHostThread) {
+    return Status::invalid_argument(fmt::format(
+        "{}: its memory is not host memory, so a model computing on the host thread cannot read it; the "
+        "consumer must compute on the device's compute stream",
         device.describe()));
   }
   if (options.staging_buffers == 0) return Status::invalid_argument("device gather target: staging_buffers is 0");

@@ -14,12 +14,17 @@
 // coordinator adds it into the rank's gradient partition once the download has landed
 // (finish_download), while backward goes on.
 //
-// Who computes: the model runs on the thread that drives the passes (a CPU model on the host
-// device, whose device memory is host memory). ready() therefore blocks that thread until the
-// upload has landed, and a block the model has released needs no fence on the compute stream.
-// A model whose kernels run on the device's compute stream would wait there instead
-// (Device::wait(kCompute, ...)) and fence released blocks on it; that consumer is not built yet.
-//
+// Who computes (DeviceGatherOptions::consumer):
+//  - kHostThread: the model runs on the thread that drives the passes (a CPU model on the host
+//    device, whose device memory is host memory). ready() blocks that thread until the upload
+//    has landed, zero() writes on the host, and a block the model has released needs no fence.
+//  - kComputeStream: the model's kernels run on the device's compute stream (a GPU model,
+//    model::Model::compute_device()). ready() makes the compute stream wait for the upload (the
+//    host goes on), zero() is enqueued there, and every copy into or out of a block first waits
+//    for the compute work enqueued so far: a reused block may still be read, and a gradient still
+//    written, by kernels the model enqueued before release() or grads_ready(). W > 1 is refused:
+//    the host all-gather and reduce-scatter cannot read device memory (NCCL's device collectives
+//    are not wired to the coordinator yet).
 // Invariants (each one has a test that breaks when it is removed, under random delays):
 //  - a staging buffer is reused only after the upload that reads it has completed;
 //  - a block's values are handed to the model only after its upload (and all-gather) completed;
@@ -38,11 +43,13 @@
 namespace zinf::zero3 {
 
 struct DeviceGatherOptions {
+  enum class Consumer { kHostThread, kComputeStream };
+  Consumer consumer = Consumer::kHostThread;
   // Staging buffers for uploads and downloads in flight at once (each the size of the largest
   // slice it carried so far). More in flight waits for the oldest.
   std::size_t staging_buffers = 4;
   // Test hook: leave out one wait so that the tests can show they catch it. Never set elsewhere.
-  enum class SkipWait { kNone, kUploadBeforeUse, kStagingReuse, kDownloadBeforeRead };
+  enum class SkipWait { kNone, kUploadBeforeUse, kStagingReuse, kDownloadBeforeRead, kComputeBeforeCopy };
   SkipWait skip_wait = SkipWait::kNone;
 };
 
@@ -64,7 +71,7 @@ class DeviceGatherTarget : public GatherTarget {
   virtual device::Device& device() const = 0;
 };
 
-// `device` must be host-addressable (the host device) for now, and outlive the target.
+// `device` must outlive the target. kHostThread needs a host-addressable device (the host device).
 Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::Device& device,
                                                                       DeviceGatherOptions options = {});
 

@@ -168,9 +168,27 @@ Status Engine::Impl::init() {
     d.poison_new_blocks = options.device.poison_new_blocks;
     d.memory_cap = static_cast<std::size_t>(options.device.memory_cap_bytes);
     device = device::HostDevice::create(d);
+    device_view = device.get();
   }
   TierContext with_device = tier_context;
-  with_device.device = device.get();
+  if (options.device.kind == EngineDevice::Kind::kModelDevice) {
+    device_view = model->compute_device();
+    if (device_view == nullptr) {
+      return Status::invalid_argument(fmt::format(
+          "the {} model computes on the host: it has no device of its own to gather into (EngineDevice kModelDevice "
+          "is for GPU models)",
+          model->type()));
+    }
+    if (comm.world_size() > 1) {
+      return Status::unsupported(fmt::format(
+          "gathering into GPU memory with {} ranks needs device collectives (NCCL), which the coordinator does not "
+          "use yet; with W > 1 the GPU model takes host memory through its bridge",
+          comm.world_size()));
+    }
+    ZINF_RETURN_IF_ERROR(model->use_device_memory());
+    with_device.consumer = DeviceGatherOptions::Consumer::kComputeStream;
+  }
+  with_device.device = device_view;
   ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(with_device, opt));
   handle = std::move(tiers.handle);
   optimizer = std::move(tiers.optimizer);

@@ -47,6 +47,7 @@ struct Engine::Impl {
   std::unique_ptr<optim::LrSchedule> schedule;
   std::optional<optim::LossScaler> scaler;
   std::unique_ptr<device::Device> device;  // EngineDevice kHostDevice; outlives the gather target
+  device::Device* device_view = nullptr;   // that one, or the model's own (kModelDevice); null: host
   std::unique_ptr<aio::Handle> handle;
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place

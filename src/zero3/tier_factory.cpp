@@ -138,7 +138,9 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
   ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
   if (context.device != nullptr) {
-    ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device));
+    DeviceGatherOptions gather_options;
+    gather_options.consumer = context.consumer;
+    ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device, gather_options));
   } else {
     t.gather = make_host_gather_target();
   }

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "device/device.h"
+#include "zero3/device_gather_target.h"
 #include "zero3/gather_target.h"
 #include "zero3/grad_store.h"
 #include "zero3/tiers.h"
@@ -32,6 +33,9 @@ struct TierContext {
   // Where the coordinator gathers: this device's memory (device_gather_target.h), or host memory
   // when null. Must outlive the tiers.
   device::Device* device = nullptr;
+  // Whether the model reads the gathered memory on the driving thread or from kernels on the
+  // device's compute stream (device_gather_target.h).
+  DeviceGatherOptions::Consumer consumer = DeviceGatherOptions::Consumer::kHostThread;
 };
 
 // The tiers and what they share. Members are destroyed in reverse order: the parameter tier

@@ -119,6 +119,35 @@ TEST_P(DeviceConformance, RoundTripsInFlightAreExact) {
   EXPECT_EQ(s.blocks_in_use, 0u);
 }
 
+// fill_zero is ordered on its stream: after an upload it waits for, before a download that waits
+// for it; only the bytes asked are zeroed.
+TEST_P(DeviceConformance, FillZeroIsOrderedOnItsStream) {
+  constexpr std::size_t n = 4096;
+  aio::PinnedBuffer in = pinned(n * sizeof(float)), out = pinned(n * sizeof(float));
+  for (std::size_t i = 0; i < n; ++i) floats(in)[i] = 1.0f + static_cast<float>(i);
+  std::memset(out.data(), 0xFF, n * sizeof(float));
+  Result<DeviceBlock> block = dev_->allocate(n * sizeof(float), StreamRole::kCompute, "fill_zero");
+  ASSERT_TRUE(block.is_ok()) << block.status().to_string();
+  float* d = block.value().as<float>();
+  ASSERT_TRUE(dev_->wait(StreamRole::kH2D, dev_->record(StreamRole::kCompute).value()).is_ok());
+  ASSERT_TRUE(dev_->copy_h2d(d, in.data(), n * sizeof(float), "upload").is_ok());
+  block.value().record_use(dev_->stream_key(StreamRole::kH2D));
+  ASSERT_TRUE(dev_->wait(StreamRole::kCompute, dev_->record(StreamRole::kH2D).value()).is_ok());
+  ASSERT_TRUE(dev_->fill_zero(StreamRole::kCompute, d + 100, 1000 * sizeof(float), "middle").is_ok());
+  ASSERT_TRUE(dev_->wait(StreamRole::kD2H, dev_->record(StreamRole::kCompute).value()).is_ok());
+  ASSERT_TRUE(dev_->copy_d2h(out.data(), d, n * sizeof(float), "download").is_ok());
+  block.value().record_use(dev_->stream_key(StreamRole::kD2H));
+  Result<Event> done = dev_->record(StreamRole::kD2H);
+  ASSERT_TRUE(done.is_ok());
+  ASSERT_TRUE(dev_->synchronize(done.value()).is_ok());
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float want = i >= 100 && i < 1100 ? 0.0f : floats(in)[i];
+    bad += floats(out)[i] != want;
+  }
+  EXPECT_EQ(bad, 0u) << dev_->describe();
+}
+
 // Without the compute stream's wait for the upload (one wait removed), the harness sees it: with
 // the upload held at a gate, the work reads the block's old contents. With the wait, it is right.
 TEST_P(DeviceConformance, AMissingWaitIsCaught) {

@@ -126,5 +126,33 @@ TEST(GptGpuModel, CudaHostAllocStagingTrainsBitForBitLikeRegisteredStaging) {
   EXPECT_EQ(*got, *want);
 }
 
+// The engine gathering into the GPU model's own memory (EngineDevice kModelDevice: uploads on the
+// copy stream, the compute stream waiting for them, the bf16 cast on the GPU, gradients downloaded
+// after their kernels) trains bit for bit as the bridge does (the host cast, uploads and
+// downloads): the same values reach the same kernels in the same order. For each offload device.
+TEST(GptGpuModel, GatheringIntoGpuMemoryTrainsBitForBitLikeTheBridge) {
+  ZINF_REQUIRE_GPU();
+  constexpr int kSteps = 3;
+  const int V = small_config().vocab_size;
+  for (const char* offload : {"none", "cpu", "nvme"}) {
+    zinf::testing::TempDir nvme;
+    const config::DsConfig ds = zero3::testing::ds_config(offload, nvme.path());
+    EngineRun bridge(gpu_model(), ds);
+    ASSERT_TRUE(bridge.engine);
+    auto want = zero3::testing::train(*bridge.engine, 0, kSteps, V);
+    ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+    EngineRun on_device(gpu_model(), ds, zero3::EngineDevice::Kind::kModelDevice);
+    ASSERT_TRUE(on_device.engine);
+    auto got = zero3::testing::train(*on_device.engine, 0, kSteps, V);
+    ASSERT_TRUE(got.is_ok()) << offload << ": " << got.status().to_string();
+    EXPECT_EQ(*got, *want) << "offload " << offload;
+    std::vector<float> a(small_config().n_embd), b(small_config().n_embd);
+    const std::size_t last = bridge.engine->model().params().size() - 1;  // the final LayerNorm's bias
+    ASSERT_TRUE(bridge.engine->read_full_param(last, a).is_ok());
+    ASSERT_TRUE(on_device.engine->read_full_param(last, b).is_ok());
+    EXPECT_EQ(a, b) << "offload " << offload;
+  }
+}
+
 }  // namespace
 }  // namespace zinf::gpu

@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "device/device.h"
 #include "zero3/tiers.h"
 #include "zinf/model/model.h"
 #include "zinf/model/module_calls.h"
@@ -20,9 +22,12 @@ constexpr std::size_t kSize = 100;  // elements per parameter
 
 // "embed" owns p0; "m1".."mN" own p1..pN; "head" uses p0 again (tied, like GPT's lm_head).
 // Forward visits embed, m1..mN, head; backward head, mN..m1, embed.
+// With `stream_device`, every module body runs as a work item on that device's compute stream,
+// as a GPU model's kernels do (the host only enqueues; the loss is read once the stream is done):
+// what a device gather target owes a kComputeStream consumer is then exercised on the host device.
 class ChainModel final : public model::Model {
  public:
-  explicit ChainModel(int n) {
+  explicit ChainModel(int n, device::Device* stream_device = nullptr) : stream_(stream_device) {
     auto add = [&](const std::string& module, int param) {
       modules_.push_back({module, {param}, true});
       if (param == static_cast<int>(params_.size())) {
@@ -49,26 +54,58 @@ class ChainModel final : public model::Model {
   Result<float> forward_backward(std::span<const int32_t> in, std::span<const int32_t> tg, int B, int T,
                                  model::ParamAccess& access, float) override {
     ZINF_ASSIGN_OR_RETURN(float loss, forward_loss(in, tg, B, T, access));
+    Status enqueued;
     for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
-      ZINF_RETURN_IF_ERROR(model::run_module_backward(access, modules_, m, [](const float* const* v, float* const* g) {
-        for (std::size_t i = 0; i < kSize; ++i) g[0][i] += v[0][i];
+      ZINF_RETURN_IF_ERROR(model::run_module_backward(access, modules_, m, [&](const float* const* v, float* const* g) {
+        run([v0 = v[0], g0 = g[0]] {
+          for (std::size_t i = 0; i < kSize; ++i) g0[i] += v0[i];
+        }, enqueued);
       }));
+      ZINF_RETURN_IF_ERROR(enqueued);
     }
+    ZINF_RETURN_IF_ERROR(finish());
     return loss;
   }
   Result<float> forward_loss(std::span<const int32_t>, std::span<const int32_t>, int, int,
                              model::ParamAccess& access) override {
-    float loss = 0;
+    auto loss = std::make_shared<float>(0.0f);
+    Status enqueued;
     for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
-      ZINF_RETURN_IF_ERROR(model::run_module_forward(access, modules_, m, model::Phase::kForward,
-                                                     [&](const float* const* v) { loss += v[0][0]; }));
+      ZINF_RETURN_IF_ERROR(model::run_module_forward(access, modules_, m, model::Phase::kForward, [&](const float* const* v) {
+        run([v0 = v[0], loss] { *loss += v0[0]; }, enqueued);
+      }));
+      ZINF_RETURN_IF_ERROR(enqueued);
     }
-    return loss;
+    ZINF_RETURN_IF_ERROR(finish());
+    return *loss;
   }
+  device::Device* compute_device() override { return stream_; }
+  Status use_device_memory() override { return Status::ok(); }
   Status reserve(int, int) override { return Status::ok(); }
   uint64_t activation_bytes(int, int) const override { return 0; }
 
  private:
+  // Runs `body` now, or enqueues it on the compute stream (the first failure stays in `status`).
+  template <typename Body>
+  void run(Body body, Status& status) {
+    if (stream_ == nullptr) {
+      body();
+      return;
+    }
+    if (!status.is_ok()) return;
+    status = stream_->enqueue(device::StreamRole::kCompute, [body](const device::StreamContext&) {
+      body();
+      return Status::ok();
+    }, "chain module");
+  }
+  // Waits for the compute stream's work (nothing to wait for without a stream).
+  Status finish() {
+    if (stream_ == nullptr) return Status::ok();
+    ZINF_ASSIGN_OR_RETURN(device::Event done, stream_->record(device::StreamRole::kCompute));
+    return stream_->synchronize(done);
+  }
+
+  device::Device* stream_ = nullptr;
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
 };

@@ -17,6 +17,8 @@
 #include "zero3/device_gather_target.h"
 #include "zero3/engine_impl.h"
 #include "zero3/grad_store.h"
+#include "zinf/config/ds_config.h"
+#include "zinf/zero3/engine.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -47,23 +49,24 @@ device::HostDeviceOptions delays(std::uint64_t seed) {
 }
 
 struct DeviceHarness {
-  ChainModel model{kModules};
+  std::unique_ptr<device::HostDevice> device;  // before the model, which may enqueue on it
+  ChainModel model;
   PartitionPlan plan;
   swap::PartitionLayout layout;
   std::unique_ptr<Communicator> comm = make_local_communicator();
   std::unique_ptr<GradStore> grads;
   std::unique_ptr<RecordingTier> tier;
-  std::unique_ptr<device::HostDevice> device;
   std::unique_ptr<DeviceGatherTarget> target;
   std::unique_ptr<Coordinator> coordinator;
 
   DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {})
-      : plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
+      : device(device::HostDevice::create(d)),
+        model(kModules, g.consumer == DeviceGatherOptions::Consumer::kComputeStream ? device.get() : nullptr),
+        plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     grads = std::move(make_memory_grad_store(layout)).value();
     EXPECT_TRUE(grads->begin_step().is_ok());
     tier = std::make_unique<RecordingTier>(plan.num_groups());
-    device = device::HostDevice::create(d);
     auto made = make_device_gather_target(*device, g);
     EXPECT_TRUE(made.is_ok()) << made.status().to_string();
     target = std::move(made).value();
@@ -176,6 +179,105 @@ TEST(DeviceCoordinatorTest, EachWaitIsNeeded) {
     }
     EXPECT_TRUE(wrong) << "wait " << static_cast<int>(skip) << " left out, and nothing noticed";
   }
+}
+
+// A consumer on the compute stream (a GPU model: the host only enqueues, model::Model::
+// compute_device()): exact under random delays, and each ordering the target adds for it is
+// needed: without the compute stream's wait for the upload, or without the copy streams' wait for
+// the compute work enqueued before a block was released (a reused block overwritten while
+// still read) or before grads_ready (a gradient downloaded before it was written), results go wrong.
+DeviceGatherOptions on_stream(SkipWait skip = SkipWait::kNone) {
+  DeviceGatherOptions g;
+  g.consumer = DeviceGatherOptions::Consumer::kComputeStream;
+  g.skip_wait = skip;
+  return g;
+}
+
+TEST(DeviceCoordinatorTest, AComputeStreamConsumerGetsExactResultsUnderRandomDelays) {
+  for (std::uint64_t seed : {1u, 2u, 3u}) {
+    DeviceHarness h(options(), delays(seed), on_stream());
+    for (int pass = 1; pass <= 3; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_EQ(loss.value(), DeviceHarness::expected_loss()) << "seed " << seed << " pass " << pass;
+    }
+    EXPECT_EQ(h.gradient_mismatch(3), "") << "seed " << seed;
+    EXPECT_EQ(h.target->device_stats().ready_wait_s, 0.0) << "the host never waits for an upload";
+  }
+}
+
+TEST(DeviceCoordinatorTest, EachComputeStreamOrderingIsNeeded) {
+  for (SkipWait skip : {SkipWait::kUploadBeforeUse, SkipWait::kComputeBeforeCopy}) {
+    bool wrong = false;
+    for (std::uint64_t seed = 11; seed < 16 && !wrong; ++seed) {
+      DeviceGatherOptions g = on_stream(skip);
+      g.staging_buffers = 1;
+      DeviceHarness h(options(), delays(seed), g);
+      for (int pass = 1; pass <= 3 && !wrong; ++pass) {
+        auto loss = h.pass();
+        ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+        wrong = loss.value() != DeviceHarness::expected_loss() || std::isnan(loss.value());
+        if (!wrong) wrong = !h.gradient_mismatch(pass).empty();
+      }
+    }
+    EXPECT_TRUE(wrong) << "ordering " << static_cast<int>(skip) << " left out, and nothing noticed";
+  }
+}
+
+// The engine with EngineDevice kModelDevice: it gathers into the memory of the model's own device
+// (here a host device on whose compute stream the chain model runs) and trains to the same bits
+// as the host path.
+TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameResults) {
+  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
+      "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}})";
+  auto ds = config::parse_ds_config(text, "model_device_test", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  auto comm = make_local_communicator();
+  const std::vector<std::int32_t> tokens = {0};
+  const MicroBatch mb{tokens, tokens, 1, 1};
+  auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
+                   std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
+    EngineOptions o{ds.value(), 3, ""};
+    o.device.kind = kind;
+    auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    for (int step = 0; step < 3; ++step) {
+      auto r = engine.value()->train_step(std::span<const MicroBatch>(&mb, 1));
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      losses->push_back(r.value().loss);
+      *h2d += r.value().h2d_bytes;
+    }
+    for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
+      std::vector<float> w(kSize);
+      ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
+      weights->push_back(std::move(w));
+    }
+  };
+  std::vector<double> host_losses, device_losses;
+  std::vector<std::vector<float>> host_weights, device_weights;
+  std::uint64_t host_h2d = 0, device_h2d = 0;
+  train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
+  auto device = device::HostDevice::create(delays(5));
+  train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
+  EXPECT_EQ(device_losses, host_losses);
+  EXPECT_EQ(device_weights, host_weights);
+  EXPECT_EQ(host_h2d, 0u);
+  EXPECT_GT(device_h2d, 0u) << "the values went through the device's copy stream";
+}
+
+TEST(DeviceCoordinatorTest, AModelWithoutADeviceOfItsOwnIsRefusedForModelDevice) {
+  auto ds = config::parse_ds_config(R"({"train_micro_batch_size_per_gpu": 1})", "model_device_test",
+                                    config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  auto comm = make_local_communicator();
+  EngineOptions o{ds.value(), 3, ""};
+  o.device.kind = EngineDevice::Kind::kModelDevice;
+  auto engine = Engine::create(std::make_unique<ChainModel>(kModules), o, *comm);
+  ASSERT_FALSE(engine.is_ok());
+  EXPECT_EQ(engine.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(engine.status().message().find("computes on the host"), std::string::npos) << engine.status().to_string();
 }
 
 // With one group a module, the coordinator has one upload in flight at a time, so the staging

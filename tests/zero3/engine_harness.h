@@ -94,8 +94,11 @@ inline std::vector<std::vector<float>> weights(Engine& e) {
 struct EngineRun {
   std::unique_ptr<Communicator> comm = make_local_communicator();
   std::unique_ptr<Engine> engine;
-  EngineRun(std::unique_ptr<model::Model> m, const config::DsConfig& ds) {
-    auto e = Engine::create(std::move(m), EngineOptions{ds, 11, ""}, *comm);
+  EngineRun(std::unique_ptr<model::Model> m, const config::DsConfig& ds,
+            EngineDevice::Kind device = EngineDevice::Kind::kHostMemory) {
+    EngineOptions options{ds, 11, ""};
+    options.device.kind = device;
+    auto e = Engine::create(std::move(m), options, *comm);
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
     if (e.is_ok()) engine = std::move(e).value();
   }

@@ -72,6 +72,7 @@ struct TrainOptions {
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
   std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
   bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
+  std::string gpu_gather = "host";  // --gpu-gather: host (the bridge) | device (the engine gathers into GPU memory)
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
   bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
@@ -556,6 +557,12 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.seed = o.seed;
     eo.device.max_delay_us = o.host_device_delay_us;
   }
+  if (o.gpu_gather == "device") {
+    if (device.device != ComputeDevice::kCuda) {
+      return Status::invalid_argument("--gpu-gather device gathers into the GPU model's memory; use it with --device cuda");
+    }
+    eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
+  }
   eo.overlap_optimizer = o.overlap_optimizer;
   eo.save_dir = o.save_dir;
   eo.save_copies = checkpoints_to_write(o, saved);
@@ -744,6 +751,12 @@ void add_train_command(CLI::App& app, int* exit_code) {
                 "keep gathered parameters and gradients in the memory of a host device (streams as threads) and move "
                 "them through its copy streams: the device-resident engine's orchestration on the CPU, the same "
                 "results as without; prints what it moved and how long compute waited");
+  cmd->add_option("--gpu-gather", o->gpu_gather,
+                  "with --device cuda, where the engine gathers parameters and gradients: host (host memory; the "
+                  "model uploads each module and downloads its gradients, synchronously) or device (GPU memory, "
+                  "through the copy streams: prefetched along the trace, gradients downloaded while backward goes "
+                  "on; one rank)")
+      ->check(CLI::IsMember({"host", "device"}));
   cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
                 "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
                 "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "

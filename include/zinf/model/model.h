@@ -11,6 +11,10 @@
 #include "zinf/model/params.h"
 #include "zinf/status.h"
 
+namespace zinf::device {
+class Device;  // src/device/device.h (internal)
+}  // namespace zinf::device
+
 namespace zinf::model {
 
 // A token model: inputs and targets are (B, T) token ids, the loss is a mean over positions.
@@ -75,6 +79,18 @@ class Model {
   // GptModel and LlamaModel pick their matrix products with resolve_matmul() (matmul.h). The
   // default ignores it. An error (an override that cannot be honoured) fails Engine::create.
   virtual Status set_compute_precision(ComputePrecision) { return Status::ok(); }
+
+  // A model whose kernels run on a device of its own (the GPU models) returns it; nullptr (the
+  // default): the model computes on the host. The engine may then gather into that device's
+  // memory (EngineDevice kModelDevice) and calls use_device_memory() once, before any pass; from
+  // then on the ParamAccess of every pass hands out pointers into the device's memory: fp32
+  // values that work enqueued on its compute stream after acquire() returns may read, and fp32
+  // gradient buffers zeroed on that stream. The engine orders its copies after the compute work
+  // enqueued before release() and grads_ready(), so the model only enqueues (no host waits).
+  virtual device::Device* compute_device() { return nullptr; }
+  virtual Status use_device_memory() {
+    return Status::unsupported("this model reads parameters in host memory only");
+  }
 
   // Parameter elements, each tensor counted once.
   uint64_t num_params() const;

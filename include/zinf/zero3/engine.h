@@ -34,8 +34,13 @@ namespace zinf::zero3 {
 //    computes, gradients are downloaded while backward goes on. It runs the device-resident
 //    engine's orchestration on any machine, with the same bits as kHostMemory; random delays per
 //    stream item and poisoned new blocks test it (a missing wait shows up as a wrong result).
+//  - kModelDevice: the model's own device (model::Model::compute_device(): a GPU model). The
+//    coordinator gathers fp32 values into its memory through its copy streams and hands the
+//    model device pointers; the model's kernels on the compute stream wait for each upload, and
+//    each gradient is downloaded after the kernels that write it, while backward goes on. One
+//    rank per engine (W > 1 needs device collectives: refused, naming why).
 struct EngineDevice {
-  enum class Kind { kHostMemory, kHostDevice };
+  enum class Kind { kHostMemory, kHostDevice, kModelDevice };
   Kind kind = Kind::kHostMemory;
   std::uint64_t seed = 0;         // the host device's delay pattern
   std::uint32_t max_delay_us = 0; // a random sleep up to this long before each stream item
