@@ -8,13 +8,27 @@
 
 #include "zinf/aio/pinned.h"
 #include "zinf/model/float_buffer.h"
+#include "zinf/thread_pool.h"
 
 namespace zinf::zero3 {
 namespace {
 
-// The one accumulation loop both stores run, so their sums are the same floats.
+// The one accumulation loop both stores run, so their sums are the same floats. Large partitions
+// are split over the default thread pool (element-wise: the same floats whatever the split); the
+// driving thread adds every downloaded gradient of a device-resident pass, and while it adds it
+// does not launch the next kernels.
 void add_into(float* acc, std::span<const float> in) {
-  for (std::size_t i = 0; i < in.size(); ++i) acc[i] += in[i];
+  constexpr std::size_t kChunk = std::size_t{1} << 18;
+  const float* src = in.data();
+  if (in.size() < 4 * kChunk || default_thread_pool().threads() == 1) {
+    for (std::size_t i = 0; i < in.size(); ++i) acc[i] += src[i];
+    return;
+  }
+  const std::size_t n = in.size();
+  default_thread_pool().run((n + kChunk - 1) / kChunk, [&](std::size_t c) {
+    const std::size_t end = std::min(n, (c + 1) * kChunk);
+    for (std::size_t i = c * kChunk; i < end; ++i) acc[i] += src[i];
+  });
 }
 
 Status check_partition(const swap::PartitionLayout& layout, std::size_t p, std::size_t n) {

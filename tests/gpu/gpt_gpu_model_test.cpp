@@ -135,13 +135,14 @@ TEST(GptGpuModel, GatheringIntoGpuMemoryTrainsBitForBitLikeTheBridge) {
   constexpr int kSteps = 3;
   const int V = small_config().vocab_size;
   for (const char* offload : {"none", "cpu", "nvme"}) {
-    zinf::testing::TempDir nvme;
+    zinf::testing::TempDir nvme, nvme2;  // each engine its own swap folder (they are locked)
     const config::DsConfig ds = zero3::testing::ds_config(offload, nvme.path());
     EngineRun bridge(gpu_model(), ds);
     ASSERT_TRUE(bridge.engine);
     auto want = zero3::testing::train(*bridge.engine, 0, kSteps, V);
     ASSERT_TRUE(want.is_ok()) << want.status().to_string();
-    EngineRun on_device(gpu_model(), ds, zero3::EngineDevice::Kind::kModelDevice);
+    EngineRun on_device(gpu_model(), zero3::testing::ds_config(offload, nvme2.path()),
+                        zero3::EngineDevice::Kind::kModelDevice);
     ASSERT_TRUE(on_device.engine);
     auto got = zero3::testing::train(*on_device.engine, 0, kSteps, V);
     ASSERT_TRUE(got.is_ok()) << offload << ": " << got.status().to_string();

@@ -74,5 +74,25 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
   EXPECT_LT(swapped.value()->host_bytes(), memory.value()->host_bytes() + (std::uint64_t{4} << 20));
 }
 
+// A partition large enough to be added by the thread pool in chunks (add_into): every element the
+// sum of its micro-batches in order, bit for bit, including the last partial chunk.
+TEST(GradStore, ALargePartitionAddsTheSameBitsAsOneLoop) {
+  const std::size_t n = (std::size_t{1} << 20) + 12345;  // above the split threshold, ragged end
+  const swap::PartitionLayout layout = swap::PartitionLayout::build({{"big", n}, {"small", 3}}, 1 << 22);
+  auto memory = make_memory_grad_store(layout);
+  ASSERT_TRUE(memory.is_ok());
+  ASSERT_TRUE(memory.value()->begin_step().is_ok());
+  std::vector<float> want(n, 0.0f);
+  for (int micro = 0; micro < 3; ++micro) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i) g[i] = value(0, i, micro);
+    for (std::size_t i = 0; i < n; ++i) want[i] += g[i];
+    ASSERT_TRUE(memory.value()->accumulate(0, g).is_ok());
+  }
+  const std::vector<optim::GradView> views = memory.value()->step_views();
+  const float* got = static_cast<const float*>(views[layout.subgroup_of[0]].data) + layout.offset_in_subgroup[0];
+  EXPECT_EQ(std::memcmp(got, want.data(), n * sizeof(float)), 0);
+}
+
 }  // namespace
 }  // namespace zinf::zero3
