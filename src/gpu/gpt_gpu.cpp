@@ -39,6 +39,7 @@ struct GptGpuActivations {
   float* lnf_mean;                   // (N)
   float* lnf_rstd;                   // (N)
   bf16* logits;                      // (N, logits_ld(V)): logits, then their gradient
+  bf16* head_weight;                 // head_weight_pad_elems(V, C): the head's padded weight
   float* losses;                     // (N)
   float* loss;                       // (1) the mean
   float* dres;                       // (N,C) gradient of the residual stream
@@ -79,6 +80,7 @@ uint64_t carve(const model::GptConfig& c, int max_bt, char* base, GptGpuActivati
   a->lnf_mean = cv.take<float>(bt);
   a->lnf_rstd = cv.take<float>(bt);
   a->logits = cv.take<bf16>(bt * static_cast<size_t>(logits_ld(c.vocab_size)));
+  a->head_weight = cv.take<bf16>(head_weight_pad_elems(c.vocab_size, static_cast<int>(C)));
   a->losses = cv.take<float>(bt);
   a->loss = cv.take<float>(1);
   a->dres = cv.take<float>(bt * C);
@@ -147,7 +149,7 @@ Status GptGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase, f
     return layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, a.resid[static_cast<size_t>(L)], v[0], v[1], N, C, stream_);
   }));
   return head_forward(*blas_, access, modules_, model::module_lm_head(L), phase, a.lnf,
-                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets()}, N, C, loss_scale);
+                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets(), a.head_weight}, N, C, loss_scale);
 }
 
 Status GptGpu::block_forward(int layer, int slot, int B, int T, GpuParamAccess& access, Phase phase,
@@ -212,7 +214,7 @@ Status GptGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   const int L = config_.n_layer;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
   ZINF_RETURN_IF_ERROR(
-      head_backward(*blas_, access, modules_, model::module_lm_head(L), a.lnf, a.logits, a.dsmall, a.dres, N, C));
+      head_backward(*blas_, access, modules_, model::module_lm_head(L), a.lnf, a.logits, a.head_weight, a.dsmall, a.dres, N, C));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, model::module_ln_f(L), [&](const bf16* const* v, float* const* g) {
     return layernorm_backward(a.dres, g[0], g[1], a.col_scratch, a.dsmall, a.resid[static_cast<size_t>(L)], v[0],
                               a.lnf_mean, a.lnf_rstd, N, C, stream_);

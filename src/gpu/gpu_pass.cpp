@@ -92,8 +92,12 @@ Status GpuPassNet::head_forward(Blas& blas, GpuParamAccess& access, std::span<co
                                 int head, model::Phase phase, const bf16* x, const HeadBuffers& h, int N, int C,
                                 float loss_scale) {
   const int V = vocab_;
-  ZINF_RETURN_IF_ERROR(run_forward(access, modules, head, phase, [&](const bf16* const* v) {
-    return linear_forward(blas, LinearShape{N, C, V, logits_ld(V)}, h.logits, x, v[0], nullptr, nullptr, stream_);
+  ZINF_RETURN_IF_ERROR(run_forward(access, modules, head, phase, [&](const bf16* const* v) -> Status {
+    int rows = V;
+    ZINF_ASSIGN_OR_RETURN(const bf16* w, head_weight(v[0], h.padded_weight, C, &rows));
+    // With the padded weight the logits' padding columns are computed as zeros; softmax_xent
+    // reads and overwrites the first V, so the backward products see zeros there too.
+    return linear_forward(blas, LinearShape{N, C, rows, logits_ld(V)}, h.logits, x, w, nullptr, nullptr, stream_);
   }));
   ZINF_RETURN_IF_ERROR(softmax_xent(h.logits, h.losses, h.targets, N, V, logits_ld(V),
                                     loss_scale / static_cast<float>(N), phase == model::Phase::kForward, stream_));
@@ -101,15 +105,34 @@ Status GpuPassNet::head_forward(Blas& blas, GpuParamAccess& access, std::span<co
 }
 
 Status GpuPassNet::head_backward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules,
-                                 int head, const bf16* x, const bf16* logits, bf16* dx, float* dres, int N, int C) {
+                                 int head, const bf16* x, const bf16* logits, bf16* padded_weight, bf16* dx,
+                                 float* dres, int N, int C) {
   const LinearShape shape{N, C, vocab_, logits_ld(vocab_)};
-  ZINF_RETURN_IF_ERROR(run_backward(access, modules, head, [&](const bf16* const* v, float* const* g) {
-    ZINF_RETURN_IF_ERROR(linear_backward_input(blas, shape, dx, logits, v[0], nullptr, stream_));
+  ZINF_RETURN_IF_ERROR(run_backward(access, modules, head, [&](const bf16* const* v, float* const* g) -> Status {
+    // dx over the padded rows (their weight rows and logits columns are zero: the same sum);
+    // the weight's gradient over the V real rows only.
+    int rows = vocab_;
+    ZINF_ASSIGN_OR_RETURN(const bf16* w, head_weight(v[0], padded_weight, C, &rows));
+    ZINF_RETURN_IF_ERROR(linear_backward_input(blas, LinearShape{N, C, rows, shape.ld_out}, dx, logits, w, nullptr, stream_));
     return linear_backward_weight(blas, shape, g[0], logits, x, stream_);
   }));
   ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dres, 0, sizeof(float) * static_cast<size_t>(N) * C, stream_),
                             fmt::format("{}: zeroing the residual gradient", name_));
   return Status::ok();
+}
+
+Result<const bf16*> GpuPassNet::head_weight(const bf16* w, bf16* padded, int C, int* rows) {
+  const int V = vocab_;
+  *rows = V;
+  if (padded == nullptr || head_weight_pad_elems(V, C) == 0) return w;
+  const std::size_t real = static_cast<std::size_t>(V) * static_cast<std::size_t>(C);
+  const std::size_t pad = head_weight_pad_elems(V, C) - real;
+  ZINF_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(padded, w, real * sizeof(bf16), cudaMemcpyDeviceToDevice, stream_),
+                            fmt::format("{}: copying the head's weight into its padded rows", name_));
+  ZINF_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(padded + real, 0, pad * sizeof(bf16), stream_),
+                            fmt::format("{}: zeroing the head's padding rows", name_));
+  *rows = logits_ld(V);
+  return static_cast<const bf16*>(padded);
 }
 
 // The end of a pass: the mean loss back, after everything enqueued.

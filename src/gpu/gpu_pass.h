@@ -188,24 +188,30 @@ class GpuPassNet : public GpuNet {
   // W^T, the per-position cross-entropies `losses` (N) and their mean `loss` (1); with
   // Phase::kForward the logits are then overwritten by d(loss * loss_scale)/dlogits (the mean
   // puts 1/N on every row).
+  // padded_weight: head_weight_pad_elems(V, C) elements (nullptr when that is 0): the head's
+  // weight is copied there with zero rows up to logits_ld(V), and the products use it.
   struct HeadBuffers {
     bf16* logits;
     float* losses;
     float* loss;
     const int32_t* targets;
+    bf16* padded_weight;
   };
   Status head_forward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int head,
                       model::Phase phase, const bf16* x, const HeadBuffers& h, int N, int C, float loss_scale);
   // Its backward from those logits: dx (N,C) bf16 overwritten, the weight's gradient added; then
   // dres (N,C) fp32, the residual stream's gradient, zeroed for the layers below to add into.
   Status head_backward(Blas& blas, GpuParamAccess& access, std::span<const model::ModuleSpec> modules, int head,
-                       const bf16* x, const bf16* logits, bf16* dx, float* dres, int N, int C);
+                       const bf16* x, const bf16* logits, bf16* padded_weight, bf16* dx, float* dres, int N, int C);
 
   const char* name_;
   cudaStream_t stream_;
   int max_bt_ = 0;  // of the bound workspace
 
  private:
+  // The head's weight for its products: `w` itself, or its copy in `padded` (zero rows up to
+  // logits_ld(V)); `rows` is set to the rows the products see.
+  Result<const bf16*> head_weight(const bf16* w, bf16* padded, int C, int* rows);
   Status begin_pass(std::span<const int32_t> inputs, std::span<const int32_t> targets, int B, int T, bool backward);
   Result<float> read_loss();
   int vocab_, max_seq_;

@@ -35,7 +35,12 @@ Status check_column_sum_shape(int N, int C, std::string_view what) {
   return Status::ok();
 }
 
-int logits_ld(int V) { return V <= 0 ? 0 : (V + 7) / 8 * 8; }
+int logits_ld(int V) { return V <= 0 ? 0 : (V + 63) / 64 * 64; }
+
+std::size_t head_weight_pad_elems(int V, int C) {
+  if (V <= 0 || C <= 0 || logits_ld(V) == V) return 0;
+  return static_cast<std::size_t>(logits_ld(V)) * static_cast<std::size_t>(C);
+}
 
 namespace {
 

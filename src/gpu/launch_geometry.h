@@ -37,9 +37,14 @@ std::size_t rmsnorm_backward_scratch_floats(int N, int C);
 // LayerNorm: one warp per row, kLayerNormRowsPerBlock rows (warps) per block.
 inline constexpr int kLayerNormRowsPerBlock = 8;
 
-// The logits' row stride in elements: V rounded up to a multiple of 8, so that every row of
-// the bf16 logits starts 16-byte aligned (cuBLASLt's fast paths want it for V = 50257).
+// The logits' row stride in elements, and the rows of the head's padded weight (gpu_pass.h):
+// V rounded up to a multiple of 64, so that every row of the bf16 logits starts 16-byte aligned
+// and the head's products see aligned dimensions (for V = 50257 cuBLASLt otherwise picks
+// align-1 kernels: 11.5 of GPT-2's 134 ms of kernels a step on an H100, docs/gpu.md).
 int logits_ld(int V);
+// Elements of the head's padded weight copy for V rows of C: logits_ld(V) * C, or 0 when V is
+// already a multiple of 64 (the weight is used in place).
+std::size_t head_weight_pad_elems(int V, int C);
 
 // The flash attention kernels (flash_attention.cu). Forward and dQ: a block of kAttnWarps warps
 // owns kAttnQTile query rows (kAttnRowsPerWarp per warp) and walks key tiles of kAttnKTile keys

@@ -47,6 +47,7 @@ struct LlamaGpuActivations {
   bf16* xnf;                              // (N,C) model.norm output
   float* rstdf;                           // (N)
   bf16* logits;                           // (N, logits_ld(V)): logits, then their gradient
+  bf16* head_weight;                      // head_weight_pad_elems(V, C): the head's padded weight
   float* losses;                          // (N)
   float* loss;                            // (1) the mean
   float* dres;                            // (N,C) gradient of the residual stream
@@ -100,6 +101,7 @@ uint64_t carve(const model::LlamaConfig& c, int max_bt, char* base, LlamaGpuActi
   a->xnf = cv.take<bf16>(bt * C);
   a->rstdf = cv.take<float>(bt);
   a->logits = cv.take<bf16>(bt * static_cast<size_t>(logits_ld(d.V)));
+  a->head_weight = cv.take<bf16>(head_weight_pad_elems(d.V, d.C));
   a->losses = cv.take<float>(bt);
   a->loss = cv.take<float>(1);
   a->dres = cv.take<float>(bt * C);
@@ -225,7 +227,7 @@ Status LlamaGpu::forward_pass(int B, int T, GpuParamAccess& access, Phase phase,
     return rmsnorm_forward(a.xnf, a.rstdf, a.resid[static_cast<size_t>(d.L)], v[0], eps, N, d.C, stream_);
   }));
   return head_forward(*blas_, access, modules_, head_module(d.L), phase, a.xnf,
-                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets()}, N, d.C, loss_scale);
+                      HeadBuffers{a.logits, a.losses, a.loss, a.tokens.targets(), a.head_weight}, N, d.C, loss_scale);
 }
 
 // need_output false (recompute for backward) builds the block's internals, not its output.
@@ -282,7 +284,7 @@ Status LlamaGpu::backward_pass(int B, int T, GpuParamAccess& access) {
   const Dims d(config_);
   const int N = B * T;
   // The logits hold d(loss * loss_scale)/dlogits (forward_pass).
-  ZINF_RETURN_IF_ERROR(head_backward(*blas_, access, modules_, head_module(d.L), a.xnf, a.logits, a.dx, a.dres, N, d.C));
+  ZINF_RETURN_IF_ERROR(head_backward(*blas_, access, modules_, head_module(d.L), a.xnf, a.logits, a.head_weight, a.dx, a.dres, N, d.C));
   ZINF_RETURN_IF_ERROR(run_backward(access, modules_, norm_module(config_.n_layer), [&](const bf16* const* v, float* const* g) {
     return rmsnorm_backward(a.dres, g[0], a.col_scratch, a.dx, a.resid[static_cast<size_t>(d.L)], v[0], a.rstdf, N,
                             d.C, stream_);

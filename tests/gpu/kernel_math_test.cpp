@@ -162,9 +162,11 @@ TEST(GpuGeometry, ElementwiseGridsAndColumnChunks) {
   EXPECT_EQ(layernorm_backward_scratch_floats(65, 10), 40u);
   EXPECT_TRUE(check_column_sum_shape(8192, 3072, "x").is_ok());
   EXPECT_EQ(check_column_sum_shape(kColumnChunkRows * kMaxColumnChunks + 1, 8, "x").code(), ErrorCode::kUnsupported);
-  EXPECT_EQ(logits_ld(50257), 50264);
+  EXPECT_EQ(logits_ld(50257), 50304);
   EXPECT_EQ(logits_ld(256), 256);
-  EXPECT_EQ(logits_ld(1), 8);
+  EXPECT_EQ(logits_ld(1), 64);
+  EXPECT_EQ(head_weight_pad_elems(50257, 768), 50304u * 768u);
+  EXPECT_EQ(head_weight_pad_elems(256, 768), 0u);
 }
 
 TEST(GpuGeometry, AttentionTilesAndSharedMemory) {
