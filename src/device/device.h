@@ -36,6 +36,7 @@ namespace zinf::device {
 // The streams a device has: one for compute, one per copy direction (so that an upload of the
 // next module and a download of the last module's gradients run at once).
 enum class StreamRole { kCompute = 0, kH2D = 1, kD2H = 2 };
+class DeviceOps;  // ops.h
 inline constexpr int kStreamRoles = 3;
 const char* stream_role_name(StreamRole role);
 
@@ -114,6 +115,10 @@ class Device {
   virtual Result<bool> query(const Event& event) = 0;
   // Blocks until every stream has finished what was enqueued on it.
   virtual Status synchronize_all() = 0;
+
+  // The arithmetic this device runs on its memory for a device-resident training state (ops.h),
+  // or nullptr when it has none. Owned by the device.
+  virtual DeviceOps* ops() { return nullptr; }
 };
 
 }  // namespace zinf::device

@@ -1,6 +1,8 @@
 // The host device: streams as threads with FIFOs, events as (stream, sequence number).
 #include "device/host_device.h"
 
+#include "device/host_ops.h"
+
 #include <fmt/format.h>
 
 #include <array>
@@ -217,7 +219,9 @@ std::unique_ptr<HostDevice> HostDevice::create(HostDeviceOptions options) {
   return std::unique_ptr<HostDevice>(new HostDevice(std::make_unique<Impl>(options)));
 }
 
-HostDevice::HostDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+HostDevice::HostDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)), ops_(make_host_ops(*this)) {}
+
+DeviceOps* HostDevice::ops() { return ops_.get(); }
 
 HostDevice::~HostDevice() {
   // Every stream's work first (blocks it uses are returned by their owners before this).

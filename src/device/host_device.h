@@ -51,12 +51,14 @@ class HostDevice final : public Device {
   Status synchronize(const Event& event) override;
   Result<bool> query(const Event& event) override;
   Status synchronize_all() override;
+  DeviceOps* ops() override;
 
   class Impl;
 
  private:
   explicit HostDevice(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<DeviceOps> ops_;
 };
 
 }  // namespace zinf::device

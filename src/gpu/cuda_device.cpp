@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "gpu/copy_engine.h"
+#include "gpu/cuda_ops.h"
 #include "gpu/cuda_error.h"
 #include "gpu/device.h"
 #include "gpu/device_allocator.h"
@@ -40,7 +41,7 @@ class CudaDevice final : public device::Device {
   };
   CudaDevice(int ordinal, DeviceInfo info, Stream& compute, CopyEngine& copies, CachingAllocator& alloc, Owned owned)
       : owned_(std::move(owned)), ordinal_(ordinal), info_(std::move(info)), compute_(&compute), copies_(&copies),
-        alloc_(&alloc) {}
+        alloc_(&alloc), ops_(make_cuda_ops(ordinal, [this](StreamRole role) { return stream(role); })) {}
   ~CudaDevice() override { (void)synchronize_all(); }
 
   std::string describe() const override { return info_.to_string(); }
@@ -107,6 +108,8 @@ class CudaDevice final : public device::Device {
     return s->event().query();
   }
 
+  device::DeviceOps* ops() override { return ops_.get(); }
+
   Status synchronize_all() override {
     ZINF_RETURN_IF_ERROR(compute_->synchronize());
     return copies_->synchronize();
@@ -128,6 +131,7 @@ class CudaDevice final : public device::Device {
   Stream* compute_;
   CopyEngine* copies_;
   CachingAllocator* alloc_;
+  std::unique_ptr<device::DeviceOps> ops_;  // its scratch goes before the streams are drained
 };
 
 }  // namespace

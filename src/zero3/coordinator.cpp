@@ -440,6 +440,10 @@ Status Coordinator::flush_bucket() {
     const std::size_t per_rank = plan_.group(idx).per_rank;
     if (reduced != nullptr) {
       ZINF_RETURN_IF_ERROR(accumulate(idx, reduced + off));
+    } else if (grad_store_.on_device()) {
+      // The store is in the same device memory: added there on the compute stream, nothing comes back.
+      ZINF_RETURN_IF_ERROR(grad_store_.accumulate_on_device(idx, grads_[idx].data()));
+      if (on_added_) on_added_(idx);
     } else if (!target_.asynchronous()) {
       ZINF_RETURN_IF_ERROR(accumulate(idx, grads_[idx].data()));
     } else {

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "device/ops.h"
 #include "zinf/aio/pinned.h"
 
 namespace zinf::zero3 {
@@ -56,6 +57,15 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     }
     BlockState& state = state_of(block);
     const std::size_t bytes = per_rank * sizeof(float);
+    if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr) {
+      // A device-resident tier (device_state.h, one rank): copied on the compute stream, in order
+      // after the optimizer step that wrote it and before the kernels that read the block.
+      if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
+      ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), swap::DType::kF32, v.data, v.dtype, per_rank));
+      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
+      ++stats_.device_copies;
+      return Status::ok();
+    }
     ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
     ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(staging->buf.as_floats(), per_rank)));
     float* mine = block.data() + per_rank * static_cast<std::size_t>(comm.rank());
@@ -96,8 +106,11 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     if (on_stream()) {
       return device_.fill_zero(StreamRole::kCompute, block.data(), block.size() * sizeof(float), "gradient buffer");
     }
-    // Device memory is host memory here (make_device_gather_target checks), and nothing but the
-    // driving thread writes a block the allocator handed out.
+    // Device memory is host memory here (make_device_gather_target checks). The block may have
+    // been a gradient block whose addition into a device-resident store (device_state.h) is
+    // still queued on the compute stream: that work goes first.
+    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
+    ZINF_RETURN_IF_ERROR(device_.synchronize(computed));
     if (block.size() > 0) std::memset(block.data(), 0, block.size() * sizeof(float));
     return Status::ok();
   }

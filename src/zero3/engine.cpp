@@ -146,7 +146,8 @@ Status Engine::Impl::init() {
   counters.loss_scale = scaler->scale();
 
   // Disk before anything is written: the swap stores take their space as they are made.
-  const TierContext tier_context{ds, layout, comm.rank(), dtype, options.aio_faults};
+  TierContext tier_context{ds, layout, comm.rank(), dtype, options.aio_faults};
+  tier_context.world_size = comm.world_size();
   const optim::Optimizer opt(opt_config);
   std::vector<DiskUse> disk = swap_disk_uses(tier_context, opt.state_count(), comm.local_size());
   if (!options.save_dir.empty() && options.save_copies > 0) {

@@ -187,6 +187,11 @@ class SwappedGradStore final : public GradStore {
 
 }  // namespace
 
+Status GradStore::accumulate_on_device(std::size_t partition, const float*) {
+  return Status::internal(
+      fmt::format("gradient store: partition {} given in device memory, but this store is in host memory", partition));
+}
+
 Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionLayout& layout) {
   auto store = std::make_unique<MemoryGradStore>(layout);
   ZINF_RETURN_IF_ERROR(store->allocate());

@@ -35,6 +35,12 @@ class GradStore {
   virtual std::vector<optim::GradView> step_views() const = 0;
   // Bytes of host memory the store holds.
   virtual std::uint64_t host_bytes() const = 0;
+  // Whether the partitions are in device memory (device_state.h): the coordinator then adds each
+  // gradient with accumulate_on_device, on the device's compute stream, and nothing comes back.
+  virtual bool on_device() const { return false; }
+  // acc += in, `in` the partition's gradient in the device's memory, read by work enqueued on its
+  // compute stream (so the gradient's kernels, enqueued before, have written it).
+  virtual Status accumulate_on_device(std::size_t partition, const float* in);
   // Bytes it has read and written on NVMe so far (its accumulation and norm; the optimizer
   // step's gradient reads are the optimizer tier's).
   virtual std::uint64_t bytes_moved() const { return 0; }

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "device/ops.h"
 #include "zero3/device_gather_target.h"
+#include "zero3/device_state.h"
 #include "zero3/param_device_reader.h"
 
 namespace zinf::zero3 {
@@ -32,6 +34,8 @@ Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c,
   const config::OffloadOptimizerSection& offload = c.ds.zero.offload_optimizer;
   switch (offload.device) {
     case config::OffloadDevice::kNone:
+      if (state_on_device(c, optimizer)) return make_device_optimizer_tier(c.layout, std::move(optimizer), *c.device);
+      return make_memory_optimizer_tier(c.layout, std::move(optimizer), {});
     case config::OffloadDevice::kCpu:
       return make_memory_optimizer_tier(c.layout, std::move(optimizer), {});
     case config::OffloadDevice::kNvme: {
@@ -57,6 +61,8 @@ Result<std::unique_ptr<ParamTier>> make_param_tier(const TierContext& c, Optimiz
   const config::OffloadParamSection& offload = c.ds.zero.offload_param;
   switch (offload.device) {
     case config::OffloadDevice::kNone:
+      if (state_on_device(c, optimizer.optimizer())) return make_device_param_tier(c.layout, c.dtype, optimizer, *c.device);
+      return make_memory_param_tier(c.layout, c.dtype, &optimizer);
     case config::OffloadDevice::kCpu:
       return make_memory_param_tier(c.layout, c.dtype, &optimizer);
     case config::OffloadDevice::kNvme: {
@@ -130,6 +136,12 @@ std::vector<DiskUse> swap_disk_uses(const TierContext& c, std::size_t optimizer_
   return uses;
 }
 
+bool state_on_device(const TierContext& c, const optim::Optimizer& optimizer) {
+  return c.device != nullptr && c.device->ops() != nullptr && c.world_size == 1 &&
+         c.ds.zero.offload_param.device == config::OffloadDevice::kNone &&
+         c.ds.zero.offload_optimizer.device == config::OffloadDevice::kNone && c.device->ops()->steps(optimizer);
+}
+
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {
   Tiers t;
   if (uses_nvme(context.ds.zero)) {
@@ -147,6 +159,8 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   note_use_gds_not_served(context.ds, context.device);
   if (swap::OptimizerSwapper* swapper = t.optimizer->swapper()) {
     ZINF_ASSIGN_OR_RETURN(t.grads, make_swapped_grad_store(context.layout, *swapper));
+  } else if (state_on_device(context, t.optimizer->optimizer())) {
+    ZINF_ASSIGN_OR_RETURN(t.grads, make_device_grad_store(context.layout, *context.device));
   } else {
     ZINF_ASSIGN_OR_RETURN(t.grads, make_memory_grad_store(context.layout));
   }

@@ -36,6 +36,7 @@ struct TierContext {
   // Whether the model reads the gathered memory on the driving thread or from kernels on the
   // device's compute stream (device_gather_target.h).
   DeviceGatherOptions::Consumer consumer = DeviceGatherOptions::Consumer::kHostThread;
+  int world_size = 1;  // ranks: the state lives on the device with one only
 };
 
 // The tiers and what they share. Members are destroyed in reverse order: the parameter tier
@@ -56,6 +57,10 @@ struct Tiers {
 swap::StoreConfig swap_store_config(const std::string& nvme_path, int rank);
 
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer);
+
+// Whether make_tiers keeps the whole training state in the device's memory (device_state.h):
+// offload_param and offload_optimizer none, one rank, and a device whose ops step `optimizer`.
+bool state_on_device(const TierContext& context, const optim::Optimizer& optimizer);
 
 // What make_tiers' swap stores will take on disk, per tier on nvme (none for memory tiers), for
 // an optimizer with `optimizer_states` states and `local_ranks` ranks of this node sharing each

@@ -79,6 +79,14 @@ class ParamTier {
   virtual Status flush() = 0;
   // Seconds spent blocked on parameter reads so far.
   virtual double io_wait_seconds() const = 0;
+  // Where `partition`'s values are in the memory of the device the engine gathers into (a
+  // device-resident tier, device_state.h): the coordinator's gathers then copy them there on the
+  // compute stream. data == nullptr (every other tier): read_f32.
+  struct DeviceValues {
+    const void* data = nullptr;
+    swap::DType dtype = swap::DType::kF32;
+  };
+  virtual DeviceValues device_values(std::size_t /*partition*/) { return {}; }
   // The swapper of an nvme tier (param_device_reader.h reads its files into device memory),
   // else nullptr.
   virtual swap::ParamSwapper* nvme_swapper() { return nullptr; }
@@ -127,6 +135,9 @@ class OptimizerTier {
   // (memory tiers), else nullptr. An fp32 memory parameter tier reads them in place (the
   // factory asks once, at construction).
   virtual float* master_in_memory(std::size_t) { return nullptr; }
+  // Sub-group sg's fp32 master weights in device memory (the device tier, device_state.h), else
+  // nullptr; an fp32 device parameter tier reads them in place.
+  virtual float* master_on_device(std::size_t) { return nullptr; }
   virtual double io_wait_seconds() const = 0;
   virtual std::uint64_t bytes_moved() const = 0;
   virtual PinnedUse pinned_use() const { return {}; }

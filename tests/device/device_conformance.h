@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <functional>
 #include <ostream>
 #include <memory>
@@ -14,7 +16,11 @@
 #include <vector>
 
 #include "device/device.h"
+#include "device/ops.h"
 #include "zinf/aio/pinned.h"
+#include "zinf/optim/grad_stats.h"
+#include "zinf/optim/half.h"
+#include "zinf/optim/optimizer.h"
 
 namespace zinf::device::testing {
 
@@ -146,6 +152,101 @@ TEST_P(DeviceConformance, FillZeroIsOrderedOnItsStream) {
     bad += floats(out)[i] != want;
   }
   EXPECT_EQ(bad, 0u) << dev_->describe();
+}
+
+// The device's arithmetic (ops.h) gives the CPU's bits: the gradient norm over an array with
+// several 8192-element blocks and a ragged end (and an inf: overflow is seen), an AdamW step with
+// a bf16 copy, an addition, and the dtype conversions.
+TEST_P(DeviceConformance, OpsGiveTheCpusBits) {
+  DeviceOps* ops = dev_->ops();
+  ASSERT_NE(ops, nullptr) << dev_->describe();
+  constexpr std::size_t n = 3 * 8192 + 777;
+  const std::size_t bytes = n * sizeof(float);
+  std::vector<float> g(n), p(n), m(n), v(n), a(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    g[i] = std::sin(0.37f * static_cast<float>(i)) * 1e-2f;
+    p[i] = std::cos(0.11f * static_cast<float>(i));
+    m[i] = g[i] * 0.5f;
+    v[i] = g[i] * g[i] * 2.0f;
+    a[i] = static_cast<float>(i % 97) * 0.125f;
+  }
+  // Device arrays: g, p, m, v, a, then a bf16 copy and an fp32 round trip.
+  std::vector<Result<DeviceBlock>> blocks;
+  for (int k = 0; k < 7; ++k) blocks.push_back(dev_->allocate(bytes, StreamRole::kCompute, "ops"));
+  for (auto& b : blocks) ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  auto ptr = [&](int k) { return blocks[static_cast<std::size_t>(k)].value().as<float>(); };
+  aio::PinnedBuffer staging = pinned(bytes);
+  auto upload = [&](int k, const std::vector<float>& host) {
+    std::memcpy(staging.data(), host.data(), bytes);
+    ASSERT_TRUE(dev_->wait(StreamRole::kH2D, dev_->record(StreamRole::kCompute).value()).is_ok());
+    ASSERT_TRUE(dev_->copy_h2d(ptr(k), staging.data(), bytes, "up").is_ok());
+    ASSERT_TRUE(dev_->synchronize(dev_->record(StreamRole::kH2D).value()).is_ok());
+    ASSERT_TRUE(dev_->wait(StreamRole::kCompute, dev_->record(StreamRole::kH2D).value()).is_ok());
+  };
+  auto download = [&](const void* src, std::size_t nbytes) {
+    std::vector<char> out(nbytes);
+    EXPECT_TRUE(dev_->wait(StreamRole::kD2H, dev_->record(StreamRole::kCompute).value()).is_ok());
+    EXPECT_TRUE(dev_->copy_d2h(staging.data(), src, nbytes, "down").is_ok());
+    EXPECT_TRUE(dev_->synchronize(dev_->record(StreamRole::kD2H).value()).is_ok());
+    std::memcpy(out.data(), staging.data(), nbytes);
+    return out;
+  };
+  upload(0, g);
+  upload(1, p);
+  upload(2, m);
+  upload(3, v);
+  upload(4, a);
+
+  // The norm, bit for bit.
+  const optim::GradStats want = optim::grad_stats(optim::GradView{g.data(), optim::DType::kF32, n, 1.0}).value();
+  Result<optim::GradStats> got = ops->grad_stats(StreamRole::kCompute, ptr(0), n);
+  ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+  EXPECT_EQ(std::memcmp(&got->sq_norm, &want.sq_norm, sizeof(double)), 0) << got->sq_norm << " vs " << want.sq_norm;
+  EXPECT_EQ(got->elements, n);
+
+  // AdamW with a bf16 copy, against optim on the host.
+  auto adamw = optim::OptimizerConfig::parse("AdamW", {});
+  ASSERT_TRUE(adamw.is_ok());
+  const optim::Optimizer opt(adamw.value());
+  ASSERT_TRUE(ops->steps(opt));
+  optim::StepContext ctx;
+  ctx.step = 3;
+  ctx.lr = 1e-3;
+  std::vector<std::uint16_t> copy(n);
+  std::vector<float> hp = p, hm = m, hv = v;
+  const std::vector<std::span<float>> hstate = {hm, hv};
+  const optim::GradView hgrad{g.data(), optim::DType::kF32, n, 0.5};
+  ASSERT_TRUE(opt.step(ctx, hp, hstate, hgrad, optim::HalfCopy{copy.data(), optim::DType::kBF16}).is_ok());
+  Result<DeviceBlock> dcopy = dev_->allocate(n * 2, StreamRole::kCompute, "copy");
+  ASSERT_TRUE(dcopy.is_ok());
+  const std::vector<std::span<float>> dstate = {std::span<float>(ptr(2), n), std::span<float>(ptr(3), n)};
+  ASSERT_TRUE(ops->optimizer_step(StreamRole::kCompute, opt, ctx, std::span<float>(ptr(1), n), dstate,
+                                  optim::GradView{ptr(0), optim::DType::kF32, n, 0.5},
+                                  optim::HalfCopy{dcopy.value().data(), optim::DType::kBF16})
+                  .is_ok());
+  EXPECT_EQ(std::memcmp(download(ptr(1), bytes).data(), hp.data(), bytes), 0) << "parameters";
+  EXPECT_EQ(std::memcmp(download(ptr(2), bytes).data(), hm.data(), bytes), 0) << "exp_avg";
+  EXPECT_EQ(std::memcmp(download(ptr(3), bytes).data(), hv.data(), bytes), 0) << "exp_avg_sq";
+  EXPECT_EQ(std::memcmp(download(dcopy.value().data(), n * 2).data(), copy.data(), n * 2), 0) << "bf16 copy";
+
+  // acc += in; fp32 -> bf16 -> fp32; a copy.
+  ASSERT_TRUE(ops->add(StreamRole::kCompute, ptr(4), ptr(0), n).is_ok());
+  std::vector<float> sum = a;
+  for (std::size_t i = 0; i < n; ++i) sum[i] += g[i];
+  EXPECT_EQ(std::memcmp(download(ptr(4), bytes).data(), sum.data(), bytes), 0) << "add";
+  ASSERT_TRUE(ops->convert(StreamRole::kCompute, dcopy.value().data(), optim::DType::kBF16, ptr(0), optim::DType::kF32, n).is_ok());
+  ASSERT_TRUE(ops->convert(StreamRole::kCompute, ptr(5), optim::DType::kF32, dcopy.value().data(), optim::DType::kBF16, n).is_ok());
+  ASSERT_TRUE(ops->convert(StreamRole::kCompute, ptr(6), optim::DType::kF32, ptr(5), optim::DType::kF32, n).is_ok());
+  std::vector<float> rounded(n);
+  for (std::size_t i = 0; i < n; ++i) rounded[i] = optim::bf16_bits_to_f32(optim::f32_to_bf16_bits(g[i]));
+  EXPECT_EQ(std::memcmp(download(ptr(6), bytes).data(), rounded.data(), bytes), 0) << "conversions";
+
+  // An inf anywhere is an overflow.
+  g[n - 5] = std::numeric_limits<float>::infinity();
+  upload(0, g);
+  got = ops->grad_stats(StreamRole::kCompute, ptr(0), n);
+  ASSERT_TRUE(got.is_ok());
+  EXPECT_FALSE(got->finite());
 }
 
 // Without the compute stream's wait for the upload (one wait removed), the harness sees it: with

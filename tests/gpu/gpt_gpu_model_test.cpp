@@ -129,7 +129,8 @@ TEST(GptGpuModel, CudaHostAllocStagingTrainsBitForBitLikeRegisteredStaging) {
 // The engine gathering into the GPU model's own memory (EngineDevice kModelDevice: uploads on the
 // copy stream, the compute stream waiting for them, the bf16 cast on the GPU, gradients downloaded
 // after their kernels) trains bit for bit as the bridge does (the host cast, uploads and
-// downloads): the same values reach the same kernels in the same order. For each offload device.
+// downloads): the same values reach the same kernels in the same order. For each offload device;
+// with offload none the state lives on the GPU and its norm and AdamW are the CPU's bits.
 TEST(GptGpuModel, GatheringIntoGpuMemoryTrainsBitForBitLikeTheBridge) {
   ZINF_REQUIRE_GPU();
   constexpr int kSteps = 3;
@@ -147,6 +148,10 @@ TEST(GptGpuModel, GatheringIntoGpuMemoryTrainsBitForBitLikeTheBridge) {
     auto got = zero3::testing::train(*on_device.engine, 0, kSteps, V);
     ASSERT_TRUE(got.is_ok()) << offload << ": " << got.status().to_string();
     EXPECT_EQ(*got, *want) << "offload " << offload;
+    // offload none: the whole state in GPU memory (device_state.h), stepped by the GPU's Adam.
+    EXPECT_EQ(on_device.engine->describe().find("in device memory") != std::string::npos,
+              std::string(offload) == "none")
+        << on_device.engine->describe();
     std::vector<float> a(small_config().n_embd), b(small_config().n_embd);
     const std::size_t last = bridge.engine->model().params().size() - 1;  // the final LayerNorm's bias
     ASSERT_TRUE(bridge.engine->read_full_param(last, a).is_ok());

@@ -228,43 +228,52 @@ TEST(DeviceCoordinatorTest, EachComputeStreamOrderingIsNeeded) {
 // (here a host device on whose compute stream the chain model runs) and trains to the same bits
 // as the host path.
 TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameResults) {
-  const std::string text = R"({"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-    "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
-      "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}})";
-  auto ds = config::parse_ds_config(text, "model_device_test", config::AutoContext{});
-  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
-  auto comm = make_local_communicator();
-  const std::vector<std::int32_t> tokens = {0};
-  const MicroBatch mb{tokens, tokens, 1, 1};
-  auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
-                   std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
-    EngineOptions o{ds.value(), 3, ""};
-    o.device.kind = kind;
-    auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
-    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-    for (int step = 0; step < 3; ++step) {
-      auto r = engine.value()->train_step(std::span<const MicroBatch>(&mb, 1));
-      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-      losses->push_back(r.value().loss);
-      *h2d += r.value().h2d_bytes;
+  // offload none: the whole state on the model's device (device_state.h), nothing uploaded;
+  // offload cpu: each module's values uploaded through the copy stream.
+  for (const char* where : {"none", "cpu"}) {
+    const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+      "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
+      "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
+        "offload_param": {{"device": "{0}"}}, "offload_optimizer": {{"device": "{0}"}}}}}})",
+                                         where);
+    auto ds = config::parse_ds_config(text, "model_device_test", config::AutoContext{});
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    auto comm = make_local_communicator();
+    const std::vector<std::int32_t> tokens = {0};
+    const MicroBatch mb{tokens, tokens, 1, 1};
+    auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
+                     std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
+      EngineOptions o{ds.value(), 3, ""};
+      o.device.kind = kind;
+      auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
+      ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+      for (int step = 0; step < 3; ++step) {
+        auto r = engine.value()->train_step(std::span<const MicroBatch>(&mb, 1));
+        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        losses->push_back(r.value().loss);
+        *h2d += r.value().h2d_bytes;
+      }
+      for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
+        std::vector<float> w(kSize);
+        ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
+        weights->push_back(std::move(w));
+      }
+    };
+    std::vector<double> host_losses, device_losses;
+    std::vector<std::vector<float>> host_weights, device_weights;
+    std::uint64_t host_h2d = 0, device_h2d = 0;
+    train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
+    auto device = device::HostDevice::create(delays(5));
+    train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
+    EXPECT_EQ(device_losses, host_losses) << where;
+    EXPECT_EQ(device_weights, host_weights) << where;
+    EXPECT_EQ(host_h2d, 0u);
+    if (std::string(where) == "none") {
+      EXPECT_EQ(device_h2d, 0u) << "the state lives on the device: nothing is uploaded";
+    } else {
+      EXPECT_GT(device_h2d, 0u) << "the values went through the device's copy stream";
     }
-    for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
-      std::vector<float> w(kSize);
-      ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
-      weights->push_back(std::move(w));
-    }
-  };
-  std::vector<double> host_losses, device_losses;
-  std::vector<std::vector<float>> host_weights, device_weights;
-  std::uint64_t host_h2d = 0, device_h2d = 0;
-  train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
-  auto device = device::HostDevice::create(delays(5));
-  train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
-  EXPECT_EQ(device_losses, host_losses);
-  EXPECT_EQ(device_weights, host_weights);
-  EXPECT_EQ(host_h2d, 0u);
-  EXPECT_GT(device_h2d, 0u) << "the values went through the device's copy stream";
+  }
 }
 
 TEST(DeviceCoordinatorTest, AModelWithoutADeviceOfItsOwnIsRefusedForModelDevice) {

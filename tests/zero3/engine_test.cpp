@@ -325,9 +325,12 @@ TEST(EngineTest, OverlappedOptimizerFallsBackWithNvmeState) {
   EXPECT_EQ(r.reports[1].early_subgroups + r.reports[1].early_rolled_back, 0u);
 }
 
-// Its step report says what moved: parameters up, gradients down, the device memory it held.
+// Its step report says what moved: parameters up, gradients down, the device memory it held
+// (offload cpu: with offload none the whole state lives on the device, next test).
 TEST(EngineTest, HostDeviceStepReportsItsTraffic) {
   RunSetup s;
+  s.param_device = "cpu";
+  s.optim_device = "cpu";
   s.device.kind = EngineDevice::Kind::kHostDevice;
   s.max_live = 256 * 32 + 16 * 32 + 64;  // the largest module just fits
   TempDir nvme;
@@ -351,17 +354,50 @@ TEST(EngineTest, HostDeviceStepReportsItsTraffic) {
   }
 }
 
-TEST(EngineTest, HostDeviceMemoryCapTooSmallIsAClearError) {
+// With offload none and one rank the state lives in the device's memory (device_state.h): the
+// same bits as the host path (HostDeviceGivesBitIdenticalTraining), and nothing crosses to the
+// host during a step; the tiers say where they are.
+TEST(EngineTest, HostDeviceKeepsAnOffloadNoneStateInDeviceMemory) {
   RunSetup s;
   s.device.kind = EngineDevice::Kind::kHostDevice;
-  s.device.memory_cap_bytes = 4096;
+  s.device.poison_new_blocks = true;
   TempDir nvme;
   Trainer t(s, nvme.path());
   ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
-  RunResult r;
-  const Status st = t.run(0, 1, &r);
-  ASSERT_FALSE(st.is_ok());
-  EXPECT_NE(st.message().find("device memory"), std::string::npos) << st.to_string();
+  EXPECT_NE(t.engine().describe().find("in device memory"), std::string::npos) << t.engine().describe();
+  const std::vector<std::int32_t> tokens(2 * 16, 5);
+  const MicroBatch mb{tokens, tokens, 2, 16};
+  std::vector<MicroBatch> micro = {mb, mb};
+  for (int step = 0; step < 2; ++step) {
+    auto r = t.engine().train_step(micro);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->h2d_bytes, 0u) << "step " << step;
+    EXPECT_EQ(r->d2h_bytes, 0u) << "step " << step;
+    EXPECT_GT(r->device_peak_bytes, 4 * t.engine().model().num_params() * sizeof(float)) << "master, states, gradients";
+  }
+  // Weights and state read back through staging (read_full_param, checkpoints) are the device's.
+  std::vector<float> w(t.engine().model().params()[0].numel);
+  ASSERT_TRUE(t.engine().read_full_param(0, w).is_ok());
+  EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](float x) { return std::isfinite(x); }));
+}
+
+TEST(EngineTest, HostDeviceMemoryCapTooSmallIsAClearError) {
+  for (const char* where : {"none", "cpu"}) {  // the state on the device, or only the gathers
+    RunSetup s;
+    s.param_device = where;
+    s.optim_device = where;
+    s.device.kind = EngineDevice::Kind::kHostDevice;
+    s.device.memory_cap_bytes = 4096;
+    TempDir nvme;
+    Trainer t(s, nvme.path());
+    Status st = t.status();
+    if (st.is_ok()) {
+      RunResult r;
+      st = t.run(0, 1, &r);
+    }
+    ASSERT_FALSE(st.is_ok()) << where;
+    EXPECT_NE(st.message().find("device memory"), std::string::npos) << st.to_string();
+  }
 }
 
 // "fd:<n>" of this process's one open optimizer swap data file; empty when there is not exactly

@@ -44,6 +44,9 @@ class ParamSink {
   // partition's aligned end); src must stay valid and unchanged until every ticket is ready.
   virtual Status write(std::size_t sg, std::uint64_t first, std::uint64_t count, const void* src,
                        std::vector<SwapTicket>& pending) = 0;
+  // Sub-group sg's copy in the memory of the device an optimizer tier steps on (a device-resident
+  // parameter tier), which that tier's kernels write; nullptr for every other sink.
+  virtual void* device_subgroup(std::size_t /*sg*/) { return nullptr; }
 
  protected:
   ParamSink() = default;
