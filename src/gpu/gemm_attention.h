@@ -1,0 +1,91 @@
+// Internal: causal attention on tensor-core products (cuBLASLt strided-batched GEMMs through
+// Blas) with the (T, T) scores materialised in a bounded scratch, for GPT (packed qkv) and Llama
+// (grouped-query). Same tensors, layouts, lse contract and limits as flash_attention.h's
+// attention_* and gqa_attention_* (which these fall back to, see below); the CPU references are
+// model/kernels.h attention_* and model/llama_kernels.h gqa_attention_*.
+//
+// How (plan: gemm_attention_plan(), launch_geometry.h):
+//  - q, k, v (and in the backward dout) are copied head-major, one (T, hs) matrix per head, so
+//    that a kv group's G = NH / NKV query heads stack into one (G*T, hs) matrix and every product
+//    is one strided-batched GEMM over the kv groups of a chunk (bf16 in, fp32 accumulation).
+//  - forward, per chunk and unit: S = Q K^T (fp32), a row kernel (causal mask, scale 1/sqrt(hs),
+//    fp32 softmax; writes lse and P = exp(S*scale - lse) in bf16), O = P V. 2 GEMMs.
+//  - backward, per chunk and unit: S = Q K^T, dP = dO V^T (fp32), a row kernel recomputing P from
+//    lse and dS = P * (dP - D) (D = rowsum(dO * O)), then dQ = scale * dS K, dK += scale * dS^T Q,
+//    dV += P^T dO (fp32, summed over the group's units in head order, rounded once). 5 GEMMs.
+//  With the nets' scratch (gemm_attention_scratch_bytes) a GPT-2 124M layer at B = 8, T = 1024
+//  runs its 96 heads in 2 calls per product: forward 4 GEMMs, backward 10. Masked score tiles are
+//  computed and discarded (causal waste), the row kernels skip them.
+// Numerics: P and dS are rounded to bf16 as the products' inputs (as flash attention 2 does);
+// everything else fp32. Deterministic: no atomics; cuBLASLt's algorithm is fixed per shape.
+//
+// Fallback: when `scratch` cannot hold one head's (T, T) scores (S, dP fp32, P, dS bf16) next
+// to the head-major copies, the flash kernels run instead (they need only D, B*NH*T floats, at
+// the start of the scratch). scratch.base must be 256-byte aligned.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "gpu/blas.h"
+#include "gpu/flash_attention.h"
+#include "gpu/launch_geometry.h"
+#include "gpu/numerics.h"
+#include "zinf/status.h"
+
+namespace zinf::gpu {
+
+// Device memory the calls may overwrite; see gemm_attention_scratch_bytes() (launch_geometry.h).
+struct AttentionScratch {
+  void* base = nullptr;
+  std::size_t bytes = 0;
+};
+
+// As attention_forward / attention_backward (flash_attention.h): qkv (B,T,3C), out (B,T,C),
+// lse (B,NH,T), dqkv (B,T,3C) overwritten.
+Status gemm_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, float* lse, const bf16* qkv, int B,
+                              int T, int C, int NH, cudaStream_t stream);
+Status gemm_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dqkv, const bf16* dout, const bf16* qkv,
+                               const bf16* out, const float* lse, int B, int T, int C, int NH, cudaStream_t stream);
+
+// As gqa_attention_forward / gqa_attention_backward.
+Status gemm_gqa_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, float* lse, const bf16* q,
+                                  const bf16* k, const bf16* v, const GqaShape& s, cudaStream_t stream);
+Status gemm_gqa_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dq, bf16* dk, bf16* dv,
+                                   const bf16* dout, const bf16* q, const bf16* k, const bf16* v, const bf16* out,
+                                   const float* lse, const GqaShape& s, cudaStream_t stream);
+
+// ---- internal: the products, exposed for the host tests (tests/gpu/kernel_math_test.cpp) ------
+namespace gemm_attn {
+
+float score_scale(int hs);  // 1/sqrt(hs), as the CPU kernels
+
+// The `groups` kv groups from g0 (one batched product), unit `unit` of each (its query heads
+// unit * heads_per_unit .. + heads_per_unit - 1 within the group).
+struct Batch {
+  int g0, groups, unit;
+};
+// Element offsets of the first row of (group g, unit u) in the head-major query-side copies
+// (q, out / dout, dq), and of group g in the kv-side copies (k, v, dk, dv); batch strides.
+std::size_t q_rows0(const GemmAttentionPlan& p, int g, int unit);
+std::size_t kv_rows0(const GemmAttentionPlan& p, int g);
+long long q_stride(const GemmAttentionPlan& p);
+long long kv_stride(const GemmAttentionPlan& p);
+int unit_rows(const GemmAttentionPlan& p);  // heads_per_unit * T stacked rows
+long long score_stride(const GemmAttentionPlan& p);
+
+// Row-major scores d (M, T) fp32, ld_t, one per group of the batch (from the start of d) =
+// X (M, hs) @ Y (T, hs)^T: S = Q K^T (x = q copy, y = k copy) and dP = dO V^T.
+Gemm scores_gemm(const GemmAttentionPlan& p, const Batch& b, float* d, const bf16* x, const bf16* y, const char* what);
+// Query-side rows out (M, hs) bf16 = alpha * W (M, T) @ Y (T, hs), W bf16 scores from the start of
+// w: O = P V and dQ = scale * dS K.
+Gemm rows_gemm(const GemmAttentionPlan& p, const Batch& b, bf16* out, const bf16* w, const bf16* y, float alpha,
+               const char* what);
+// kv-side out (T, hs) fp32 = alpha * W^T @ X (M, hs) (+ out for unit > 0): dK = scale * dS^T Q,
+// dV = P^T dO, summed over the group's units.
+Gemm keys_gemm(const GemmAttentionPlan& p, const Batch& b, float* out, const bf16* w, const bf16* x, float alpha,
+               const char* what);
+
+}  // namespace gemm_attn
+}  // namespace zinf::gpu
