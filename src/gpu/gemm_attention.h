@@ -13,9 +13,11 @@
 //  - backward, per chunk and unit: S = Q K^T, dP = dO V^T (fp32), a row kernel recomputing P from
 //    lse and dS = P * (dP - D) (D = rowsum(dO * O)), then dQ = scale * dS K, dK += scale * dS^T Q,
 //    dV += P^T dO (fp32, summed over the group's units in head order, rounded once). 5 GEMMs.
-//  With the nets' scratch (gemm_attention_scratch_bytes) a GPT-2 124M layer at B = 8, T = 1024
-//  runs its 96 heads in 2 calls per product: forward 4 GEMMs, backward 10. Masked score tiles are
-//  computed and discarded (causal waste), the row kernels skip them.
+//  With the nets' scratch (gemm_attention_scratch_bytes: a score region of at most 512 MiB) a
+//  GPT-2 124M layer at B = 8, T = 1024 runs its 96 heads in 3 calls of 32 per product: forward
+//  6 GEMMs + 3 softmax launches, backward 15 GEMMs + 3 score-gradient launches, plus the
+//  head-major copies (forward 4 launches, backward 8) and D. The masked upper triangle is
+//  computed by the products and discarded (causal waste); the row kernels do not read it.
 // Numerics: P and dS are rounded to bf16 as the products' inputs (as flash attention 2 does);
 // everything else fp32. Deterministic: no atomics; cuBLASLt's algorithm is fixed per shape.
 //

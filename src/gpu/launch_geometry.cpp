@@ -143,7 +143,7 @@ Result<GemmAttentionPlan> gemm_attention_plan(int B, int T, int NH, int NKV, int
   p.ld_hs = round8(hs);
   p.ld_t = round8(T);
   const std::size_t fixed = fixed_regions(&p);
-  p.bytes = p.d_off + align_up(static_cast<std::size_t>(B) * NH * T * sizeof(float));
+  p.bytes = static_cast<std::size_t>(B) * NH * T * sizeof(float);  // D only, for the flash kernels
   if (scratch_bytes < fixed) return p;
   const std::size_t room = scratch_bytes - fixed;
   const std::size_t T_rows = static_cast<std::size_t>(T);

@@ -105,7 +105,8 @@ struct GemmAttentionPlan {
   std::size_t bytes = 0;  // the scratch this plan uses
 };
 // invalid_argument for a size below 1 or NH not divisible by NKV. `scratch_bytes`: what the
-// caller has; with too little for one head's scores, heads_per_unit = 0 (and bytes covers only D).
+// caller has; with too little for one head's scores, heads_per_unit = 0 and bytes = D's
+// B*NH*T floats (what the flash kernels' backward needs).
 Result<GemmAttentionPlan> gemm_attention_plan(int B, int T, int NH, int NKV, int hs, std::size_t scratch_bytes);
 // The scratch a net carves for any pass of at most max_bt rows with T <= max_T: the head-major
 // copies and D for max_bt rows plus a score region of min(kGemmAttnMaxScoreBytes, all heads'
