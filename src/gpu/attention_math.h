@@ -12,16 +12,20 @@
 
 namespace zinf::gpu::attn {
 
-// A kv group's score matrix stacks its query heads' rows: row r is query position r % T of
-// head r / T of the stack (every unit holds whole heads, so this holds within a chunk too).
-ZINF_HD int stacked_position(long long r, int T) { return static_cast<int>(r % T); }
-// Row R of a launch over the units `unit_rows` rows each of kv groups g0, g0 + 1, ..., whose
-// first query head is head0 within each group: its row of lse and D (B,NH,T), where a group's
-// query heads are g*G .. g*G + G-1.
-ZINF_HD long long stacked_global_row(long long R, int unit_rows, int T, int G, int g0, int head0) {
-  const long long u = R / unit_rows;
-  const long long r = R % unit_rows;
-  return ((g0 + u) * G + head0) * static_cast<long long>(T) + r;
+// A launch covers one time block [t0, t1) of one unit (`heads` query heads starting at head0
+// within their kv group) of kv groups g0, g0 + 1, ...: per group (t1 - t0) * heads rows ordered
+// (t, head). Launch row R is query position block_position(), and its row of lse and D
+// (B,NH,T) is block_global_row() (a group's query heads are g*G .. g*G + G-1).
+ZINF_HD int block_position(long long R, long long block_rows, int heads, int t0) {
+  return t0 + static_cast<int>((R % block_rows) / heads);
+}
+ZINF_HD long long block_global_row(long long R, long long block_rows, int heads, int t0, int T, int G, int g0,
+                                   int head0) {
+  const long long u = R / block_rows;
+  const long long r = R % block_rows;
+  const long long h = head0 + r % heads;
+  const long long t = t0 + r / heads;
+  return ((g0 + u) * G + h) * static_cast<long long>(T) + t;
 }
 // The causal mask: query position `pos` sees keys 0..pos.
 ZINF_HD bool key_visible(int key, int pos) { return key <= pos; }
@@ -63,9 +67,10 @@ ZINF_HD float score_grad(float p, float dp, float d) { return p * (dp - d); }
 inline constexpr int kWarpLanes = 32;
 
 // ---- host mirrors of the kernels' per-row loops ---------------------------------------------
-// One stacked score row s[0..T) (fp32) of query position pos: lane j of the warp accumulates the
-// visible keys j, j + 32, ...; the lanes' statistics merge in the butterfly order of the warp's
-// shuffles (offsets 16, 8, 4, 2, 1). Writes p[0..T) (0 where masked) and returns the lse.
+// One score row s[0..T) (fp32; T here is the block's key count t1) of query position pos:
+// lane j of the warp accumulates the visible keys j, j + 32, ...; the lanes' statistics merge in
+// the butterfly order of the warp's shuffles (offsets 16, 8, 4, 2, 1). Writes p[0..T) (0 where
+// masked) and returns the lse.
 inline float softmax_row_on_host(const float* s, int T, int pos, float scale, float* p) {
   SoftmaxStats lane[kWarpLanes];
   for (int l = 0; l < kWarpLanes; l++) {

@@ -14,17 +14,13 @@ namespace zinf::gpu {
 // Kernel parameter types: outside the anonymous namespace (nvcc's host stubs must name them).
 namespace gemm_attn {
 
-// Which stacked score rows a row kernel launch covers: `rows` rows, row R of the launch is row
-// R % unit_rows of the unit of kv group g0 + R / unit_rows whose first query head is
-// head0 (within the group); its lse and D live at ((g * G + head0) * T + R % unit_rows).
+// What a row kernel launch covers (attention_math.h block_position, block_global_row): `rows`
+// rows, block_rows per kv group from g0, of the unit of `heads` query heads from head0, query
+// positions [t0, t1) against keys [0, t1); score rows ld_t apart.
 struct RowMap {
   long long rows;
-  int T;
-  int G;
-  int unit_rows;  // heads_per_unit * T
-  int head0;
-  int g0;
-  int ld_t;
+  long long block_rows;
+  int heads, head0, g0, t0, t1, T, G, ld_t;
 };
 
 }  // namespace gemm_attn
@@ -40,39 +36,48 @@ using gemm_attn::keys_gemm;
 using gemm_attn::rows_gemm;
 using gemm_attn::RowMap;
 using gemm_attn::scores_gemm;
-using gemm_attn::unit_rows;
+using gemm_attn::batch_for;
 
 constexpr int kRowWarps = 8;
 constexpr int kRowThreads = kRowWarps * 32;
 
-// dst[((b*H + h)*T + t) * ld_hs + d] = src[(b*T + t) * src_ld + h*hs + d].
-__global__ void gather_heads_kernel(bf16* dst, const bf16* src, std::size_t src_ld, int T, int H, int hs, int ld_hs,
-                                    std::size_t total) {
+// Where element (b, t, head h, column d) of a (B,T,H*hs) tensor lives in its head-major copy:
+// the heads in units of `hpu`, a unit's rows ordered (t, head): row
+// (b*H + h - h % hpu) * T + t * hpu + h % hpu (hpu 1: head-major (b, h, t)).
+struct HeadIndex {
+  std::size_t src;  // (b*T + t) * ld + h*hs + d
+  std::size_t dst;  // row * ld_hs + d
+};
+__device__ __forceinline__ HeadIndex head_index(std::size_t i, std::size_t ld, int T, int H, int hs, int hpu,
+                                                int ld_hs) {
+  const std::size_t d = i % static_cast<std::size_t>(hs);
+  const std::size_t rest = i / static_cast<std::size_t>(hs);
+  const std::size_t h = rest % static_cast<std::size_t>(H);
+  const std::size_t bt = rest / static_cast<std::size_t>(H);
+  const std::size_t t = bt % static_cast<std::size_t>(T);
+  const std::size_t b = bt / static_cast<std::size_t>(T);
+  const std::size_t hu = h % static_cast<std::size_t>(hpu);
+  const std::size_t row = (b * static_cast<std::size_t>(H) + h - hu) * static_cast<std::size_t>(T) +
+                          t * static_cast<std::size_t>(hpu) + hu;
+  return HeadIndex{bt * ld + h * static_cast<std::size_t>(hs) + d, row * static_cast<std::size_t>(ld_hs) + d};
+}
+
+// The head-major copy of a (B,T,H*hs) tensor with rows src_ld apart.
+__global__ void gather_heads_kernel(bf16* dst, const bf16* src, std::size_t src_ld, int T, int H, int hs, int hpu,
+                                    int ld_hs, std::size_t total) {
   for (std::size_t i = detail::grid_start(); i < total; i += detail::grid_stride()) {
-    const std::size_t row = i / static_cast<std::size_t>(hs);
-    const int d = static_cast<int>(i % static_cast<std::size_t>(hs));
-    const std::size_t bh = row / static_cast<std::size_t>(T);
-    const std::size_t t = row % static_cast<std::size_t>(T);
-    const std::size_t b = bh / static_cast<std::size_t>(H);
-    const std::size_t h = bh % static_cast<std::size_t>(H);
-    dst[row * static_cast<std::size_t>(ld_hs) + static_cast<std::size_t>(d)] =
-        src[(b * static_cast<std::size_t>(T) + t) * src_ld + h * static_cast<std::size_t>(hs) + static_cast<std::size_t>(d)];
+    const HeadIndex x = head_index(i, src_ld, T, H, hs, hpu, ld_hs);
+    dst[x.dst] = src[x.src];
   }
 }
 
-// The inverse, rounding to bf16: dst[(b*T + t) * dst_ld + h*hs + d] = src[((b*H + h)*T + t) * ld_hs + d].
+// The inverse, rounding to bf16.
 template <typename Src>
-__global__ void scatter_heads_kernel(bf16* dst, std::size_t dst_ld, const Src* src, int T, int H, int hs, int ld_hs,
-                                     std::size_t total) {
+__global__ void scatter_heads_kernel(bf16* dst, std::size_t dst_ld, const Src* src, int T, int H, int hs, int hpu,
+                                     int ld_hs, std::size_t total) {
   for (std::size_t i = detail::grid_start(); i < total; i += detail::grid_stride()) {
-    const std::size_t row = i / static_cast<std::size_t>(hs);
-    const int d = static_cast<int>(i % static_cast<std::size_t>(hs));
-    const std::size_t bh = row / static_cast<std::size_t>(T);
-    const std::size_t t = row % static_cast<std::size_t>(T);
-    const std::size_t b = bh / static_cast<std::size_t>(H);
-    const std::size_t h = bh % static_cast<std::size_t>(H);
-    dst[(b * static_cast<std::size_t>(T) + t) * dst_ld + h * static_cast<std::size_t>(hs) + static_cast<std::size_t>(d)] =
-        to_bf16(to_f32(src[row * static_cast<std::size_t>(ld_hs) + static_cast<std::size_t>(d)]));
+    const HeadIndex x = head_index(i, dst_ld, T, H, hs, hpu, ld_hs);
+    dst[x.src] = to_bf16(to_f32(src[x.dst]));
   }
 }
 
@@ -94,7 +99,10 @@ __global__ void row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, s
 }
 
 __device__ __forceinline__ long long global_row(const RowMap& m, long long R) {
-  return attn::stacked_global_row(R, m.unit_rows, m.T, m.G, m.g0, m.head0);
+  return attn::block_global_row(R, m.block_rows, m.heads, m.t0, m.T, m.G, m.g0, m.head0);
+}
+__device__ __forceinline__ int position(const RowMap& m, long long R) {
+  return attn::block_position(R, m.block_rows, m.heads, m.t0);
 }
 
 // One warp per stacked row: lse and P = exp(S*scale - lse) (0 where masked), as
@@ -104,18 +112,18 @@ __global__ void __launch_bounds__(kRowThreads)
   const long long R = static_cast<long long>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (R >= m.rows) return;  // the same for the whole warp
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int pos = attn::stacked_position(R, m.T);
+  const int pos = position(m, R);
   const float* s = S + static_cast<std::size_t>(R) * static_cast<std::size_t>(m.ld_t);
   bf16* p = P + static_cast<std::size_t>(R) * static_cast<std::size_t>(m.ld_t);
   attn::SoftmaxStats st = attn::stats_empty();
-  for (int j = lane; j < m.T && attn::key_visible(j, pos); j += 32) st = attn::stats_add(st, s[j] * scale);
+  for (int j = lane; j < m.t1 && attn::key_visible(j, pos); j += 32) st = attn::stats_add(st, s[j] * scale);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const attn::SoftmaxStats other{__shfl_xor_sync(kFullMask, st.m, o), __shfl_xor_sync(kFullMask, st.l, o)};
     st = attn::stats_merge(st, other);
   }
   const float row_lse = attn::stats_lse(st);
-  for (int j = lane; j < m.T; j += 32) {
+  for (int j = lane; j < m.t1; j += 32) {
     p[j] = attn::key_visible(j, pos) ? to_bf16(attn::softmax_prob(s[j], scale, row_lse)) : to_bf16(0.0f);
   }
   if (lane == 0) lse[global_row(m, R)] = row_lse;
@@ -129,12 +137,12 @@ __global__ void __launch_bounds__(kRowThreads)
   const long long R = static_cast<long long>(blockIdx.x) * kRowWarps + threadIdx.x / 32;
   if (R >= m.rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int pos = attn::stacked_position(R, m.T);
+  const int pos = position(m, R);
   const long long gr = global_row(m, R);
   const float row_lse = lse[gr];
   const float d = dsum[gr];
   const std::size_t at = static_cast<std::size_t>(R) * static_cast<std::size_t>(m.ld_t);
-  for (int j = lane; j < m.T; j += 32) {
+  for (int j = lane; j < m.t1; j += 32) {
     float p = 0.0f;
     float ds = 0.0f;
     if (attn::key_visible(j, pos)) {
@@ -169,25 +177,27 @@ struct Call {
   }
 };
 
-Status gather(const Call& c, bf16* dst, const bf16* src, std::size_t src_ld, int H) {
+// hpu: heads_per_unit for the query side, 1 for k, v.
+Status gather(const Call& c, bf16* dst, const bf16* src, std::size_t src_ld, int H, int hpu) {
   const std::size_t total = static_cast<std::size_t>(c.p.B) * H * c.p.T * c.p.hs;
-  gather_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, c.stream>>>(dst, src, src_ld, c.p.T, H, c.p.hs,
+  gather_heads_kernel<<<grid_for(total, kThreads), kThreads, 0, c.stream>>>(dst, src, src_ld, c.p.T, H, c.p.hs, hpu,
                                                                             c.p.ld_hs, total);
   return launched((std::string(c.name) + " (head-major copy)").c_str(), c.dims);
 }
 
 template <typename Src>
-Status scatter(const Call& c, bf16* dst, std::size_t dst_ld, const Src* src, int H) {
+Status scatter(const Call& c, bf16* dst, std::size_t dst_ld, const Src* src, int H, int hpu) {
   const std::size_t total = static_cast<std::size_t>(c.p.B) * H * c.p.T * c.p.hs;
   scatter_heads_kernel<Src><<<grid_for(total, kThreads), kThreads, 0, c.stream>>>(dst, dst_ld, src, c.p.T, H, c.p.hs,
-                                                                                  c.p.ld_hs, total);
+                                                                                  hpu, c.p.ld_hs, total);
   return launched((std::string(c.name) + " (copy back)").c_str(), c.dims);
 }
 
 
 RowMap row_map(const GemmAttentionPlan& p, const Batch& b) {
-  return RowMap{static_cast<long long>(b.groups) * unit_rows(p), p.T, p.G, unit_rows(p), b.unit * p.heads_per_unit,
-                b.g0, p.ld_t};
+  const long long rows = gemm_attn::block_rows(b, p);
+  return RowMap{b.groups * rows, rows, p.heads_per_unit, b.unit * p.heads_per_unit, b.g0, b.t0, b.t1, p.T, p.G,
+                p.ld_t};
 }
 
 unsigned row_blocks(long long rows) { return static_cast<unsigned>((rows + kRowWarps - 1) / kRowWarps); }
@@ -213,23 +223,25 @@ Status forward_gemm(Blas& blas, const Call& c, bf16* out, float* lse, const View
   bf16* oh = c.at<bf16>(p.o_off);
   float* S = c.at<float>(p.s_off);
   bf16* P = c.at<bf16>(p.p_off);
-  ZINF_RETURN_IF_ERROR(gather(c, qh, v.q, v.q_ld, p.NH));
-  ZINF_RETURN_IF_ERROR(gather(c, kh, v.k, v.kv_ld, p.NKV));
-  ZINF_RETURN_IF_ERROR(gather(c, vh, v.v, v.kv_ld, p.NKV));
+  ZINF_RETURN_IF_ERROR(gather(c, qh, v.q, v.q_ld, p.NH, p.heads_per_unit));
+  ZINF_RETURN_IF_ERROR(gather(c, kh, v.k, v.kv_ld, p.NKV, 1));
+  ZINF_RETURN_IF_ERROR(gather(c, vh, v.v, v.kv_ld, p.NKV, 1));
   const float scale = gemm_attn::score_scale(p.hs);
   const int groups = p.B * p.NKV;
   const std::string softmax = std::string(c.name) + " (softmax)";
   for (int g0 = 0; g0 < groups; g0 += p.chunk) {
     for (int unit = 0; unit < p.units_per_group; unit++) {
-      const Batch b{g0, std::min(p.chunk, groups - g0), unit};
-      ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, S, qh, kh, "attention S = Q K^T"), c.stream));
-      const RowMap m = row_map(p, b);
-      softmax_rows_kernel<<<row_blocks(m.rows), kRowThreads, 0, c.stream>>>(P, lse, S, m, scale);
-      ZINF_RETURN_IF_ERROR(launched(softmax.c_str(), c.dims));
-      ZINF_RETURN_IF_ERROR(blas.matmul(rows_gemm(p, b, oh, P, vh, 1.0f, "attention O = P V"), c.stream));
+      for (int block = p.time_blocks - 1; block >= 0; block--) {
+        const Batch b = batch_for(p, g0, unit, block);
+        ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, S, qh, kh, "attention S = Q K^T"), c.stream));
+        const RowMap m = row_map(p, b);
+        softmax_rows_kernel<<<row_blocks(m.rows), kRowThreads, 0, c.stream>>>(P, lse, S, m, scale);
+        ZINF_RETURN_IF_ERROR(launched(softmax.c_str(), c.dims));
+        ZINF_RETURN_IF_ERROR(blas.matmul(rows_gemm(p, b, oh, P, vh, 1.0f, "attention O = P V"), c.stream));
+      }
     }
   }
-  return scatter(c, out, v.o_ld, static_cast<const bf16*>(oh), p.NH);
+  return scatter(c, out, v.o_ld, static_cast<const bf16*>(oh), p.NH, p.heads_per_unit);
 }
 
 Status backward_gemm(Blas& blas, const Call& c, bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const Views& v,
@@ -250,29 +262,31 @@ Status backward_gemm(Blas& blas, const Call& c, bf16* dq, bf16* dk, bf16* dv, co
   const long long rows = static_cast<long long>(p.B) * p.NH * p.T;
   row_dot_kernel<<<row_blocks(rows), kRowThreads, 0, c.stream>>>(dsum, dout, out, v.o_ld, p.T, p.NH, p.hs, rows);
   ZINF_RETURN_IF_ERROR(launched((std::string(c.name) + " (row sums)").c_str(), c.dims));
-  ZINF_RETURN_IF_ERROR(gather(c, qh, v.q, v.q_ld, p.NH));
-  ZINF_RETURN_IF_ERROR(gather(c, kh, v.k, v.kv_ld, p.NKV));
-  ZINF_RETURN_IF_ERROR(gather(c, vh, v.v, v.kv_ld, p.NKV));
-  ZINF_RETURN_IF_ERROR(gather(c, doh, dout, v.o_ld, p.NH));
+  ZINF_RETURN_IF_ERROR(gather(c, qh, v.q, v.q_ld, p.NH, p.heads_per_unit));
+  ZINF_RETURN_IF_ERROR(gather(c, kh, v.k, v.kv_ld, p.NKV, 1));
+  ZINF_RETURN_IF_ERROR(gather(c, vh, v.v, v.kv_ld, p.NKV, 1));
+  ZINF_RETURN_IF_ERROR(gather(c, doh, dout, v.o_ld, p.NH, p.heads_per_unit));
   const float scale = gemm_attn::score_scale(p.hs);
   const int groups = p.B * p.NKV;
   const std::string grad = std::string(c.name) + " (score gradient)";
   for (int g0 = 0; g0 < groups; g0 += p.chunk) {
     for (int unit = 0; unit < p.units_per_group; unit++) {
-      const Batch b{g0, std::min(p.chunk, groups - g0), unit};
-      ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, S, qh, kh, "attention S = Q K^T"), c.stream));
-      ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, dP, doh, vh, "attention dP = dO V^T"), c.stream));
-      const RowMap m = row_map(p, b);
-      score_grad_rows_kernel<<<row_blocks(m.rows), kRowThreads, 0, c.stream>>>(P, dS, S, dP, lse, dsum, m, scale);
-      ZINF_RETURN_IF_ERROR(launched(grad.c_str(), c.dims));
-      ZINF_RETURN_IF_ERROR(blas.matmul(rows_gemm(p, b, dqh, dS, kh, scale, "attention dQ = dS K"), c.stream));
-      ZINF_RETURN_IF_ERROR(blas.matmul(keys_gemm(p, b, dkh, dS, qh, scale, "attention dK = dS^T Q"), c.stream));
-      ZINF_RETURN_IF_ERROR(blas.matmul(keys_gemm(p, b, dvh, P, doh, 1.0f, "attention dV = P^T dO"), c.stream));
+      for (int block = p.time_blocks - 1; block >= 0; block--) {
+        const Batch b = batch_for(p, g0, unit, block);
+        ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, S, qh, kh, "attention S = Q K^T"), c.stream));
+        ZINF_RETURN_IF_ERROR(blas.matmul(scores_gemm(p, b, dP, doh, vh, "attention dP = dO V^T"), c.stream));
+        const RowMap m = row_map(p, b);
+        score_grad_rows_kernel<<<row_blocks(m.rows), kRowThreads, 0, c.stream>>>(P, dS, S, dP, lse, dsum, m, scale);
+        ZINF_RETURN_IF_ERROR(launched(grad.c_str(), c.dims));
+        ZINF_RETURN_IF_ERROR(blas.matmul(rows_gemm(p, b, dqh, dS, kh, scale, "attention dQ = dS K"), c.stream));
+        ZINF_RETURN_IF_ERROR(blas.matmul(keys_gemm(p, b, dkh, dS, qh, scale, "attention dK = dS^T Q"), c.stream));
+        ZINF_RETURN_IF_ERROR(blas.matmul(keys_gemm(p, b, dvh, P, doh, 1.0f, "attention dV = P^T dO"), c.stream));
+      }
     }
   }
-  ZINF_RETURN_IF_ERROR(scatter(c, dq, v.q_ld, static_cast<const bf16*>(dqh), p.NH));
-  ZINF_RETURN_IF_ERROR(scatter(c, dk, v.kv_ld, static_cast<const float*>(dkh), p.NKV));
-  return scatter(c, dv, v.kv_ld, static_cast<const float*>(dvh), p.NKV);
+  ZINF_RETURN_IF_ERROR(scatter(c, dq, v.q_ld, static_cast<const bf16*>(dqh), p.NH, p.heads_per_unit));
+  ZINF_RETURN_IF_ERROR(scatter(c, dk, v.kv_ld, static_cast<const float*>(dkh), p.NKV, 1));
+  return scatter(c, dv, v.kv_ld, static_cast<const float*>(dvh), p.NKV, 1);
 }
 
 }  // namespace

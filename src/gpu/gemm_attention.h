@@ -5,25 +5,29 @@
 // model/kernels.h attention_* and model/llama_kernels.h gqa_attention_*.
 //
 // How (plan: gemm_attention_plan(), launch_geometry.h):
-//  - q, k, v (and in the backward dout) are copied head-major, one (T, hs) matrix per head, so
-//    that a kv group's G = NH / NKV query heads stack into one (G*T, hs) matrix and every product
+//  - q, k, v (and in the backward dout) are copied head-major, so that a kv group's query heads
+//    (a unit of them) stack into one matrix whose rows are ordered (t, head), and every product
 //    is one strided-batched GEMM over the kv groups of a chunk (bf16 in, fp32 accumulation).
-//  - forward, per chunk and unit: S = Q K^T (fp32), a row kernel (causal mask, scale 1/sqrt(hs),
-//    fp32 softmax; writes lse and P = exp(S*scale - lse) in bf16), O = P V. 2 GEMMs.
-//  - backward, per chunk and unit: S = Q K^T, dP = dO V^T (fp32), a row kernel recomputing P from
-//    lse and dS = P * (dP - D) (D = rowsum(dO * O)), then dQ = scale * dS K, dK += scale * dS^T Q,
-//    dV += P^T dO (fp32, summed over the group's units in head order, rounded once). 5 GEMMs.
+//  - Causal skipping by time blocks (at most 256 positions): block [t0, t1) only meets keys
+//    [0, t1), so its products are (t1 - t0) * heads rows against t1 keys; blocks run from the
+//    last down. GPT-2 at T = 1024 does 62.5% of the full (T, T) products' work.
+//  - forward, per (chunk, unit, block): S = Q K^T (fp32), a warp-per-row kernel (causal mask,
+//    scale 1/sqrt(hs), fp32 softmax; writes lse and bf16 P = exp(S*scale - lse)), O = P V.
+//  - backward, per (chunk, unit, block): S = Q K^T, dP = dO V^T (fp32), a warp-per-row kernel
+//    recomputing P from lse and dS = P * (dP - D) (D = rowsum(dO * O)), then dQ = scale * dS K,
+//    dK += scale * dS^T Q, dV += P^T dO (fp32, summed over units and blocks in a fixed order,
+//    rounded once at the copy back).
 //  With the nets' scratch (gemm_attention_scratch_bytes: a score region of at most 512 MiB) a
-//  GPT-2 124M layer at B = 8, T = 1024 runs its 96 heads in 3 calls of 32 per product: forward
-//  6 GEMMs + 3 softmax launches, backward 15 GEMMs + 3 score-gradient launches, plus the
-//  head-major copies (forward 4 launches, backward 8) and D. The masked upper triangle is
-//  computed by the products and discarded (causal waste); the row kernels do not read it.
+//  GPT-2 124M layer at B = 8, T = 1024 runs 4 blocks with all 96 heads in one call each:
+//  forward 8 GEMMs + 4 softmax launches, backward 20 GEMMs + 4 score-gradient launches, plus
+//  the head-major copies (forward 4 launches, backward 7) and D.
 // Numerics: P and dS are rounded to bf16 as the products' inputs (as flash attention 2 does);
 // everything else fp32. Deterministic: no atomics; cuBLASLt's algorithm is fixed per shape.
 //
-// Fallback: when `scratch` cannot hold one head's (T, T) scores (S, dP fp32, P, dS bf16) next
-// to the head-major copies, the flash kernels run instead (they need only D, B*NH*T floats, at
-// the start of the scratch). scratch.base must be 256-byte aligned.
+// Fallback: when `scratch` cannot hold one row of scores (S, dP fp32, P, dS bf16: 12 bytes per
+// key) next to the head-major copies, the flash kernels run instead (they need only D, B*NH*T
+// floats, at the start of the scratch). The nets' scratch always has room below T ~ 11 million.
+// scratch.base must be 256-byte aligned.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -63,29 +67,36 @@ namespace gemm_attn {
 
 float score_scale(int hs);  // 1/sqrt(hs), as the CPU kernels
 
-// The `groups` kv groups from g0 (one batched product), unit `unit` of each (its query heads
-// unit * heads_per_unit .. + heads_per_unit - 1 within the group).
+// One batched product: the `groups` kv groups from g0, unit `unit` of each (its query heads
+// unit * heads_per_unit .. + heads_per_unit - 1 within the group), query positions [t0, t1)
+// against keys [0, t1). accumulate: dK, dV add to what earlier (unit, block) products left
+// (every product but the group's first, which is unit 0's last block: it covers all keys).
 struct Batch {
-  int g0, groups, unit;
+  int g0, groups, unit, t0, t1;
+  bool accumulate;
 };
-// Element offsets of the first row of (group g, unit u) in the head-major query-side copies
-// (q, out / dout, dq), and of group g in the kv-side copies (k, v, dk, dv); batch strides.
-std::size_t q_rows0(const GemmAttentionPlan& p, int g, int unit);
+// The blocks are walked from the last (t1 = T) down, units in head order.
+Batch batch_for(const GemmAttentionPlan& p, int g0, int unit, int block);
+// Element offsets of the first row of (group g, unit u, position t0) in the head-major
+// query-side copies (q, out / dout, dq), and of group g in the kv-side copies (k, v, dk, dv);
+// batch strides.
+std::size_t q_rows0(const GemmAttentionPlan& p, int g, int unit, int t0);
 std::size_t kv_rows0(const GemmAttentionPlan& p, int g);
 long long q_stride(const GemmAttentionPlan& p);
 long long kv_stride(const GemmAttentionPlan& p);
-int unit_rows(const GemmAttentionPlan& p);  // heads_per_unit * T stacked rows
-long long score_stride(const GemmAttentionPlan& p);
+long long block_rows(const Batch& b, const GemmAttentionPlan& p);  // (t1 - t0) * heads_per_unit
+// Per group: block_rows rows of ld_t, packed, so launch row R of a row kernel is row R.
+long long score_stride(const Batch& b, const GemmAttentionPlan& p);
 
-// Row-major scores d (M, T) fp32, ld_t, one per group of the batch (from the start of d) =
-// X (M, hs) @ Y (T, hs)^T: S = Q K^T (x = q copy, y = k copy) and dP = dO V^T.
+// Row-major scores d (rows, t1) fp32, ld_t, one per group of the batch (from the start of d) =
+// X (rows, hs) @ Y (t1, hs)^T: S = Q K^T (x = q copy, y = k copy) and dP = dO V^T.
 Gemm scores_gemm(const GemmAttentionPlan& p, const Batch& b, float* d, const bf16* x, const bf16* y, const char* what);
-// Query-side rows out (M, hs) bf16 = alpha * W (M, T) @ Y (T, hs), W bf16 scores from the start of
-// w: O = P V and dQ = scale * dS K.
+// Query-side rows out (rows, hs) bf16 = alpha * W (rows, t1) @ Y (t1, hs), W bf16 scores from the
+// start of w: O = P V and dQ = scale * dS K.
 Gemm rows_gemm(const GemmAttentionPlan& p, const Batch& b, bf16* out, const bf16* w, const bf16* y, float alpha,
                const char* what);
-// kv-side out (T, hs) fp32 = alpha * W^T @ X (M, hs) (+ out for unit > 0): dK = scale * dS^T Q,
-// dV = P^T dO, summed over the group's units.
+// kv-side out (t1, hs) fp32 (+)= alpha * W^T @ X (rows, hs): dK = scale * dS^T Q, dV = P^T dO,
+// summed over the group's units and blocks.
 Gemm keys_gemm(const GemmAttentionPlan& p, const Batch& b, float* out, const bf16* w, const bf16* x, float alpha,
                const char* what);
 

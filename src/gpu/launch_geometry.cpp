@@ -146,18 +146,24 @@ Result<GemmAttentionPlan> gemm_attention_plan(int B, int T, int NH, int NKV, int
   p.bytes = static_cast<std::size_t>(B) * NH * T * sizeof(float);  // D only, for the flash kernels
   if (scratch_bytes < fixed) return p;
   const std::size_t room = scratch_bytes - fixed;
-  const std::size_t T_rows = static_cast<std::size_t>(T);
+  // The largest block (halving from kGemmAttnTimeBlock) whose rows of one head fit.
+  int tb = std::min(T, kGemmAttnTimeBlock);
+  while (tb > 1 && score_bytes(static_cast<std::size_t>(tb), p.ld_t) > room) tb = (tb + 1) / 2;
+  if (score_bytes(static_cast<std::size_t>(tb), p.ld_t) > room) return p;
   // The largest divisor of G whose stacked heads fit.
+  int hpu = 1;
   for (int h = p.G; h >= 1; h--) {
-    if (p.G % h == 0 && score_bytes(static_cast<std::size_t>(h) * T_rows, p.ld_t) <= room) {
-      p.heads_per_unit = h;
+    if (p.G % h == 0 && score_bytes(static_cast<std::size_t>(h) * tb, p.ld_t) <= room) {
+      hpu = h;
       break;
     }
   }
-  if (p.heads_per_unit == 0) return p;
-  p.units_per_group = p.G / p.heads_per_unit;
+  p.time_block = tb;
+  p.time_blocks = (T + tb - 1) / tb;
+  p.heads_per_unit = hpu;
+  p.units_per_group = p.G / hpu;
   const int groups = B * NKV;
-  const std::size_t unit_rows = static_cast<std::size_t>(p.heads_per_unit) * T_rows;
+  const std::size_t unit_rows = static_cast<std::size_t>(hpu) * tb;
   // Most groups per call that fit (score_bytes is not linear in rows because of the alignment).
   std::size_t lo = 1, hi = static_cast<std::size_t>(groups);
   while (lo < hi) {
@@ -195,7 +201,10 @@ std::size_t gemm_attention_scratch_bytes(int max_bt, int max_T, int NH, int NKV,
   p.NKV = NKV;
   p.ld_hs = round8(hs);
   const std::size_t fixed = fixed_regions(&p);
-  const std::size_t all = score_bytes(static_cast<std::size_t>(max_bt) * NH, round8(T));
+  // All blocks of a pass (B, T) at once: B*NH*min(T, block) rows of round8(T); with B*T <= max_bt
+  // that is at most NH * max_bt * min(block + 7, round8(max_T)) elements.
+  const std::size_t per_row = static_cast<std::size_t>(std::min(kGemmAttnTimeBlock + 7, round8(T)));
+  const std::size_t all = score_bytes(static_cast<std::size_t>(max_bt) * NH, static_cast<int>(per_row));
   return fixed + std::min(all, kGemmAttnMaxScoreBytes);
 }
 

@@ -1,10 +1,11 @@
 // Causal attention on the GPU against the CPU's direct-loop references
 // (model/kernels.h attention_*_reference, model/llama_kernels.h gqa_attention_*_reference) on
 // the same bf16-rounded inputs. GpuAttention: the GEMM path the nets run (gemm_attention.h), GPT
-// and grouped-query, with the nets' scratch (one batched call per product where it fits) and
-// with room for one head's scores only (one head per unit, one kv group per call: the units'
-// dK, dV accumulate, the calls cover the groups); T = 1, T off every tile size, hs 16 to 128,
-// B > 1. GpuFlashAttention: the flash kernels (the fallback) over every head-size class.
+// and grouped-query, with the nets' scratch (one batched call per time block and product) and
+// with room for 8 rows of scores (blocks of <= 8 positions of one head, one kv group per call:
+// units and blocks accumulate dK, dV, the calls cover the groups); T = 1, T off every tile and
+// block size (T = 300: two blocks of 256 and 44), hs 16 to 128, B > 1. GpuFlashAttention: the
+// flash kernels (the fallback) over every head-size class.
 // Tolerances: flash forward out within one bf16 rounding (2^-8 relative) plus 1e-4 of its
 // largest value; the GEMM path rounds P to bf16 before P V, so out within 2^-7 relative plus
 // 1e-2 of the largest value and 5e-3 relative L2; lse within 1e-5 relative; backward dq, dk,
@@ -130,11 +131,12 @@ class GpuAttention : public testing::BlasFixture {};
 const Dims kGemmDims[] = {{2, 37, 64, 4}, {1, 70, 128, 2}, {2, 33, 160, 2}, {1, 1, 64, 2},
                           {3, 16, 96, 3}, {2, 129, 768, 12}, {1, 300, 1024, 8}};
 
-// The nets' scratch, and room for one head's scores only.
+// The nets' scratch (one call per time block and product), and room for 8 rows of scores
+// (blocks of at most 8 positions of one head, one kv group per call).
 std::vector<std::size_t> scratch_sizes(int B, int T, int NH, int NKV, int hs) {
   const std::size_t full = gemm_attention_scratch_bytes(B * T, T, NH, NKV, hs);
   const GemmAttentionPlan p = gemm_attention_plan(B, T, NH, NKV, hs, full).value();
-  const std::size_t n = static_cast<std::size_t>(T) * p.ld_t;
+  const std::size_t n = static_cast<std::size_t>(8) * p.ld_t;
   return {full, p.s_off + 2 * n * 4 + 2 * n * 2 + 4 * 256};
 }
 
@@ -206,7 +208,8 @@ std::string gqa_name(const GqaShape& s) {
 TEST_F(GpuAttention, GqaForwardAndBackwardMatchCpuReference) {
   namespace cpu = model::kernels;
   const GqaShape shapes[] = {{2, 37, 4, 1, 64}, {2, 37, 4, 2, 64}, {2, 37, 4, 4, 64}, {1, 70, 8, 2, 128},
-                             {1, 1, 4, 2, 128}, {3, 33, 6, 3, 80}, {1, 65, 2, 1, 16}, {2, 200, 32, 8, 128}};
+                             {1, 1, 4, 2, 128}, {3, 33, 6, 3, 80}, {1, 65, 2, 1, 16}, {2, 200, 32, 8, 128},
+                             {1, 300, 8, 2, 64}};
   for (const GqaShape& s : shapes) {
     const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = static_cast<size_t>(s.B) * s.T * s.NKV * s.hs;
     const size_t nlse = static_cast<size_t>(s.B) * s.NH * s.T;

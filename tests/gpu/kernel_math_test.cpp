@@ -540,25 +540,27 @@ TEST(GpuAttentionMath, SoftmaxRowAndScoreGradientMatchDouble) {
   EXPECT_EQ(ae.m, a.m);
   EXPECT_EQ(ae.l, a.l);
   EXPECT_EQ(attn::stats_merge(attn::stats_empty(), attn::stats_empty()).l, 0.0f);
-  // Stacked rows: row r of a unit is position r % T; lse rows follow (b, head, t).
-  EXPECT_EQ(attn::stacked_position(75, 37), 1);
-  // 2 heads per unit of T = 10, groups of G = 4 from group 3, unit 1 (heads 2, 3): launch row 25
-  // is group 4's head 2 + 0, position 5 -> ((4 * 4) + 2) * 10 + 5.
-  EXPECT_EQ(attn::stacked_global_row(25, 20, 10, 4, 3, 2), 185);
+  // Block rows: 2 heads per unit, block [4, 8) of T = 10 (8 rows per group), G = 4, from group 3,
+  // unit 1 (heads 2, 3): launch row 13 is group 4's row 5 = position 4 + 5 / 2 = 6, head 2 + 1;
+  // its lse row ((4 * 4) + 3) * 10 + 6.
+  EXPECT_EQ(attn::block_position(13, 8, 2, 4), 6);
+  EXPECT_EQ(attn::block_global_row(13, 8, 2, 4, 10, 4, 3, 2), 196);
 }
 
 TEST(GpuGeometry, GemmAttentionPlan) {
-  // GPT-2 124M, B = 8, T = 1024 with the nets' scratch: the score region is capped, 96 heads in
-  // 3 balanced calls.
+  // GPT-2 124M, B = 8, T = 1024 with the nets' scratch: blocks of 256 positions, all 96 heads in
+  // one call per block and product.
   const std::size_t gpt2 = gemm_attention_scratch_bytes(8 * 1024, 1024, 12, 12, 64);
   Result<GemmAttentionPlan> p = gemm_attention_plan(8, 1024, 12, 12, 64, gpt2);
   ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+  EXPECT_EQ(p->time_block, 256);
+  EXPECT_EQ(p->time_blocks, 4);
   EXPECT_EQ(p->heads_per_unit, 1);
   EXPECT_EQ(p->units_per_group, 1);
-  EXPECT_EQ(p->chunk, 32);
-  EXPECT_EQ(p->calls, 3);
+  EXPECT_EQ(p->chunk, 96);
+  EXPECT_EQ(p->calls, 1);
   EXPECT_LE(p->bytes, gpt2);
-  EXPECT_LE(p->bytes - p->s_off, kGemmAttnMaxScoreBytes);
+  EXPECT_LE(gpt2 - p->s_off, kGemmAttnMaxScoreBytes);
   EXPECT_EQ(p->ld_hs, 64);
   EXPECT_EQ(p->ld_t, 1024);
   // Regions in order, 256-aligned, not overlapping.
@@ -568,15 +570,16 @@ TEST(GpuGeometry, GemmAttentionPlan) {
     EXPECT_EQ(offs[i] % 256, 0u) << i;
     EXPECT_LT(offs[i], offs[i + 1]) << i;
   }
-  EXPECT_EQ(p->dp_off - p->s_off, static_cast<std::size_t>(32) * 1024 * 1024 * 4);
-  // Any smaller pass fits the same scratch, in no more calls per head.
-  for (auto [B, T] : {std::pair{1, 1}, std::pair{3, 333}, std::pair{8, 1000}, std::pair{16, 512}}) {
+  EXPECT_EQ(p->dp_off - p->s_off, static_cast<std::size_t>(96) * 256 * 1024 * 4);
+  // Any smaller pass fits the same scratch in one call per block and product.
+  for (auto [B, T] : {std::pair{1, 1}, std::pair{3, 333}, std::pair{8, 1000}, std::pair{16, 512}, std::pair{64, 7},
+                      std::pair{32, 255}, std::pair{31, 257}}) {
     Result<GemmAttentionPlan> q = gemm_attention_plan(B, T, 12, 12, 64, gpt2);
     ASSERT_TRUE(q.is_ok());
-    EXPECT_GE(q->heads_per_unit, 1) << B << " x " << T;
+    EXPECT_EQ(q->heads_per_unit, 1) << B << " x " << T;
+    EXPECT_EQ(q->time_block, std::min(T, 256)) << B << " x " << T;
+    EXPECT_EQ(q->calls, 1) << B << " x " << T;
     EXPECT_LE(q->bytes, gpt2) << B << " x " << T;
-    EXPECT_GE(static_cast<long long>(q->chunk) * q->calls, static_cast<long long>(B) * 12);
-    EXPECT_LT(static_cast<long long>(q->chunk) * (q->calls - 1), static_cast<long long>(B) * 12);
   }
   // Small shapes: everything in one call; hs and T padded to 8.
   const std::size_t small = gemm_attention_scratch_bytes(2 * 37, 37, 6, 2, 20);
@@ -584,34 +587,32 @@ TEST(GpuGeometry, GemmAttentionPlan) {
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(p->G, 3);
   EXPECT_EQ(p->heads_per_unit, 3);
+  EXPECT_EQ(p->time_block, 37);
   EXPECT_EQ(p->chunk, 4);
   EXPECT_EQ(p->calls, 1);
   EXPECT_EQ(p->ld_hs, 24);
   EXPECT_EQ(p->ld_t, 40);
-  // Room for one head's scores only: units of one query head, one group per call.
-  const std::size_t one_head = p->s_off + 2 * 37 * 40 * 4 + 2 * 37 * 40 * 2 + 4 * 256;
-  p = gemm_attention_plan(2, 37, 6, 2, 20, one_head);
+  // Room for 8 rows of scores: blocks of 8 positions of one head, one group per call.
+  const std::size_t rows8 = p->s_off + 2 * 8 * 40 * 4 + 2 * 8 * 40 * 2 + 4 * 256;
+  p = gemm_attention_plan(2, 37, 6, 2, 20, rows8);
   ASSERT_TRUE(p.is_ok());
+  EXPECT_EQ(p->time_block, 5);  // 37 halved (rounding up) until 8 rows fit
+  EXPECT_EQ(p->time_blocks, 8);
   EXPECT_EQ(p->heads_per_unit, 1);
   EXPECT_EQ(p->units_per_group, 3);
   EXPECT_EQ(p->chunk, 1);
   EXPECT_EQ(p->calls, 4);
-  // Less: the flash fallback (D only).
+  // Less than one row: the flash fallback (D only).
   p = gemm_attention_plan(2, 37, 6, 2, 20, p->s_off + 100);
   ASSERT_TRUE(p.is_ok());
   EXPECT_EQ(p->heads_per_unit, 0);
   EXPECT_EQ(p->bytes, static_cast<std::size_t>(2 * 6 * 37 * 4));
-  // A T whose single head exceeds the cap gets no score region from the nets: flash.
-  const std::size_t long_t = gemm_attention_scratch_bytes(8192, 8192, 32, 8, 128);
-  p = gemm_attention_plan(1, 8192, 32, 8, 128, long_t);
+  // Long sequences stay on the GEMM path: T = 32768, Llama-3 8B's heads.
+  const std::size_t long_t = gemm_attention_scratch_bytes(32768, 32768, 32, 8, 128);
+  p = gemm_attention_plan(1, 32768, 32, 8, 128, long_t);
   ASSERT_TRUE(p.is_ok());
-  EXPECT_EQ(p->heads_per_unit, 0);
-  // Llama-3 8B at T = 4096: 4 query heads per kv head, one head per unit.
-  const std::size_t llama = gemm_attention_scratch_bytes(8192, 4096, 32, 8, 128);
-  p = gemm_attention_plan(2, 4096, 32, 8, 128, llama);
-  ASSERT_TRUE(p.is_ok());
-  EXPECT_EQ(p->heads_per_unit, 2);
-  EXPECT_EQ(p->units_per_group, 2);
+  EXPECT_GE(p->heads_per_unit, 1);
+  EXPECT_LE(long_t - p->s_off, kGemmAttnMaxScoreBytes);
   EXPECT_EQ(gemm_attention_plan(1, 8, 6, 4, 64, 1 << 20).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_EQ(gemm_attention_scratch_bytes(0, 8, 4, 4, 64), 0u);
 }
@@ -633,21 +634,25 @@ struct HostGemmAttention {
   T* at(std::size_t off) {
     return reinterpret_cast<T*>(base + off);
   }
-  void gather(bf16* dst, const bf16* src, std::size_t src_ld, int H) {
+  // Head-major row of (b, h, t): heads in units of hpu, a unit's rows ordered (t, head).
+  size_t hm_row(int b, int h, int t, int H, int hpu) const {
+    return (static_cast<size_t>(b) * H + h - h % hpu) * p.T + static_cast<size_t>(t) * hpu + h % hpu;
+  }
+  void gather(bf16* dst, const bf16* src, std::size_t src_ld, int H, int hpu) {
     for (int b = 0; b < p.B; b++)
       for (int h = 0; h < H; h++)
         for (int t = 0; t < p.T; t++)
           for (int d = 0; d < p.hs; d++)
-            dst[((static_cast<size_t>(b) * H + h) * p.T + t) * p.ld_hs + d] =
+            dst[hm_row(b, h, t, H, hpu) * p.ld_hs + d] =
                 src[(static_cast<size_t>(b) * p.T + t) * src_ld + static_cast<size_t>(h) * p.hs + d];
   }
   template <typename Src>
-  void scatter(bf16* dst, std::size_t dst_ld, const Src* src, int H) {
+  void scatter(bf16* dst, std::size_t dst_ld, const Src* src, int H, int hpu) {
     for (int b = 0; b < p.B; b++)
       for (int h = 0; h < H; h++)
         for (int t = 0; t < p.T; t++)
           for (int d = 0; d < p.hs; d++) {
-            const size_t from = ((static_cast<size_t>(b) * H + h) * p.T + t) * p.ld_hs + d;
+            const size_t from = hm_row(b, h, t, H, hpu) * p.ld_hs + d;
             float v;
             if constexpr (std::is_same_v<Src, float>) {
               v = src[from];
@@ -661,31 +666,33 @@ struct HostGemmAttention {
     bf16 *qh = at<bf16>(p.q_off), *kh = at<bf16>(p.k_off), *vh = at<bf16>(p.v_off), *oh = at<bf16>(p.o_off);
     float* S = at<float>(p.s_off);
     bf16* P = at<bf16>(p.p_off);
-    gather(qh, q, q_ld, p.NH);
-    gather(kh, k, kv_ld, p.NKV);
-    gather(vh, v, kv_ld, p.NKV);
+    gather(qh, q, q_ld, p.NH, p.heads_per_unit);
+    gather(kh, k, kv_ld, p.NKV, 1);
+    gather(vh, v, kv_ld, p.NKV, 1);
     const float scale = gemm_attn::score_scale(p.hs);
     const int groups = p.B * p.NKV;
     std::vector<float> row(static_cast<size_t>(p.T));
     for (int g0 = 0; g0 < groups; g0 += p.chunk) {
       for (int unit = 0; unit < p.units_per_group; unit++) {
-        const gemm_attn::Batch b{g0, std::min(p.chunk, groups - g0), unit};
-        const Gemm gs = gemm_attn::scores_gemm(p, b, S, qh, kh, "S");
-        ASSERT_TRUE(check_gemm(gs).is_ok()) << check_gemm(gs).to_string();
-        reference_gemm(gs);
-        const int ur = gemm_attn::unit_rows(p);
-        for (long long R = 0; R < static_cast<long long>(b.groups) * ur; R++) {
-          const float l = attn::softmax_row_on_host(S + R * p.ld_t, p.T, attn::stacked_position(R, p.T), scale,
-                                                    row.data());
-          for (int j = 0; j < p.T; j++) set_bf(P, static_cast<size_t>(R) * p.ld_t + j, row[j]);
-          lse[attn::stacked_global_row(R, ur, p.T, p.G, g0, unit * p.heads_per_unit)] = l;
+        for (int block = p.time_blocks - 1; block >= 0; block--) {
+          const gemm_attn::Batch b = gemm_attn::batch_for(p, g0, unit, block);
+          const Gemm gs = gemm_attn::scores_gemm(p, b, S, qh, kh, "S");
+          ASSERT_TRUE(check_gemm(gs).is_ok()) << check_gemm(gs).to_string();
+          reference_gemm(gs);
+          const long long br = gemm_attn::block_rows(b, p);
+          for (long long R = 0; R < b.groups * br; R++) {
+            const int pos = attn::block_position(R, br, p.heads_per_unit, b.t0);
+            const float l = attn::softmax_row_on_host(S + R * p.ld_t, b.t1, pos, scale, row.data());
+            for (int j = 0; j < b.t1; j++) set_bf(P, static_cast<size_t>(R) * p.ld_t + j, row[j]);
+            lse[attn::block_global_row(R, br, p.heads_per_unit, b.t0, p.T, p.G, g0, unit * p.heads_per_unit)] = l;
+          }
+          const Gemm go = gemm_attn::rows_gemm(p, b, oh, P, vh, 1.0f, "O");
+          ASSERT_TRUE(check_gemm(go).is_ok()) << check_gemm(go).to_string();
+          reference_gemm(go);
         }
-        const Gemm go = gemm_attn::rows_gemm(p, b, oh, P, vh, 1.0f, "O");
-        ASSERT_TRUE(check_gemm(go).is_ok()) << check_gemm(go).to_string();
-        reference_gemm(go);
       }
     }
-    scatter(out, o_ld, static_cast<const bf16*>(oh), p.NH);
+    scatter(out, o_ld, static_cast<const bf16*>(oh), p.NH, p.heads_per_unit);
   }
   void backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k, const bf16* v,
                 const bf16* out, const float* lse) {
@@ -702,44 +709,48 @@ struct HostGemmAttention {
           for (int d = 0; d < p.hs; d++) acc += bf(dout, at_o + d) * bf(out, at_o + d);
           dsum[(static_cast<size_t>(b) * p.NH + h) * p.T + t] = acc;
         }
-    gather(qh, q, q_ld, p.NH);
-    gather(kh, k, kv_ld, p.NKV);
-    gather(vh, v, kv_ld, p.NKV);
-    gather(doh, dout, o_ld, p.NH);
+    gather(qh, q, q_ld, p.NH, p.heads_per_unit);
+    gather(kh, k, kv_ld, p.NKV, 1);
+    gather(vh, v, kv_ld, p.NKV, 1);
+    gather(doh, dout, o_ld, p.NH, p.heads_per_unit);
     const float scale = gemm_attn::score_scale(p.hs);
     const int groups = p.B * p.NKV;
     std::vector<float> prow(static_cast<size_t>(p.T)), dsrow(static_cast<size_t>(p.T));
     for (int g0 = 0; g0 < groups; g0 += p.chunk) {
       for (int unit = 0; unit < p.units_per_group; unit++) {
-        const gemm_attn::Batch b{g0, std::min(p.chunk, groups - g0), unit};
-        const Gemm products[2] = {gemm_attn::scores_gemm(p, b, S, qh, kh, "S"),
-                                  gemm_attn::scores_gemm(p, b, dP, doh, vh, "dP")};
-        for (const Gemm& g : products) {
-          ASSERT_TRUE(check_gemm(g).is_ok()) << check_gemm(g).to_string();
-          reference_gemm(g);
-        }
-        const int ur = gemm_attn::unit_rows(p);
-        for (long long R = 0; R < static_cast<long long>(b.groups) * ur; R++) {
-          const long long gr = attn::stacked_global_row(R, ur, p.T, p.G, g0, unit * p.heads_per_unit);
-          attn::score_grad_row_on_host(S + R * p.ld_t, dP + R * p.ld_t, p.T, attn::stacked_position(R, p.T), scale,
-                                       lse[gr], dsum[gr], prow.data(), dsrow.data());
-          for (int j = 0; j < p.T; j++) {
-            set_bf(P, static_cast<size_t>(R) * p.ld_t + j, prow[j]);
-            set_bf(dS, static_cast<size_t>(R) * p.ld_t + j, dsrow[j]);
+        for (int block = p.time_blocks - 1; block >= 0; block--) {
+          const gemm_attn::Batch b = gemm_attn::batch_for(p, g0, unit, block);
+          const Gemm products[2] = {gemm_attn::scores_gemm(p, b, S, qh, kh, "S"),
+                                    gemm_attn::scores_gemm(p, b, dP, doh, vh, "dP")};
+          for (const Gemm& g : products) {
+            ASSERT_TRUE(check_gemm(g).is_ok()) << check_gemm(g).to_string();
+            reference_gemm(g);
           }
-        }
-        const Gemm grads[3] = {gemm_attn::rows_gemm(p, b, dqh, dS, kh, scale, "dQ"),
-                               gemm_attn::keys_gemm(p, b, dkh, dS, qh, scale, "dK"),
-                               gemm_attn::keys_gemm(p, b, dvh, P, doh, 1.0f, "dV")};
-        for (const Gemm& g : grads) {
-          ASSERT_TRUE(check_gemm(g).is_ok()) << check_gemm(g).to_string();
-          reference_gemm(g);
+          const long long br = gemm_attn::block_rows(b, p);
+          for (long long R = 0; R < b.groups * br; R++) {
+            const long long gr =
+                attn::block_global_row(R, br, p.heads_per_unit, b.t0, p.T, p.G, g0, unit * p.heads_per_unit);
+            const int pos = attn::block_position(R, br, p.heads_per_unit, b.t0);
+            attn::score_grad_row_on_host(S + R * p.ld_t, dP + R * p.ld_t, b.t1, pos, scale, lse[gr], dsum[gr],
+                                         prow.data(), dsrow.data());
+            for (int j = 0; j < b.t1; j++) {
+              set_bf(P, static_cast<size_t>(R) * p.ld_t + j, prow[j]);
+              set_bf(dS, static_cast<size_t>(R) * p.ld_t + j, dsrow[j]);
+            }
+          }
+          const Gemm grads[3] = {gemm_attn::rows_gemm(p, b, dqh, dS, kh, scale, "dQ"),
+                                 gemm_attn::keys_gemm(p, b, dkh, dS, qh, scale, "dK"),
+                                 gemm_attn::keys_gemm(p, b, dvh, P, doh, 1.0f, "dV")};
+          for (const Gemm& g : grads) {
+            ASSERT_TRUE(check_gemm(g).is_ok()) << check_gemm(g).to_string();
+            reference_gemm(g);
+          }
         }
       }
     }
-    scatter(dq, q_ld, static_cast<const bf16*>(dqh), p.NH);
-    scatter(dk, kv_ld, static_cast<const float*>(dkh), p.NKV);
-    scatter(dv, kv_ld, static_cast<const float*>(dvh), p.NKV);
+    scatter(dq, q_ld, static_cast<const bf16*>(dqh), p.NH, p.heads_per_unit);
+    scatter(dk, kv_ld, static_cast<const float*>(dkh), p.NKV, 1);
+    scatter(dv, kv_ld, static_cast<const float*>(dvh), p.NKV, 1);
   }
 };
 
@@ -753,12 +764,13 @@ void expect_close_grads(const std::vector<float>& got, const std::vector<float>&
   EXPECT_TRUE(testing::near_all_floor(got, want, 1.0 / 64, floor));
 }
 
-// Scratch sizes: the nets' (one call), and room for one head's scores (one head per unit, one
-// group per call: units accumulate dK, dV, calls cover the groups).
+// Scratch sizes: the nets' (one call per block), and room for 8 rows of scores (blocks of at
+// most 8 positions of one head, one group per call: units and blocks accumulate dK, dV, calls
+// cover the groups).
 std::vector<std::size_t> scratch_sizes(int B, int T, int NH, int NKV, int hs) {
   const std::size_t full = gemm_attention_scratch_bytes(B * T, T, NH, NKV, hs);
   const GemmAttentionPlan p = gemm_attention_plan(B, T, NH, NKV, hs, full).value();
-  const std::size_t n = static_cast<std::size_t>(T) * p.ld_t;
+  const std::size_t n = static_cast<std::size_t>(8) * p.ld_t;
   return {full, p.s_off + 2 * n * 4 + 2 * n * 2 + 4 * 256};
 }
 
@@ -766,7 +778,7 @@ TEST(GpuAttentionMath, GemmAlgebraOnHostMatchesCpuAttention) {
   struct D {
     int B, T, C, NH;
   };
-  for (const D d : {D{2, 37, 64, 4}, D{1, 1, 64, 2}, D{1, 70, 128, 1}, D{3, 9, 48, 3}}) {
+  for (const D d : {D{2, 37, 64, 4}, D{1, 1, 64, 2}, D{1, 70, 128, 1}, D{3, 9, 48, 3}, D{1, 300, 64, 2}}) {
     const int hs = d.C / d.NH;
     const size_t BT = static_cast<size_t>(d.B) * d.T, n_qkv = BT * 3 * d.C, n_out = BT * d.C;
     const std::vector<float> qkv = rounded(randn(1, n_qkv)), dout = rounded(randn(2, n_out));
@@ -813,7 +825,7 @@ TEST(GpuAttentionMath, GemmAlgebraOnHostMatchesCpuAttention) {
 TEST(GpuAttentionMath, GqaGemmAlgebraOnHostMatchesCpuAttention) {
   namespace cpu = model::kernels;
   for (const GqaShape s : {GqaShape{2, 19, 6, 2, 16}, GqaShape{1, 33, 4, 1, 64}, GqaShape{2, 1, 4, 2, 128},
-                           GqaShape{1, 20, 4, 4, 24}}) {
+                           GqaShape{1, 20, 4, 4, 24}, GqaShape{1, 270, 4, 2, 16}}) {
     const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = static_cast<size_t>(s.B) * s.T * s.NKV * s.hs;
     const size_t nlse = static_cast<size_t>(s.B) * s.NH * s.T;
     const std::vector<float> q = rounded(randn(1, nq)), k = rounded(randn(2, nkv)), v = rounded(randn(3, nkv));
