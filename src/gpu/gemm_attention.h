@@ -26,7 +26,7 @@
 //
 // Fallback: when `scratch` cannot hold one row of scores (S, dP fp32, P, dS bf16: 12 bytes per
 // key) next to the head-major copies, the flash kernels run instead (they need only D, B*NH*T
-// floats, at the start of the scratch). The nets' scratch always has room below T ~ 11 million.
+// floats, at the start of the scratch). The nets' scratch has room for T up to about 44 million.
 // scratch.base must be 256-byte aligned.
 #pragma once
 

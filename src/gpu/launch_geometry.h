@@ -114,7 +114,7 @@ Result<GemmAttentionPlan> gemm_attention_plan(int B, int T, int NH, int NKV, int
 // The scratch a net carves for any pass of at most max_bt rows with T <= max_T: the head-major
 // copies and D for max_bt rows plus a score region of min(kGemmAttnMaxScoreBytes, what all
 // heads' blocks of kGemmAttnTimeBlock rows take at once). With it every pass fits one call per
-// block and product up to that bound, and the GEMM path runs for any T up to about 11 million
+// block and product up to that bound, and the GEMM path runs for any T up to about 44 million
 // (one row of 12-byte scores must fit the region). 0 for sizes < 1.
 std::size_t gemm_attention_scratch_bytes(int max_bt, int max_T, int NH, int NKV, int hs);
 

@@ -17,7 +17,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <tuple>
 #include <vector>
 
@@ -304,6 +307,76 @@ TEST_F(GpuAttention, ScratchErrorsNameTheCall) {
   st = gemm_attention_forward(*blas_, AttentionScratch{scratch.get(), 1 << 22}, bf(out), lse.get(), bf(qkv), 1, 8,
                               512, 2, nullptr);
   EXPECT_EQ(st.code(), ErrorCode::kUnsupported);  // head size 256, as the flash kernels
+}
+
+// GPT-2 124M's attention at B = 8, T = 1024 (too large for the CPU reference in a test): the GEMM
+// path against the flash kernels on the same inputs, and both timed (printed; one layer's
+// forward and backward, the median of 5 after a warm-up).
+TEST_F(GpuAttention, Gpt2LayerAgreesWithFlashAndIsTimed) {
+  const Dims d{8, 1024, 768, 12};
+  const size_t n_qkv = static_cast<size_t>(d.B) * d.T * 3 * d.C;
+  const size_t n_out = static_cast<size_t>(d.B) * d.T * d.C;
+  const size_t n_lse = static_cast<size_t>(d.B) * d.NH * d.T;
+  const std::vector<float> qkv = rounded(randn(1, n_qkv)), dout = rounded(randn(2, n_out));
+  TestBuffer<uint16_t> d_qkv = upload_bf16(qkv), d_dout = upload_bf16(dout);
+  TestBuffer<uint16_t> out(n_out), flash_out(n_out), dqkv(n_qkv), flash_dqkv(n_qkv);
+  TestBuffer<float> lse(n_lse), flash_lse(n_lse), flash_scratch(n_lse);
+  const std::size_t bytes = gemm_attention_scratch_bytes(d.B * d.T, d.T, d.NH, d.NH, d.C / d.NH);
+  TestBuffer<float> scratch((bytes + 3) / 4);
+  auto gemm_fwd = [&] {
+    return gemm_attention_forward(*blas_, scratch_of(scratch), bf(out), lse.get(), bf(d_qkv), d.B, d.T, d.C, d.NH,
+                                  nullptr);
+  };
+  auto gemm_bwd = [&] {
+    return gemm_attention_backward(*blas_, scratch_of(scratch), bf(dqkv), bf(d_dout), bf(d_qkv), bf(out), lse.get(),
+                                   d.B, d.T, d.C, d.NH, nullptr);
+  };
+  auto flash_fwd = [&] {
+    return attention_forward(bf(flash_out), flash_lse.get(), bf(d_qkv), d.B, d.T, d.C, d.NH, nullptr);
+  };
+  auto flash_bwd = [&] {
+    return attention_backward(bf(flash_dqkv), flash_scratch.get(), bf(d_dout), bf(d_qkv), bf(flash_out),
+                              flash_lse.get(), d.B, d.T, d.C, d.NH, nullptr);
+  };
+  ASSERT_TRUE(gemm_fwd().is_ok());
+  ASSERT_TRUE(gemm_bwd().is_ok());
+  ASSERT_TRUE(flash_fwd().is_ok());
+  ASSERT_TRUE(flash_bwd().is_ok());
+  expect_close_out(download_bf16(out), download_bf16(flash_out));
+  EXPECT_TRUE(near_all(lse.download(), flash_lse.download(), 1e-5, 1e-6));
+  const std::vector<float> got = download_bf16(dqkv), want = download_bf16(flash_dqkv);
+  const double floor = 1e-2 * testing::max_abs(want);
+  for (int which = 0; which < 3; which++) {
+    SCOPED_TRACE("qkv"[which]);
+    expect_close_grad(part(got, d, which), part(want, d, which), floor);
+  }
+  auto time_ms = [](auto&& run) {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    EXPECT_EQ(cudaEventCreate(&start), cudaSuccess);
+    EXPECT_EQ(cudaEventCreate(&stop), cudaSuccess);
+    std::vector<float> ms;
+    for (int i = 0; i < 5; i++) {
+      EXPECT_EQ(cudaEventRecord(start, nullptr), cudaSuccess);
+      EXPECT_TRUE(run().is_ok());
+      EXPECT_EQ(cudaEventRecord(stop, nullptr), cudaSuccess);
+      EXPECT_EQ(cudaEventSynchronize(stop), cudaSuccess);
+      float t = 0.0f;
+      EXPECT_EQ(cudaEventElapsedTime(&t, start, stop), cudaSuccess);
+      ms.push_back(t);
+    }
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  };
+  const float gf = time_ms(gemm_fwd), gb = time_ms(gemm_bwd), ff = time_ms(flash_fwd), fb = time_ms(flash_bwd);
+  std::printf("GPT-2 attention layer, B 8 T 1024 C 768 NH 12: GEMM forward %.3f ms backward %.3f ms; "
+              "flash forward %.3f ms backward %.3f ms\n",
+              gf, gb, ff, fb);
+  RecordProperty("gemm_forward_ms", std::to_string(gf));
+  RecordProperty("gemm_backward_ms", std::to_string(gb));
+  RecordProperty("flash_forward_ms", std::to_string(ff));
+  RecordProperty("flash_backward_ms", std::to_string(fb));
 }
 
 }  // namespace
