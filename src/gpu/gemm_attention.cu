@@ -193,7 +193,6 @@ Status scatter(const Call& c, bf16* dst, std::size_t dst_ld, const Src* src, int
   return launched((std::string(c.name) + " (copy back)").c_str(), c.dims);
 }
 
-
 RowMap row_map(const GemmAttentionPlan& p, const Batch& b) {
   const long long rows = gemm_attn::block_rows(b, p);
   return RowMap{b.groups * rows, rows, p.heads_per_unit, b.unit * p.heads_per_unit, b.g0, b.t0, b.t1, p.T, p.G,
