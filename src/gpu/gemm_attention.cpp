@@ -2,13 +2,31 @@
 // and the host tests that evaluate them with a scalar reference of cuBLASLt's contract).
 // Row-major X (r, c) with row stride ld is column-major X^T (c, r) with the same ld.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "gpu/gemm_attention.h"
 
+#include <string>
+
+#include "zinf/log.h"
+
 namespace zinf::gpu::gemm_attn {
 
 float score_scale(int hs) { return 1.0f / std::sqrt(static_cast<float>(hs)); }  // as the CPU kernels
+
+namespace {
+std::atomic<long long> g_fallbacks{0};
+}  // namespace
+
+long long flash_fallbacks() { return g_fallbacks.load(); }
+
+void notice_flash_fallback(const Status& why) {
+  g_fallbacks++;
+  log_once(LogLevel::kNotice, "gpu gemm attention unsupported",
+           "gpu: cuBLASLt has no algorithm for a GEMM attention product, the flash attention kernels run instead (" +
+               why.message() + ")");
+}
 
 Batch batch_for(const GemmAttentionPlan& p, int g0, int unit, int block) {
   const int groups = p.B * p.NKV;

@@ -301,7 +301,10 @@ Status gemm_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, f
   const std::size_t c = static_cast<std::size_t>(C);
   const Views v{qkv, qkv + c, qkv + 2 * c, 3 * c, 3 * c, c};
   const Call call{p, static_cast<char*>(scratch.base), "gemm_attention_forward", dims, stream};
-  return forward_gemm(blas, call, out, lse, v);
+  const Status st = forward_gemm(blas, call, out, lse, v);
+  if (st.code() != ErrorCode::kUnsupported) return st;
+  gemm_attn::notice_flash_fallback(st);
+  return attention_forward(out, lse, qkv, B, T, C, NH, stream);
 }
 
 Status gemm_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dqkv, const bf16* dout, const bf16* qkv,
@@ -317,7 +320,10 @@ Status gemm_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dqkv,
   const std::size_t c = static_cast<std::size_t>(C);
   const Views v{qkv, qkv + c, qkv + 2 * c, 3 * c, 3 * c, c};
   const Call call{p, static_cast<char*>(scratch.base), "gemm_attention_backward", dims, stream};
-  return backward_gemm(blas, call, dqkv, dqkv + c, dqkv + 2 * c, dout, v, out, lse);
+  const Status st = backward_gemm(blas, call, dqkv, dqkv + c, dqkv + 2 * c, dout, v, out, lse);
+  if (st.code() != ErrorCode::kUnsupported) return st;
+  gemm_attn::notice_flash_fallback(st);
+  return attention_backward(dqkv, static_cast<float*>(scratch.base), dout, qkv, out, lse, B, T, C, NH, stream);
 }
 
 Status gemm_gqa_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, float* lse, const bf16* q,
@@ -331,7 +337,10 @@ Status gemm_gqa_attention_forward(Blas& blas, AttentionScratch scratch, bf16* ou
   const std::size_t kvw = static_cast<std::size_t>(s.NKV) * s.hs;
   const Views views{q, k, v, qw, kvw, qw};
   const Call call{p, static_cast<char*>(scratch.base), "gemm_gqa_attention_forward", dims, stream};
-  return forward_gemm(blas, call, out, lse, views);
+  const Status st = forward_gemm(blas, call, out, lse, views);
+  if (st.code() != ErrorCode::kUnsupported) return st;
+  gemm_attn::notice_flash_fallback(st);
+  return gqa_attention_forward(out, lse, q, k, v, s, stream);
 }
 
 Status gemm_gqa_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dq, bf16* dk, bf16* dv,
@@ -348,7 +357,10 @@ Status gemm_gqa_attention_backward(Blas& blas, AttentionScratch scratch, bf16* d
   const std::size_t kvw = static_cast<std::size_t>(s.NKV) * s.hs;
   const Views views{q, k, v, qw, kvw, qw};
   const Call call{p, static_cast<char*>(scratch.base), "gemm_gqa_attention_backward", dims, stream};
-  return backward_gemm(blas, call, dq, dk, dv, dout, views, out, lse);
+  const Status st = backward_gemm(blas, call, dq, dk, dv, dout, views, out, lse);
+  if (st.code() != ErrorCode::kUnsupported) return st;
+  gemm_attn::notice_flash_fallback(st);
+  return gqa_attention_backward(dq, dk, dv, static_cast<float*>(scratch.base), dout, q, k, v, out, lse, s, stream);
 }
 
 }  // namespace zinf::gpu

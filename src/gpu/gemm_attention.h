@@ -27,6 +27,8 @@
 // Fallback: when `scratch` cannot hold one row of scores (S, dP fp32, P, dS bf16: 12 bytes per
 // key) next to the head-major copies, the flash kernels run instead (they need only D, B*NH*T
 // floats, at the start of the scratch). The nets' scratch has room for T up to about 44 million.
+// The flash kernels also run (redoing the whole call, with a notice once per process) when
+// cuBLASLt has no algorithm for one of the products (unsupported).
 // scratch.base must be 256-byte aligned.
 #pragma once
 
@@ -66,6 +68,10 @@ Status gemm_gqa_attention_backward(Blas& blas, AttentionScratch scratch, bf16* d
 namespace gemm_attn {
 
 float score_scale(int hs);  // 1/sqrt(hs), as the CPU kernels
+// A notice, once per process, that a product had no cuBLASLt algorithm (`why`); counted.
+void notice_flash_fallback(const Status& why);
+// How many calls fell back that way in this process (the tests require 0).
+long long flash_fallbacks();
 
 // One batched product: the `groups` kv groups from g0, unit `unit` of each (its query heads
 // unit * heads_per_unit .. + heads_per_unit - 1 within the group), query positions [t0, t1)

@@ -128,7 +128,11 @@ TEST(GpuFlashAttention, UnsupportedHeadSizeIsAnErrorBeforeLaunch) {
 
 // ---- the GEMM path ----------------------------------------------------------------------------
 
-class GpuAttention : public testing::BlasFixture {};
+// Every test checks that no call fell back to the flash kernels for want of a cuBLASLt algorithm.
+class GpuAttention : public testing::BlasFixture {
+ protected:
+  void TearDown() override { EXPECT_EQ(gemm_attn::flash_fallbacks(), 0) << "the GEMM path fell back to flash"; }
+};
 
 // GPT-2's head size 64 at 12 heads, and 128, next to the flash tests' shapes.
 const Dims kGemmDims[] = {{2, 37, 64, 4}, {1, 70, 128, 2}, {2, 33, 160, 2}, {1, 1, 64, 2},
