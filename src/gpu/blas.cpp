@@ -46,6 +46,10 @@ std::string describe_gemm(const Gemm& g) {
   if (g.c != nullptr) s += fmt::format(" + {} * C(ld {}{})", g.beta, g.ldc, g.c == g.d ? ", in place" : "");
   if (g.epilogue != GemmEpilogue::kNone) s += fmt::format(", epilogue {}", epilogue_name(g.epilogue));
   if (needs_aux(g.epilogue)) s += fmt::format(" (aux ld {})", g.ld_aux);
+  if (g.batch != 1) {
+    s += fmt::format(", batch {} (strides A {}, B {}, C {}, D {})", g.batch, g.stride_a, g.stride_b, g.stride_c,
+                     g.stride_d);
+  }
   return s;
 }
 
@@ -59,6 +63,10 @@ Status check_gemm(const Gemm& g) {
   if (g.c == nullptr && g.beta != 0.0f) return bad("beta is not 0 but there is no C");
   if (g.c != nullptr && g.ldc < g.m) return bad("ldc is less than m");
   if (g.c == g.d && g.ldc != g.ldd) return bad("C is D (in place) with a different leading dimension");
+  if (g.batch < 1) return bad("batch must be >= 1");
+  if (g.stride_a < 0 || g.stride_b < 0 || g.stride_c < 0 || g.stride_d < 0) return bad("batch strides must be >= 0");
+  if (g.batch > 1 && g.epilogue != GemmEpilogue::kNone) return bad("batched products take no epilogue");
+  if (g.c == g.d && g.batch > 1 && g.stride_c != g.stride_d) return bad("C is D (in place) with a different stride");
   if (g.epilogue == GemmEpilogue::kNone) return Status::ok();
   if (g.d_type != GemmOutput::kBf16) return bad("epilogues need a bf16 D");
   if (needs_bias(g.epilogue) && g.bias == nullptr) return bad("the epilogue needs a bias");
@@ -107,7 +115,7 @@ cublasLtEpilogue_t lt_epilogue(GemmEpilogue e) {
 }
 
 // Everything the heuristic's choice depends on.
-using GemmKey = std::array<int64_t, 20>;
+using GemmKey = std::array<int64_t, 25>;
 GemmKey gemm_key(const Gemm& g) {
   const void* c = g.c != nullptr ? g.c : g.d;
   return {g.trans_a,
@@ -129,7 +137,12 @@ GemmKey gemm_key(const Gemm& g) {
           alignment_of(g.bias),
           alignment_of(g.aux),
           g.c != nullptr,
-          g.c == g.d};
+          g.c == g.d,
+          g.batch,
+          g.stride_a,
+          g.stride_b,
+          g.stride_c,
+          g.stride_d};
 }
 
 template <typename T>
@@ -209,6 +222,19 @@ Status Blas::matmul(const Gemm& g, cudaStream_t stream) {
   ZINF_RETURN_IF_ERROR(lt(cublasLtMatrixLayoutCreate(c.out(), dt, g.m, g.n, g.c != nullptr ? g.ldc : g.ldd), "layout C"));
   ZINF_RETURN_IF_ERROR(lt(cublasLtMatrixLayoutCreate(d.out(), dt, g.m, g.n, g.ldd), "layout D"));
   const void* c_ptr = g.c != nullptr ? g.c : g.d;  // beta is 0 without C: cuBLASLt reads nothing
+  if (g.batch > 1) {
+    const int32_t count = g.batch;
+    const int64_t strides[4] = {g.stride_a, g.stride_b, g.c != nullptr ? g.stride_c : g.stride_d, g.stride_d};
+    const cublasLtMatrixLayout_t layouts[4] = {a.get(), b.get(), c.get(), d.get()};
+    for (int i = 0; i < 4; i++) {
+      ZINF_RETURN_IF_ERROR(lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                               sizeof(count)),
+                              "set BATCH_COUNT"));
+      ZINF_RETURN_IF_ERROR(lt(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                               &strides[i], sizeof(strides[i])),
+                              "set STRIDED_BATCH_OFFSET"));
+    }
+  }
 
   const GemmKey key = gemm_key(g);
   auto found = s_->algos.find(key);

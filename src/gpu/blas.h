@@ -31,6 +31,9 @@ const char* epilogue_name(GemmEpilogue e);
 // c == nullptr means no C (beta must be 0); c == d accumulates in place.
 // Epilogues need a bf16 D; bias is bf16 (m values); aux is bf16 (m, n) with ld_aux a multiple
 // of 8 (cuBLASLt's rule) and its GELU is cuBLASLt's own.
+// batch > 1: `batch` products of these sizes, the i-th on A + i * stride_a, B + i * stride_b,
+// C + i * stride_c, D + i * stride_d (strides in elements; cuBLASLt's strided batch); no
+// epilogue then.
 struct Gemm {
   bool trans_a = false;
   bool trans_b = false;
@@ -50,6 +53,8 @@ struct Gemm {
   const bf16* bias = nullptr;
   bf16* aux = nullptr;
   int ld_aux = 0;
+  int batch = 1;
+  long long stride_a = 0, stride_b = 0, stride_c = 0, stride_d = 0;
   const char* what = "matmul";  // names the product in error messages
 };
 

@@ -2,6 +2,8 @@
 // (T, T) scores (flash-style: online softmax in forward, recomputation from the saved
 // log-sum-exp in backward), for GPT (multi-head, packed qkv) and Llama (grouped-query). The CPU
 // references are model/kernels.h attention_* and model/llama_kernels.h gqa_attention_*.
+// The nets run gemm_attention.h's tensor-core path; these kernels are its fallback where the
+// scratch cannot hold one head's (T, T) scores, and its tests' second opinion.
 //
 // Layout as the CPU kernels: qkv (B,T,3C) is [q | k | v] with NH heads of hs = C/NH, head h at
 // columns h*hs of each third; out (B,T,C); lse (B,NH,T) fp32. hs <= 128 (every GPT preset), and

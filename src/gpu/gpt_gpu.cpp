@@ -4,8 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "gpu/cuda_error.h"
-#include "gpu/flash_attention.h"
+#include "gpu/gemm_attention.h"
 #include "gpu/kernels.h"
 #include "model/layout.h"
 #include "zinf/log.h"
@@ -46,7 +48,7 @@ struct GptGpuActivations {
   bf16* dres_bf;                     // (N,C) its bf16 copy, a product's input
   bf16* dsmall;                      // (N,C) scratch gradient
   bf16* dbig;                        // (N,4C) scratch gradient (also dqkv)
-  float* att_scratch;                // attention_backward_scratch_floats
+  AttentionScratch att_scratch;      // gemm_attention_scratch_bytes (launch_geometry.h)
   float* col_scratch;                // column sums of up to 4C columns, and the LayerNorm's two of C
   PassTokens tokens;                 // ids, targets, embedding buckets
 };
@@ -87,7 +89,9 @@ uint64_t carve(const model::GptConfig& c, int max_bt, char* base, GptGpuActivati
   a->dres_bf = cv.take<bf16>(bt * C);
   a->dsmall = cv.take<bf16>(bt * C);
   a->dbig = cv.take<bf16>(bt * 4 * C);
-  a->att_scratch = cv.take<float>(bt * NH);
+  const int max_T = std::min(c.max_seq, max_bt);
+  a->att_scratch.bytes = gemm_attention_scratch_bytes(max_bt, max_T, c.n_head, c.n_head, c.n_embd / c.n_head);
+  a->att_scratch.base = cv.take<char>(a->att_scratch.bytes);
   a->col_scratch = cv.take<float>(column_sum_scratch_floats(max_bt, 4 * c.n_embd));
   a->tokens.carve(cv, bt);
   return cv.used();
@@ -166,7 +170,8 @@ Status GptGpu::block_forward(int layer, int slot, int B, int T, GpuParamAccess& 
   }));
   ZINF_RETURN_IF_ERROR(run_forward(access, modules_, model::module_attn(layer), phase, [&](const bf16* const* v) {
     ZINF_RETURN_IF_ERROR(linear_forward(*blas_, LinearShape{N, C, 3 * C}, la.qkv, la.ln1, v[0], v[1], nullptr, stream_));
-    ZINF_RETURN_IF_ERROR(attention_forward(la.atty, la.lse, la.qkv, B, T, C, config_.n_head, stream_));
+    ZINF_RETURN_IF_ERROR(
+        gemm_attention_forward(*blas_, a.att_scratch, la.atty, la.lse, la.qkv, B, T, C, config_.n_head, stream_));
     const LinearShape proj{N, C, C};
     if (fuse_residual_) return linear_forward(*blas_, proj, la.res2, la.atty, v[2], v[3], x, stream_);
     ZINF_RETURN_IF_ERROR(linear_forward(*blas_, proj, la.res2, la.atty, v[2], v[3], nullptr, stream_));
@@ -277,8 +282,8 @@ Status GptGpu::block_backward(int layer, int slot, int B, int T, GpuParamAccess&
     bf16* datty = a.dsmall;  // (N,C)
     bf16* dqkv = a.dbig;     // (N,3C)
     ZINF_RETURN_IF_ERROR(linear_backward_input(*blas_, proj, datty, a.dres_bf, v[2], nullptr, stream_));
-    ZINF_RETURN_IF_ERROR(attention_backward(dqkv, a.att_scratch, datty, la.qkv, la.atty, la.lse, B, T, C,
-                                            config_.n_head, stream_));
+    ZINF_RETURN_IF_ERROR(gemm_attention_backward(*blas_, a.att_scratch, dqkv, datty, la.qkv, la.atty, la.lse, B, T,
+                                                 C, config_.n_head, stream_));
     ZINF_RETURN_IF_ERROR(linear_backward_weight(*blas_, qkv, g[0], dqkv, la.ln1, stream_));
     ZINF_RETURN_IF_ERROR(column_sum_add(g[1], a.col_scratch, dqkv, N, 3 * C, 3 * C, stream_));
     return linear_backward_input(*blas_, qkv, a.dsmall, dqkv, v[0], nullptr, stream_);

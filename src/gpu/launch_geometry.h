@@ -81,6 +81,48 @@ Result<AttentionGeometry> gqa_attention_geometry(int B, int T, int NH, int NKV, 
 // (b, h, t) of the NH query heads.
 std::size_t attention_backward_scratch_floats(int B, int T, int NH);
 
+// ---- GEMM attention (gemm_attention.h) ------------------------------------------------------
+// A kv group's G = NH / NKV query heads are split into units of `heads_per_unit` (a divisor of
+// G) heads, and each unit's rows into time blocks of `time_block` query positions: block
+// [t0, t1) needs keys 0 .. t1 - 1 only, so its scores are ((t1 - t0) * heads_per_unit, t1)
+// (causal skipping at block granularity). One strided-batched product covers one (unit, block)
+// of `chunk` consecutive kv groups. The head-major copies order a unit's rows (t, head), so a
+// block's rows are contiguous. The score region holds per row ld_t fp32 S, fp32 dP, bf16 P,
+// bf16 dS (12 bytes per element; the forward uses S and P). The plan takes the largest block
+// (at most kGemmAttnTimeBlock), then unit, then chunk that fit the scratch and balances the calls.
+inline constexpr std::size_t kGemmAttnMaxScoreBytes = std::size_t{512} << 20;
+inline constexpr int kGemmAttnTimeBlock = 256;
+struct GemmAttentionPlan {
+  int B = 0, T = 0, NH = 0, NKV = 0, hs = 0;
+  int G = 0;               // NH / NKV
+  int ld_hs = 0;           // hs rounded up to 8: the row stride of the head-major copies
+  int ld_t = 0;            // T rounded up to 8: the row stride of the score matrices
+  int time_block = 0;      // query positions per block; 0: no room (the flash kernels run)
+  int time_blocks = 0;     // ceil(T / time_block)
+  int heads_per_unit = 0;  // 0: no room
+  int units_per_group = 0; // G / heads_per_unit
+  int chunk = 0;           // kv groups per batched product
+  int calls = 0;           // ceil(B*NKV / chunk): batched calls per product, unit and block
+  // Byte offsets into the scratch, each 256-aligned. D = rowsum(dO * O) (B*NH*T fp32); the
+  // head-major copies (ld_hs elements per row): q, dout (forward: out), dq in bf16 (B*NH*T rows,
+  // ordered (b, kv group, unit, t, head in unit)), k, v in bf16 and dk, dv in fp32 (B*NKV*T rows,
+  // (b, kv head, t)); then the score region: S, dP fp32 and P, dS bf16, each
+  // chunk * heads_per_unit * time_block rows of ld_t.
+  std::size_t d_off = 0, q_off = 0, k_off = 0, v_off = 0, o_off = 0, dq_off = 0, dk_off = 0, dv_off = 0;
+  std::size_t s_off = 0, dp_off = 0, p_off = 0, ds_off = 0;
+  std::size_t bytes = 0;  // the scratch this plan uses
+};
+// invalid_argument for a size below 1 or NH not divisible by NKV. `scratch_bytes`: what the
+// caller has; with too little for one row block of one head, heads_per_unit = 0 and bytes = D's
+// B*NH*T floats (what the flash kernels' backward needs).
+Result<GemmAttentionPlan> gemm_attention_plan(int B, int T, int NH, int NKV, int hs, std::size_t scratch_bytes);
+// The scratch a net carves for any pass of at most max_bt rows with T <= max_T: the head-major
+// copies and D for max_bt rows plus a score region of min(kGemmAttnMaxScoreBytes, what all
+// heads' blocks of kGemmAttnTimeBlock rows take at once). With it every pass fits one call per
+// block and product up to that bound, and the GEMM path runs for any T up to about 44 million
+// (one row of 12-byte scores must fit the region). 0 for sizes < 1.
+std::size_t gemm_attention_scratch_bytes(int max_bt, int max_T, int NH, int NKV, int hs);
+
 // The largest power of two, at most 256, that divides the address (256 for nullptr). cuBLASLt
 // is told this so that its heuristic never picks a kernel needing more alignment than given.
 std::uint32_t alignment_of(const void* p);

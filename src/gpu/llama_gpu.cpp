@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "gpu/cuda_error.h"
-#include "gpu/flash_attention.h"
+#include "gpu/gemm_attention.h"
 #include "gpu/kernels.h"
 #include "gpu/launch_geometry.h"
 #include "gpu/llama_kernels.h"
@@ -57,7 +57,7 @@ struct LlamaGpuActivations {
   bf16* dx3;                              // (N,C) its third part (v_proj's)
   bf16* dbig;                             // (N,max(Q+2KV, 2I)): dq|dk|dv, or dgate|dup
   float* dqk_raw;                         // (N,Q+KV) fp32 d(q_proj), d(k_proj) outputs before the norms (qk_norm)
-  float* att_scratch;                     // attention_backward_scratch_floats
+  AttentionScratch att_scratch;           // gemm_attention_scratch_bytes (launch_geometry.h)
   float* col_scratch;                     // the largest column sum (bias and norm weight gradients)
   float* rope_cos;                        // (rope rows, head_dim/2)
   float* rope_sin;                        // (rope rows, head_dim/2)
@@ -111,7 +111,8 @@ uint64_t carve(const model::LlamaConfig& c, int max_bt, char* base, LlamaGpuActi
   a->dx3 = cv.take<bf16>(bt * C);
   a->dbig = cv.take<bf16>(bt * std::max(Q + 2 * KV, 2 * I));
   a->dqk_raw = c.qk_norm ? cv.take<float>(bt * (Q + KV)) : nullptr;
-  a->att_scratch = cv.take<float>(attention_backward_scratch_floats(max_bt, 1, d.NH));
+  a->att_scratch.bytes = gemm_attention_scratch_bytes(max_bt, std::min(c.max_seq, max_bt), d.NH, d.NKV, d.hd);
+  a->att_scratch.base = cv.take<char>(a->att_scratch.bytes);
   // Bias gradients (Q, KV or C columns over N rows), norm weights (C over N rows; head_dim over
   // N*NH or N*NKV rows).
   const size_t col = std::max({column_sum_scratch_floats(max_bt, std::max({d.C, d.Q, d.KV})),
@@ -259,7 +260,8 @@ Status LlamaGpu::block_forward(int layer, int slot, int B, int T, GpuParamAccess
     ZINF_RETURN_IF_ERROR(rope_forward(la.q, a.rope_cos, a.rope_sin, rope_rows_, B, T, d.NH, d.hd, stream_));
     ZINF_RETURN_IF_ERROR(rope_forward(la.k, a.rope_cos, a.rope_sin, rope_rows_, B, T, d.NKV, d.hd, stream_));
     ZINF_RETURN_IF_ERROR(
-        gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, GqaShape{B, T, d.NH, d.NKV, d.hd}, stream_));
+        gemm_gqa_attention_forward(*blas_, a.att_scratch, la.atty, la.lse, la.q, la.k, la.v,
+                                   GqaShape{B, T, d.NH, d.NKV, d.hd}, stream_));
     // res2 = x + o_proj(atty): the residual as cuBLASLt's C.
     return linear_forward(*blas_, LinearShape{N, d.Q, d.C}, la.res2, la.atty, v[ix.o], at_or_null(v, ix.ob), x,
                           stream_);
@@ -356,8 +358,8 @@ Status LlamaGpu::attention_backward_body(const LlamaGpuLayerActs& la, int B, int
   bf16* dq = a.dbig;    // (N,Q)
   bf16* dk = dq + NQ;   // (N,KV)
   bf16* dv = dk + NKV;  // (N,KV)
-  ZINF_RETURN_IF_ERROR(gqa_attention_backward(dq, dk, dv, a.att_scratch, datty, la.q, la.k, la.v, la.atty, la.lse,
-                                              GqaShape{B, T, d.NH, d.NKV, d.hd}, stream_));
+  ZINF_RETURN_IF_ERROR(gemm_gqa_attention_backward(*blas_, a.att_scratch, dq, dk, dv, datty, la.q, la.k, la.v,
+                                                   la.atty, la.lse, GqaShape{B, T, d.NH, d.NKV, d.hd}, stream_));
   ZINF_RETURN_IF_ERROR(rope_backward(dq, a.rope_cos, a.rope_sin, rope_rows_, B, T, d.NH, d.hd, stream_));
   ZINF_RETURN_IF_ERROR(rope_backward(dk, a.rope_cos, a.rope_sin, rope_rows_, B, T, d.NKV, d.hd, stream_));
   if (config_.qk_norm) {

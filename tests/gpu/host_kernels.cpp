@@ -1,4 +1,4 @@
-// The GPU kernel API LlamaGpu calls (kernels.h, llama_kernels.h, flash_attention.h, blas.h's linear
+// The GPU kernel API LlamaGpu calls (kernels.h, llama_kernels.h, gemm_attention.h, blas.h's linear
 // layers, and the three CUDA runtime calls of its passes) on the host: "device" pointers are host
 // memory, each function does what its header's contract says in plain fp32 loops with one bf16
 // rounding per output, and nothing runs asynchronously. Linked (instead of libzinf_gpu and
@@ -13,7 +13,7 @@
 
 #include "gpu/blas.h"
 #include "gpu/cuda_error.h"
-#include "gpu/flash_attention.h"
+#include "gpu/gemm_attention.h"
 #include "gpu/kernels.h"
 #include "gpu/llama_kernels.h"
 #include "model/llama_kernels.h"
@@ -191,8 +191,8 @@ static std::vector<float> tof(const bf16* p, size_t n) {
   for (size_t i = 0; i < n; i++) v[i] = f(p[i]);
   return v;
 }
-Status gqa_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, const GqaShape& s,
-                             cudaStream_t) {
+Status gemm_gqa_attention_forward(Blas&, AttentionScratch, bf16* out, float* lse, const bf16* q, const bf16* k,
+                                  const bf16* v, const GqaShape& s, cudaStream_t) {
   const size_t nq = (size_t)s.B * s.T * s.NH * s.hs, nk = (size_t)s.B * s.T * s.NKV * s.hs;
   auto Q = tof(q, nq), K = tof(k, nk), Vv = tof(v, nk);
   const int qw = s.NH * s.hs, kw = s.NKV * s.hs, g = s.NH / s.NKV;
@@ -221,8 +221,9 @@ Status gqa_attention_forward(bf16* out, float* lse, const bf16* q, const bf16* k
       }
   return Status::ok();
 }
-Status gqa_attention_backward(bf16* dq, bf16* dk, bf16* dv, float*, const bf16* dout, const bf16* q, const bf16* k,
-                              const bf16* v, const bf16*, const float*, const GqaShape& s, cudaStream_t) {
+Status gemm_gqa_attention_backward(Blas&, AttentionScratch, bf16* dq, bf16* dk, bf16* dv, const bf16* dout,
+                                   const bf16* q, const bf16* k, const bf16* v, const bf16*, const float*,
+                                   const GqaShape& s, cudaStream_t) {
   const size_t nq = (size_t)s.B * s.T * s.NH * s.hs, nk = (size_t)s.B * s.T * s.NKV * s.hs;
   auto Q = tof(q, nq), K = tof(k, nk), Vv = tof(v, nk), D = tof(dout, nq);
   std::vector<float> dQ(nq), dK(nk), dV(nk);
