@@ -72,7 +72,7 @@ struct TrainOptions {
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
   std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
   bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
-  std::string gpu_gather = "host";  // --gpu-gather: host (the bridge) | device (the engine gathers into GPU memory)
+  std::string gpu_gather = "auto";  // --gpu-gather: auto | host (the bridge) | device (the engine gathers into GPU memory)
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
   bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
@@ -461,8 +461,8 @@ struct GpuSteady {
     auto pct = [&](double x) { return 100.0 * x / std::max(step_s, 1e-9); };
     return fmt::format(
         "gpu: {} steps after the first: {:.3f} s/step, {:.0f} tok/s, model {:.2f} TFLOPS ({} flops per token: {})\n"
-        "gpu: per step: compute {:.3f} s ({:.1f}%), the GPU waits {:.1f}% of the step; host: uploads {:.3f} s "
-        "({:.1f}%, {:.2f} GB), gradient downloads {:.3f} s ({:.1f}%, {:.2f} GB), engine gathers {:.3f} s ({:.1f}%), "
+        "gpu: per step: compute {:.3f} s ({:.1f}%), the GPU waits {:.1f}% of the step; host: uploads (with "
+        "--gpu-gather device: bf16 casts enqueued) {:.3f} s ({:.1f}%, {:.2f} GB), gradient downloads {:.3f} s ({:.1f}%, {:.2f} GB), engine gathers {:.3f} s ({:.1f}%), "
         "engine grads_ready {:.3f} s ({:.1f}%), outside the passes (optimizer, clipping) {:.3f} s ({:.1f}%)\n",
         steps, per, static_cast<double>(tokens) / std::max(step_s, 1e-9), tflops, sum.flops_per_token,
         sum.flops_formula, t.gpu_compute_s / n, pct(t.gpu_compute_s), 100.0 * gpu_wait_share(t.gpu_compute_s, step_s),
@@ -557,10 +557,20 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.seed = o.seed;
     eo.device.max_delay_us = o.host_device_delay_us;
   }
-  if (o.gpu_gather == "device") {
-    if (device.device != ComputeDevice::kCuda) {
-      return Status::invalid_argument("--gpu-gather device gathers into the GPU model's memory; use it with --device cuda");
-    }
+  if (o.gpu_gather != "auto" && device.device != ComputeDevice::kCuda) {
+    return Status::invalid_argument(fmt::format("--gpu-gather {} is where a GPU model's parameters are gathered; use it "
+                                                "with --device cuda",
+                                                o.gpu_gather));
+  }
+  if (o.gpu_gather == "device" && comm.world_size() > 1) {
+    return Status::invalid_argument(fmt::format(
+        "--gpu-gather device runs one rank per engine ({} ranks here): with W > 1 the gathers need device "
+        "collectives, which are not wired yet; use --gpu-gather host",
+        comm.world_size()));
+  }
+  // auto: into GPU memory with one rank (the faster path, the same bits), through the host bridge with more.
+  if (device.device == ComputeDevice::kCuda &&
+      (o.gpu_gather == "device" || (o.gpu_gather == "auto" && comm.world_size() == 1))) {
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
   eo.overlap_optimizer = o.overlap_optimizer;
@@ -752,11 +762,12 @@ void add_train_command(CLI::App& app, int* exit_code) {
                 "them through its copy streams: the device-resident engine's orchestration on the CPU, the same "
                 "results as without; prints what it moved and how long compute waited");
   cmd->add_option("--gpu-gather", o->gpu_gather,
-                  "with --device cuda, where the engine gathers parameters and gradients: host (host memory; the "
-                  "model uploads each module and downloads its gradients, synchronously) or device (GPU memory, "
+                  "with --device cuda, where the engine gathers parameters and gradients: device (GPU memory, "
                   "through the copy streams: prefetched along the trace, gradients downloaded while backward goes "
-                  "on; one rank)")
-      ->check(CLI::IsMember({"host", "device"}));
+                  "on; with offload none the whole state stays on the GPU and AdamW runs there; one rank), host "
+                  "(host memory; the model uploads each module and downloads its gradients, synchronously), or "
+                  "auto (device with one rank, host with more; the default)")
+      ->check(CLI::IsMember({"auto", "host", "device"}));
   cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
                 "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
                 "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "
