@@ -59,11 +59,25 @@ __global__ void norm_blocks_kernel(const float* x, std::size_t n, double* block_
   }
 }
 
-// The block sums folded in block order (grad_stats' loop), by one thread.
+// The block sums folded in block order (grad_stats' loop): one thread adds them one after the
+// other, as the CPU does; the block's threads stage each chunk of sums in shared memory first, so
+// the chain of additions waits on shared memory, not on global loads.
+constexpr int kFoldThreads = 256;
+constexpr int kFoldChunk = 2048;
+
 __global__ void fold_kernel(const double* block_sums, std::size_t blocks, double* out) {
+  __shared__ double chunk[kFoldChunk];
   double s = 0.0;
-  for (std::size_t j = 0; j < blocks; ++j) s = __dadd_rn(s, block_sums[j]);
-  *out = s;
+  for (std::size_t base = 0; base < blocks; base += kFoldChunk) {
+    const std::size_t n = blocks - base < kFoldChunk ? blocks - base : kFoldChunk;
+    for (std::size_t i = threadIdx.x; i < n; i += kFoldThreads) chunk[i] = block_sums[base + i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (std::size_t i = 0; i < n; ++i) s = __dadd_rn(s, chunk[i]);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = s;
 }
 
 }  // namespace
@@ -97,7 +111,7 @@ Status launch_sq_norm(const float* x, std::size_t n, double* scratch, cudaStream
   if (blocks == 0) return Status::ok();
   norm_blocks_kernel<<<static_cast<unsigned>(blocks), static_cast<unsigned>(kNormLanes), 0, stream>>>(x, n, scratch);
   ZINF_RETURN_IF_ERROR(launched("norm_blocks", {Dim{"n", static_cast<long long>(n)}}));
-  fold_kernel<<<1, 1, 0, stream>>>(scratch, blocks, scratch + blocks);
+  fold_kernel<<<1, kFoldThreads, 0, stream>>>(scratch, blocks, scratch + blocks);
   return launched("norm_fold", {Dim{"blocks", static_cast<long long>(blocks)}});
 }
 
