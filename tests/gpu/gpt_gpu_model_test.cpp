@@ -160,5 +160,38 @@ TEST(GptGpuModel, GatheringIntoGpuMemoryTrainsBitForBitLikeTheBridge) {
   }
 }
 
+// The whole state in GPU memory (offload none): a checkpoint saved from it (the master weights and
+// AdamW states downloaded through staging) resumes into a new engine's GPU memory and goes on bit
+// for bit as the run that never stopped.
+TEST(GptGpuModel, AStateInGpuMemoryResumesBitForBit) {
+  ZINF_REQUIRE_GPU();
+  const int V = small_config().vocab_size;
+  zinf::testing::TempDir nvme, ckpt;
+  const config::DsConfig ds = zero3::testing::ds_config("none", nvme.path());
+  const auto on_gpu = zero3::EngineDevice::Kind::kModelDevice;
+  EngineRun full(gpu_model(), ds, on_gpu);
+  ASSERT_TRUE(full.engine);
+  auto want = zero3::testing::train(*full.engine, 0, 5, V);
+  ASSERT_TRUE(want.is_ok()) << want.status().to_string();
+  std::vector<double> got;
+  {
+    EngineRun first(gpu_model(), ds, on_gpu);
+    ASSERT_TRUE(first.engine);
+    auto a = zero3::testing::train(*first.engine, 0, 3, V);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    got = *a;
+    Status saved = first.engine->save_checkpoint(ckpt.path(), "global_step3", "{}");
+    ASSERT_TRUE(saved.is_ok()) << saved.to_string();
+  }
+  EngineRun resumed(gpu_model(), ds, on_gpu);
+  ASSERT_TRUE(resumed.engine);
+  auto loaded = resumed.engine->load_checkpoint(ckpt.path(), "");
+  ASSERT_TRUE(loaded.is_ok()) << loaded.status().to_string();
+  auto b = zero3::testing::train(*resumed.engine, 3, 5, V);
+  ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+  got.insert(got.end(), b->begin(), b->end());
+  EXPECT_EQ(got, *want);
+}
+
 }  // namespace
 }  // namespace zinf::gpu

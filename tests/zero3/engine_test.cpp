@@ -511,6 +511,42 @@ TEST(EngineTest, ResumeContinuesBitIdentically) {
   }
 }
 
+// A checkpoint saved from a state in device memory (offload none on the host device,
+// device_state.h) resumes on the host path, and one saved on the host path resumes into device
+// memory: both continue bit for bit as the uninterrupted host run (read_state, load_state and
+// the parameter copies rewritten from the loaded master weights, through staging).
+TEST(EngineTest, ResumeBetweenDeviceMemoryAndHostMemoryContinuesBitIdentically) {
+  RunSetup host;
+  RunSetup on_device = host;
+  on_device.device.kind = EngineDevice::Kind::kHostDevice;
+  on_device.device.seed = 3;
+  on_device.device.max_delay_us = 100;
+  on_device.device.poison_new_blocks = true;
+  const RunResult full = train(host, 8);
+  for (const bool device_first : {true, false}) {
+    const RunSetup& a = device_first ? on_device : host;
+    const RunSetup& b = device_first ? host : on_device;
+    TempDir nvme, ckpt;
+    RunResult first, second;
+    {
+      Trainer t(a, nvme.path());
+      ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
+      ASSERT_TRUE(t.run(0, 5, &first).is_ok());
+      Status saved = t.engine().save_checkpoint(ckpt.path(), "global_step5", "{}");
+      ASSERT_TRUE(saved.is_ok()) << saved.to_string();
+    }
+    Trainer t(b, nvme.path());
+    ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
+    auto client = t.engine().load_checkpoint(ckpt.path(), "");
+    ASSERT_TRUE(client.is_ok()) << client.status().to_string();
+    ASSERT_TRUE(t.run(5, 8, &second).is_ok());
+    RunResult joined{first.losses, second.weights, {}};
+    joined.losses.insert(joined.losses.end(), second.losses.begin(), second.losses.end());
+    expect_identical(full, joined, device_first ? "saved in device memory, resumed on the host"
+                                                : "saved on the host, resumed in device memory");
+  }
+}
+
 // A checkpoint saved with one sub_group_size loads into another layout (the re-partitioning
 // path that also serves another world size): training continues bit for bit.
 TEST(EngineTest, ResumeIntoAnotherSubGroupSizeContinuesBitIdentically) {
