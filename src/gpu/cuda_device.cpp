@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "gpu/copy_engine.h"
 #include "gpu/cuda_ops.h"
@@ -55,10 +57,20 @@ class CudaDevice final : public device::Device {
   AllocatorStats allocator_stats() const override { return alloc_->stats(); }
 
   Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) override {
-    return copies_->copy_h2d(device_dst, host_src, bytes, nullptr, what).status();
+    return timed(StreamRole::kH2D, what, [&] { return copies_->copy_h2d(device_dst, host_src, bytes, nullptr, what).status(); });
   }
   Status copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) override {
-    return copies_->copy_d2h(host_dst, device_src, bytes, nullptr, what).status();
+    return timed(StreamRole::kD2H, what, [&] { return copies_->copy_d2h(host_dst, device_src, bytes, nullptr, what).status(); });
+  }
+
+  // The copy streams' busy time: each copy between two timing events recorded on its stream after
+  // the waits enqueued before it, so waits and idle time are not counted. Copies still in flight
+  // are counted once they have completed.
+  Result<double> copy_seconds(StreamRole role) const override {
+    if (role == StreamRole::kCompute) return Device::copy_seconds(role);
+    std::lock_guard lock(timing_mutex_);
+    ZINF_RETURN_IF_ERROR(fold_completed(role));
+    return copy_s_[static_cast<std::size_t>(role)];
   }
 
   Status enqueue(StreamRole role, device::Work work, std::string_view what) override {
@@ -125,6 +137,39 @@ class CudaDevice final : public device::Device {
     return compute_->get();
   }
 
+  struct TimedCopy {
+    Event start, end;
+  };
+  // Runs `copy` between two timing events on `role`'s stream.
+  template <typename Copy>
+  Status timed(StreamRole role, std::string_view what, Copy&& copy) {
+    ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(ordinal_));
+    ZINF_ASSIGN_OR_RETURN(Event start, Event::create(ordinal_, fmt::format("timing of '{}'", what), /*timing=*/true));
+    ZINF_RETURN_IF_ERROR(start.record(stream(role), device::stream_role_name(role)));
+    ZINF_RETURN_IF_ERROR(copy());
+    ZINF_ASSIGN_OR_RETURN(Event end, Event::create(ordinal_, "copy timing", /*timing=*/true));
+    ZINF_RETURN_IF_ERROR(end.record(stream(role), device::stream_role_name(role)));
+    std::lock_guard lock(timing_mutex_);
+    auto& pending = pending_[static_cast<std::size_t>(role)];
+    pending.push_back(TimedCopy{std::move(start), std::move(end)});
+    // Without a reader the list would grow with every copy: fold what has completed now and then.
+    if (pending.size() >= 256) ZINF_RETURN_IF_ERROR(fold_completed(role));
+    return Status::ok();
+  }
+  // Adds the completed copies' times (in order: a copy stream completes its copies in order).
+  Status fold_completed(StreamRole role) const {
+    auto& pending = pending_[static_cast<std::size_t>(role)];
+    std::size_t done = 0;
+    for (; done < pending.size(); ++done) {
+      ZINF_ASSIGN_OR_RETURN(const bool complete, pending[done].end.query());
+      if (!complete) break;
+      ZINF_ASSIGN_OR_RETURN(const float ms, pending[done].end.elapsed_ms_since(pending[done].start));
+      copy_s_[static_cast<std::size_t>(role)] += ms / 1e3;
+    }
+    pending.erase(pending.begin(), pending.begin() + static_cast<std::ptrdiff_t>(done));
+    return Status::ok();
+  }
+
   Owned owned_;  // destroyed last: after the destructor has drained the streams
   int ordinal_;
   DeviceInfo info_;
@@ -132,6 +177,9 @@ class CudaDevice final : public device::Device {
   CopyEngine* copies_;
   CachingAllocator* alloc_;
   std::unique_ptr<device::DeviceOps> ops_;  // its scratch goes before the streams are drained
+  mutable std::mutex timing_mutex_;
+  mutable std::vector<TimedCopy> pending_[device::kStreamRoles];
+  mutable double copy_s_[device::kStreamRoles] = {};
 };
 
 }  // namespace

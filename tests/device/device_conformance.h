@@ -123,6 +123,12 @@ TEST_P(DeviceConformance, RoundTripsInFlightAreExact) {
   }
   const AllocatorStats s = dev_->allocator_stats();
   EXPECT_EQ(s.blocks_in_use, 0u);
+  // Both devices time their copy streams (what the step report's GB/s divide by).
+  for (StreamRole role : {StreamRole::kH2D, StreamRole::kD2H}) {
+    Result<double> busy = dev_->copy_seconds(role);
+    ASSERT_TRUE(busy.is_ok()) << busy.status().to_string();
+    EXPECT_GT(busy.value(), 0.0) << stream_role_name(role);
+  }
 }
 
 // fill_zero is ordered on its stream: after an upload it waits for, before a download that waits
