@@ -82,9 +82,8 @@ class GpuModelBridge final : public GpuParamAccess {
   Status mark();
   // Adds the current pass's busy segments to times.gpu_compute_s (the stream must be idle).
   Status add_segments();
-  Status upload(int m, std::span<const bf16*> out);
+  Status values_to_device(int m, std::span<const bf16*> out);
   Status download_and_add(int m, std::span<const int> done);
-  Status cast_on_device(int m, std::span<const bf16*> out);
 };
 
 Status GpuModelBridge::reserve_bt(int bt) {
@@ -170,7 +169,7 @@ Status GpuModelBridge::acquire(int m, model::Phase phase, std::span<const bf16*>
     return s;
   }
   t0 = Clock::now();
-  s = device_memory ? cast_on_device(m, out) : upload(m, out);
+  s = values_to_device(m, out);
   times.upload_s += seconds_since(t0);
   if (!s.is_ok()) {
     // Not acquired as far as the model knows: undo the host side (a second error is dropped).
@@ -182,44 +181,12 @@ Status GpuModelBridge::acquire(int m, model::Phase phase, std::span<const bf16*>
   return Status::ok();
 }
 
-// Casts the module's gathered fp32 values to bf16 in pinned staging (bit for bit the GPU's
-// cast_to_bf16: optim::f32_to_bf16_bits) and uploads them in one copy; returns once it is done.
-Status GpuModelBridge::upload(int m, std::span<const bf16*> out) {
-  const model::ModuleSpec& mod = module_spec(m);
-  const PackedLayout& l = ledger->value_layout(m);
-  const std::string what = fmt::format("module '{}' values ({} parameters, {} bytes bf16)", mod.name,
-                                       mod.params.size(), l.bytes);
-  ZINF_ASSIGN_OR_RETURN(DeviceBlock block, alloc->allocate(l.bytes, compute.key(), what));
-  for (std::size_t k = 0; k < mod.params.size(); ++k) {
-    const float* src = host_values[k];
-    if (src == nullptr) {
-      return Status::internal(fmt::format("{}: the host gave no values for '{}'", what, param_spec(mod.params[k]).name));
-    }
-    auto* dst = reinterpret_cast<uint16_t*>(staging.bytes() + l.offsets[k]);
-    const std::size_t n = param_spec(mod.params[k]).numel;
-    for (std::size_t i = 0; i < n; ++i) dst[i] = optim::f32_to_bf16_bits(src[i]);
-  }
-  // A block reused from the cache may still be read by queued kernels: the copy waits for them.
-  // The compute stream's busy segment ends here and resumes once the upload has landed.
-  ZINF_RETURN_IF_ERROR(mark());
-  ZINF_RETURN_IF_ERROR(compute_mark.record(compute));
-  block.record_use(copies->h2d_stream().key());
-  ZINF_ASSIGN_OR_RETURN(Event copied, copies->copy_h2d(block.data(), staging.data(), l.bytes, &compute_mark, what));
-  ZINF_RETURN_IF_ERROR(compute.wait(copied));
-  ZINF_RETURN_IF_ERROR(mark());
-  ZINF_RETURN_IF_ERROR(copied.synchronize().with_context(what));  // staging is free again
-  times.upload_bytes += l.bytes;
-  for (std::size_t k = 0; k < mod.params.size(); ++k) {
-    out[k] = reinterpret_cast<const bf16*>(static_cast<const std::byte*>(block.data()) + l.offsets[k]);
-  }
-  values[static_cast<std::size_t>(m)] = std::move(block);
-  return Status::ok();
-}
-
-// With device memory: the host acquire gave fp32 device pointers that kernels enqueued from now on
-// may read (the engine made the compute stream wait for their upload); they are cast to bf16 into
-// one block on the compute stream, the same bits as upload()'s host cast.
-Status GpuModelBridge::cast_on_device(int m, std::span<const bf16*> out) {
+// Module m's values as bf16 in one device block (the ledger's layout), from host_values: cast on
+// the host into pinned staging and uploaded in one copy, waited for (the bridge); or, with device
+// memory, cast on the compute stream from the engine's fp32 device values, which kernels enqueued
+// from now on may read (the engine made the compute stream wait for their upload). Both casts are
+// optim::f32_to_bf16_bits, bit for bit.
+Status GpuModelBridge::values_to_device(int m, std::span<const bf16*> out) {
   const model::ModuleSpec& mod = module_spec(m);
   const PackedLayout& l = ledger->value_layout(m);
   const std::string what = fmt::format("module '{}' values ({} parameters, {} bytes bf16)", mod.name,
@@ -230,9 +197,29 @@ Status GpuModelBridge::cast_on_device(int m, std::span<const bf16*> out) {
     if (src == nullptr) {
       return Status::internal(fmt::format("{}: the engine gave no values for '{}'", what, param_spec(mod.params[k]).name));
     }
-    auto* dst = reinterpret_cast<bf16*>(static_cast<std::byte*>(block.data()) + l.offsets[k]);
-    ZINF_RETURN_IF_ERROR(cast_to_bf16(dst, src, param_spec(mod.params[k]).numel, compute.get()).with_context(what));
-    out[k] = dst;
+    const std::size_t n = param_spec(mod.params[k]).numel;
+    if (device_memory) {
+      auto* dst = reinterpret_cast<bf16*>(static_cast<std::byte*>(block.data()) + l.offsets[k]);
+      ZINF_RETURN_IF_ERROR(cast_to_bf16(dst, src, n, compute.get()).with_context(what));
+    } else {
+      auto* dst = reinterpret_cast<uint16_t*>(staging.bytes() + l.offsets[k]);
+      for (std::size_t i = 0; i < n; ++i) dst[i] = optim::f32_to_bf16_bits(src[i]);
+    }
+  }
+  if (!device_memory) {
+    // A block reused from the cache may still be read by queued kernels: the copy waits for them.
+    // The compute stream's busy segment ends here and resumes once the upload has landed.
+    ZINF_RETURN_IF_ERROR(mark());
+    ZINF_RETURN_IF_ERROR(compute_mark.record(compute));
+    block.record_use(copies->h2d_stream().key());
+    ZINF_ASSIGN_OR_RETURN(Event copied, copies->copy_h2d(block.data(), staging.data(), l.bytes, &compute_mark, what));
+    ZINF_RETURN_IF_ERROR(compute.wait(copied));
+    ZINF_RETURN_IF_ERROR(mark());
+    ZINF_RETURN_IF_ERROR(copied.synchronize().with_context(what));  // staging is free again
+    times.upload_bytes += l.bytes;
+  }
+  for (std::size_t k = 0; k < mod.params.size(); ++k) {
+    out[k] = reinterpret_cast<const bf16*>(static_cast<const std::byte*>(block.data()) + l.offsets[k]);
   }
   values[static_cast<std::size_t>(m)] = std::move(block);
   return Status::ok();
