@@ -43,7 +43,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     auto block = device_.allocate(n * sizeof(float), StreamRole::kCompute, "gathered parameters or gradients");
     if (!block.is_ok()) return {};
     auto* p = block.value().as<float>();
-    blocks_.emplace(p, BlockState{std::move(block).value(), device::Event()});
+    blocks_.emplace(p, BlockState{std::move(block).value(), device::Event(), Narrow{}});
     return adopt(p, n);
   }
 
@@ -65,6 +65,10 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
       ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
       ++stats_.device_copies;
       return Status::ok();
+    }
+    if (const ParamTier::HostValues h = tier.pinned_values(group);
+        h.data != nullptr && h.dtype != swap::DType::kF32 && comm.world_size() == 1 && device_.ops() != nullptr) {
+      return upload_narrow(state, h, per_rank);
     }
     ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
     ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(staging->buf.as_floats(), per_rank)));
@@ -89,6 +93,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
 
   Status ready(GatherBlock& block) override {
     BlockState& state = state_of(block);
+    if (state.narrow.block.data() != nullptr) ZINF_RETURN_IF_ERROR(widen(block, state));
     if (state.ready.empty()) return Status::ok();
     if (on_stream()) {
       // The compute stream waits; the host goes on enqueueing.
@@ -161,10 +166,51 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   void free(float* data, std::size_t) override { blocks_.erase(data); }  // ~DeviceBlock fences it
 
  private:
+  // A 16-bit upload waiting to be widened into its block (upload_narrow).
+  struct Narrow {
+    device::DeviceBlock block;
+    swap::DType dtype = swap::DType::kBF16;
+    std::size_t n = 0;
+  };
   struct BlockState {
     device::DeviceBlock block;
-    device::Event ready;  // the upload that fills it; empty once ready() has seen it
+    device::Event ready;  // the upload (or widening) that fills it; empty once ready() has seen it
+    Narrow narrow;
   };
+
+  // A memory tier's 16-bit partition, page-locked: uploaded as it is into a scratch block (half
+  // the bytes of fp32, no host conversion, no staging). It is widened in ready(), not here: a
+  // gather ahead of use must not put a wait for its upload on the compute stream before the
+  // kernels of the module that computes now.
+  Status upload_narrow(BlockState& state, const ParamTier::HostValues& h, std::size_t n) {
+    const std::size_t raw = n * swap::dtype_size(h.dtype);
+    ZINF_ASSIGN_OR_RETURN(device::DeviceBlock scratch,
+                          device_.allocate(raw, StreamRole::kCompute, "parameter upload (16-bit)"));
+    // The scratch may be a block whose last widening is still queued on the compute stream.
+    if (options_.skip_wait != SkipWait::kComputeBeforeCopy) {
+      ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
+      ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kH2D, computed));
+    }
+    ZINF_RETURN_IF_ERROR(device_.copy_h2d(scratch.data(), h.data, raw, "parameter upload (16-bit)"));
+    scratch.record_use(device_.stream_key(StreamRole::kH2D));
+    ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kH2D));
+    state.narrow = Narrow{std::move(scratch), h.dtype, n};
+    stats_.h2d_bytes += raw;
+    ++stats_.uploads;
+    return Status::ok();
+  }
+
+  // The compute stream waits for the 16-bit upload and widens it into the block; ready() then
+  // waits for the widening (on the host for a host-thread consumer; nothing more on the stream).
+  Status widen(GatherBlock& block, BlockState& state) {
+    Narrow narrow = std::move(state.narrow);
+    state.narrow = Narrow{};
+    if (options_.skip_wait != SkipWait::kUploadBeforeUse) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kCompute, state.ready));
+    ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), swap::DType::kF32,
+                                                narrow.block.data(), narrow.dtype, narrow.n));
+    ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
+    return Status::ok();  // the scratch goes back: fenced by its upload, ordered on the compute stream
+  }
   struct PinnedFloats {
     aio::PinnedBuffer mem;
     float* as_floats() const { return static_cast<float*>(mem.data()); }

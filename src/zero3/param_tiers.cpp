@@ -49,6 +49,13 @@ class MemoryParamTier final : public ParamTier {
   void prefetch(std::size_t) override {}
   void drop_prefetch(std::size_t) override {}
 
+  HostValues pinned_values(std::size_t partition) override {
+    if (aliased_ || partition >= layout_.params.size()) return {};  // the master weights are not pinned
+    const std::size_t sg = layout_.subgroup_of[partition];
+    return {static_cast<const std::byte*>(pointers_[sg]) + layout_.offset_in_subgroup[partition] * swap::dtype_size(dtype_),
+            dtype_};
+  }
+
   Status read_f32(std::size_t partition, std::span<float> dst) override {
     const std::size_t sg = layout_.subgroup_of[partition];
     const std::byte* src = static_cast<const std::byte*>(pointers_[sg]) +

@@ -87,6 +87,14 @@ class ParamTier {
     swap::DType dtype = swap::DType::kF32;
   };
   virtual DeviceValues device_values(std::size_t /*partition*/) { return {}; }
+  // Where `partition`'s values are in page-locked host memory in dtype() (a memory tier of its
+  // own, not aliasing the master weights): a device gather then uploads them as they are and
+  // widens them on the device. data == nullptr: read_f32.
+  struct HostValues {
+    const void* data = nullptr;
+    swap::DType dtype = swap::DType::kF32;
+  };
+  virtual HostValues pinned_values(std::size_t /*partition*/) { return {}; }
   // The swapper of an nvme tier (param_device_reader.h reads its files into device memory),
   // else nullptr.
   virtual swap::ParamSwapper* nvme_swapper() { return nullptr; }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "device/device.h"
+#include "zinf/aio/pinned.h"
+#include "zinf/optim/half.h"
 #include "zero3/tiers.h"
 #include "zinf/model/model.h"
 #include "zinf/model/module_calls.h"
@@ -111,10 +113,27 @@ class ChainModel final : public model::Model {
 };
 
 // A parameter tier that serves every element of partition p as the value p + 1 and logs reads
-// and prefetches.
+// and prefetches. With `pinned_bf16` it also offers each partition as bf16 in page-locked memory
+// of `size` elements (pinned_values: what a memory tier of its own offers), which a device gather
+// uploads as it is and widens on the device.
 class RecordingTier final : public ParamTier {
  public:
-  explicit RecordingTier(std::size_t partitions) : pending_(partitions, false) {}
+  explicit RecordingTier(std::size_t partitions, bool pinned_bf16 = false, std::size_t size = kSize)
+      : pending_(partitions, false) {
+    if (!pinned_bf16) return;
+    for (std::size_t p = 0; p < partitions; ++p) {
+      auto b = aio::PinnedBuffer::allocate(size * sizeof(std::uint16_t));
+      EXPECT_TRUE(b.is_ok());
+      auto* bits = static_cast<std::uint16_t*>(b.value().data());
+      for (std::size_t i = 0; i < size; ++i) bits[i] = optim::f32_to_bf16_bits(static_cast<float>(p + 1));
+      pinned_.push_back(std::move(b).value());
+    }
+  }
+  HostValues pinned_values(std::size_t p) override {
+    if (p >= pinned_.size()) return {};
+    ++pinned_reads;
+    return {pinned_[p].data(), swap::DType::kBF16};
+  }
   swap::DType dtype() const override { return swap::DType::kF32; }
   std::string describe() const override { return "recording"; }
   void prefetch(std::size_t p) override {
@@ -138,12 +157,14 @@ class RecordingTier final : public ParamTier {
     unprefetched_reads = 0;
     prefetches = 0;
   }
-  std::vector<std::size_t> reads;  // partitions read this pass, in order
+  std::vector<std::size_t> reads;  // partitions read this pass, in order (read_f32)
+  int pinned_reads = 0;            // partitions offered as pinned bf16 (pinned_values)
   int unprefetched_reads = 0;      // reads with no prefetch before them
   int prefetches = 0;
 
  private:
   std::vector<bool> pending_;
+  std::vector<aio::PinnedBuffer> pinned_;
   swap::HostParamSink sink_{{}, swap::DType::kF32};  // never written: no optimizer here
 };
 

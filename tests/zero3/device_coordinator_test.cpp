@@ -59,14 +59,15 @@ struct DeviceHarness {
   std::unique_ptr<DeviceGatherTarget> target;
   std::unique_ptr<Coordinator> coordinator;
 
-  DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {})
+  DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {},
+                bool pinned_bf16 = false)
       : device(device::HostDevice::create(d)),
         model(kModules, g.consumer == DeviceGatherOptions::Consumer::kComputeStream ? device.get() : nullptr),
         plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     grads = std::move(make_memory_grad_store(layout)).value();
     EXPECT_TRUE(grads->begin_step().is_ok());
-    tier = std::make_unique<RecordingTier>(plan.num_groups());
+    tier = std::make_unique<RecordingTier>(plan.num_groups(), pinned_bf16);
     auto made = make_device_gather_target(*device, g);
     EXPECT_TRUE(made.is_ok()) << made.status().to_string();
     target = std::move(made).value();
@@ -287,6 +288,40 @@ TEST(DeviceCoordinatorTest, AModelWithoutADeviceOfItsOwnIsRefusedForModelDevice)
   ASSERT_FALSE(engine.is_ok());
   EXPECT_EQ(engine.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(engine.status().message().find("computes on the host"), std::string::npos) << engine.status().to_string();
+}
+
+// A memory tier's bf16 partitions in pinned memory go up as they are and are widened on the
+// device when the module is acquired (not when its gather starts ahead): exact under random
+// delays for both consumers, and each ordering is needed: without the compute stream's wait for
+// the 16-bit upload the widening reads a poisoned scratch block, and without the upload's wait for
+// queued widenings a reused scratch block is overwritten before it is read.
+TEST(DeviceCoordinatorTest, SixteenBitPartitionsGoUpAsTheyAreAndAreWidenedOnTheDevice) {
+  for (const bool stream_consumer : {false, true}) {
+    DeviceGatherOptions g = stream_consumer ? on_stream() : DeviceGatherOptions{};
+    DeviceHarness h(options(), delays(21), g, /*pinned_bf16=*/true);
+    for (int pass = 1; pass <= 3; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_EQ(loss.value(), DeviceHarness::expected_loss()) << "pass " << pass;
+    }
+    EXPECT_EQ(h.gradient_mismatch(3), "");
+    EXPECT_TRUE(h.tier->reads.empty()) << "no fp32 reads through staging";
+    EXPECT_GT(h.tier->pinned_reads, 0);
+    EXPECT_EQ(h.target->device_stats().h2d_bytes, h.target->device_stats().uploads * kSize * sizeof(std::uint16_t));
+  }
+  for (SkipWait skip : {SkipWait::kUploadBeforeUse, SkipWait::kComputeBeforeCopy}) {
+    bool wrong = false;
+    for (std::uint64_t seed = 31; seed < 36 && !wrong; ++seed) {
+      DeviceHarness h(options(), delays(seed), on_stream(skip), /*pinned_bf16=*/true);
+      for (int pass = 1; pass <= 3 && !wrong; ++pass) {
+        auto loss = h.pass();
+        ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+        wrong = loss.value() != DeviceHarness::expected_loss() || std::isnan(loss.value());
+        if (!wrong) wrong = !h.gradient_mismatch(pass).empty();
+      }
+    }
+    EXPECT_TRUE(wrong) << "ordering " << static_cast<int>(skip) << " left out, and nothing noticed";
+  }
 }
 
 // With one group a module, the coordinator has one upload in flight at a time, so the staging
