@@ -42,8 +42,10 @@ EarlyStepper::~EarlyStepper() {
 void EarlyStepper::begin(const swap::StepArgs& speculative) {
   std::lock_guard<std::mutex> lock(mu_);
   speculative_ = speculative;
+  speculate_ = speculate_next_;
   for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
-    remaining_[sg] = layout_.subgroups[sg].param_count;
+    // Not speculating: no sub-group ever completes early (stats() computes them all).
+    remaining_[sg] = speculate_ ? layout_.subgroups[sg].param_count : 0;
     stepped_[sg] = false;
     have_stats_[sg] = false;
   }
@@ -111,7 +113,9 @@ Result<std::vector<optim::GradStats>> EarlyStepper::stats() {
 Result<EarlyStepReport> EarlyStepper::finish(const swap::StepArgs* in) {
   EarlyStepReport r;
   r.hidden_s = worker_s_;
+  r.speculated = speculate_;
   const bool keep = in != nullptr && in->grad_scale == speculative_.grad_scale;
+  speculate_next_ = keep;  // clipping and overflow tend to persist: speculate after a kept step only
   for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
     if (!stepped_[sg]) continue;
     if (keep) {

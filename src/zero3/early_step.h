@@ -10,7 +10,10 @@
 //  - clipping: every early step is rolled back and the whole step taken with the clipped scale.
 // Either way the bits are those of the step at the end (tested against it). The price is a
 // snapshot of each early sub-group's master weights and states (host memory, reused across
-// steps), and a wasted early step when a step clips or overflows.
+// steps), and a wasted early step when a step clips or overflows. Clipping tends to persist
+// from step to step (early in training the norm stays above the limit), where rolling back every
+// step cost 3x the step on an H100 (docs/gpu.md, run 18): so a step speculates only when the one
+// before it was kept as speculated (the first step does); otherwise it is taken at the end.
 //
 // Only where every sub-group can be stepped alone and the updated copies land in host memory:
 // memory optimizer tier (offload_optimizer none / cpu) and a parameter tier whose sink has host
@@ -39,6 +42,7 @@ bool early_steps_possible(OptimizerTier& optimizer, ParamTier& params, const Gra
                           const swap::PartitionLayout& layout);
 
 struct EarlyStepReport {
+  bool speculated = false;        // this step stepped sub-groups early (see above)
   std::size_t stepped_early = 0;  // sub-groups stepped during backward and kept
   std::size_t rolled_back = 0;    // sub-groups stepped during backward and rolled back
   double hidden_s = 0;            // worker seconds stepping while the passes ran
@@ -78,6 +82,8 @@ class EarlyStepper {
   std::vector<std::size_t> remaining_;   // per sub-group: partitions not yet final
   // Per sub-group, written by the worker and read after stats() (char: no shared bit words).
   std::vector<char> stepped_;            // stepped early (under a snapshot)
+  bool speculate_ = true;                // this step steps early (the last one was kept)
+  bool speculate_next_ = true;
   std::vector<char> have_stats_;
   std::vector<optim::GradStats> stats_;  // per sub-group
 

@@ -314,6 +314,34 @@ TEST(EngineTest, OverlappedOptimizerGivesTheStepAtTheEndsBits) {
   EXPECT_GT(rolled_back, 0u) << "no clipped step: the rollback path was not exercised";
 }
 
+// A step speculates only after a step that was kept as speculated: where clipping fires every
+// step, only the first step's early steps are rolled back, and the rest are taken at the end
+// (early_step.h); where it never fires, every step keeps its early steps. Bits as always.
+TEST(EngineTest, OverlappedOptimizerStopsSpeculatingWhileClippingPersists) {
+  for (const double clipping : {1e-6, 100.0}) {  // clips every step, or never
+    RunSetup at_end;
+    at_end.clipping = clipping;
+    at_end.param_device = "cpu";
+    at_end.optim_device = "cpu";
+    RunSetup overlapped = at_end;
+    overlapped.overlap_optimizer = true;
+    const RunResult a = train(at_end, 5);
+    const RunResult b = train(overlapped, 5);
+    expect_identical(a, b, fmt::format("clipping {}", clipping));
+    ASSERT_EQ(b.reports.size(), 5u);
+    for (std::size_t i = 0; i < b.reports.size(); ++i) {
+      const StepReport& r = b.reports[i];
+      if (clipping < 1.0) {
+        EXPECT_EQ(r.early_subgroups, 0u) << "step " << i + 1;
+        EXPECT_EQ(r.early_rolled_back > 0, i == 0) << "step " << i + 1 << ": only the first step speculates";
+      } else {
+        EXPECT_GT(r.early_subgroups, 0u) << "step " << i + 1;
+        EXPECT_EQ(r.early_rolled_back, 0u) << "step " << i + 1;
+      }
+    }
+  }
+}
+
 // NVMe optimizer state cannot step one sub-group alone: a notice, and the step at the end.
 TEST(EngineTest, OverlappedOptimizerFallsBackWithNvmeState) {
   RunSetup s;
