@@ -68,7 +68,7 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
   const swap::DType dtype = run_dtype(r.ds);
   const std::uint64_t dsize = swap::dtype_size(dtype);
   std::vector<MemoryTerm> t;
-  t.push_back({"in use when the engine was made (program, libraries, data)", r.in_use, false});
+  t.push_back({"the process before the engine (program, libraries, data)", r.in_use, false});
   t.push_back({"the math libraries' work buffers", kLibraryScratch, false});
   t.push_back({fmt::format("activations for {} x {} (the bf16 weight copies included)", r.B, r.T),
                r.model.activation_bytes(r.B, r.T), false});
