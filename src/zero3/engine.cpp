@@ -2,6 +2,7 @@
 // coordinator, and takes the optimizer step (norm, overflow, clipping, scaler, schedule).
 #include "zinf/zero3/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -234,8 +235,13 @@ Status Engine::Impl::fit_budget(std::size_t optimizer_states, TierContext& tiers
   if (bytes == 0) return Status::ok();
   budget_B = static_cast<int>(options.ds.batch.train_micro_batch_size_per_gpu);
   budget_T = options.budget_seq > 0 ? options.budget_seq : model->max_seq();
+  // Every rank sizes from the largest RSS of any rank, so that all choose the same knobs (the live
+  // limit and the buckets decide which collectives run, and in which order).
+  const std::uint64_t rss = process_rss_bytes();
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.world_size()), rss);
+  if (comm.world_size() > 1) ZINF_RETURN_IF_ERROR(comm.all_gather_u64(std::span<const std::uint64_t>(&rss, 1), all));
   const HostBudgetRequest request{*model, options.ds, plan, layout, optimizer_states, budget_B, budget_T, bytes,
-                                  process_rss_bytes()};
+                                  *std::max_element(all.begin(), all.end())};
   Result<HostBudgetFit> fit = fit_host_budget(request);
   if (!fit.is_ok()) return fit.status().with_context(options.ds.source);
   for (const std::string& n : fit->notices) log(LogLevel::kNotice, fmt::format("{}: {}", options.ds.source, n));
