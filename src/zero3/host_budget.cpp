@@ -93,16 +93,6 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
   return t;
 }
 
-// Bytes of the coordinator's gradient buffers and reduce buckets with reduce_bucket_size
-// `bucket` (the planner's bound, plan_memory.cpp).
-std::uint64_t grad_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {
-  const std::uint64_t b = std::min(bucket, g.total);
-  std::uint64_t grads = std::min(g.total, b + g.largest);
-  if (world == 1) grads = std::min(grads, g.distinct + g.largest);
-  const std::uint64_t buckets = world > 1 ? b + (b + static_cast<std::uint64_t>(world) - 1) / static_cast<std::uint64_t>(world) : 0;
-  return 4 * (grads + buckets);
-}
-
 std::string biggest_terms(std::vector<MemoryTerm> terms) {
   std::sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
   std::string s;
@@ -151,6 +141,18 @@ GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& pla
     }
   }
   return g;
+}
+
+std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {
+  // In use or kept, they stay under the bucket plus the group that crosses it; one rank flushes
+  // each gradient as soon as it is complete and keeps freed buffers by size: at most one of each
+  // size besides the one being filled (coordinator.cpp, flush_bucket). Several ranks add the
+  // bucket's packing buffer and the reduce-scatter's 1/W output.
+  const std::uint64_t b = std::min(bucket, g.total);
+  std::uint64_t grads = std::min(g.total, b + g.largest);
+  if (world == 1) grads = std::min(grads, g.distinct + g.largest);
+  const std::uint64_t buckets = world > 1 ? b + b / static_cast<std::uint64_t>(world) : 0;
+  return 4 * (grads + buckets);
 }
 
 std::uint64_t HostBudgetFit::total() const {
@@ -217,8 +219,8 @@ Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
   Knob grads;
   grads.name = "gradient buffers and reduce buckets (fp32, reduce_bucket_size)";
   grads.least_name = "its gradient buffers (fp32)";
-  grads.least = grad_bytes(g, 1, world);
-  grads.asked = std::max(grads.least, grad_bytes(g, std::max<std::uint64_t>(1, u64(z.reduce_bucket_size)), world));
+  grads.least = gradient_buffer_bytes(g, 1, world);
+  grads.asked = std::max(grads.least, gradient_buffer_bytes(g, std::max<std::uint64_t>(1, u64(z.reduce_bucket_size)), world));
 
   std::uint64_t fixed_bytes = 0;
   for (const MemoryTerm& t : fixed) fixed_bytes += t.bytes;
@@ -280,11 +282,11 @@ Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
     std::uint64_t lo = 1, hi = std::max<std::uint64_t>(1, u64(z.reduce_bucket_size));
     while (lo < hi) {
       const std::uint64_t mid = lo + (hi - lo + 1) / 2;
-      if (grad_bytes(g, mid, world) <= grads.used) lo = mid; else hi = mid - 1;
+      if (gradient_buffer_bytes(g, mid, world) <= grads.used) lo = mid; else hi = mid - 1;
     }
     lowered("reduce_bucket_size", u64(z.reduce_bucket_size), lo, "elements");
     out.reduce_bucket_size = static_cast<std::int64_t>(lo);
-    grads.used = grad_bytes(g, lo, world);
+    grads.used = gradient_buffer_bytes(g, lo, world);
   }
   fit.terms = fixed;
   for (const Knob* k : {&opt_pool, &param_pool, &in_cpu, &live, &grads}) {
