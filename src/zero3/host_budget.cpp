@@ -160,75 +160,143 @@ std::uint64_t HostBudgetFit::total() const {
                          [](std::uint64_t s, const MemoryTerm& t) { return s + t.bytes; });
 }
 
-Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
+namespace {
+
+// The knobs a budget sizes, with what their sizing needs to turn bytes back into config values.
+struct Knobs {
+  Knob opt_pool, param_pool, in_cpu, live, grads;
+  std::uint64_t opt_count = 1, opt_least_elements = 0, opt_asked_elements = 0;
+  std::uint64_t param_count = 1, param_least_buffer = 0, dsize = 2;
+  std::uint64_t live_asked_elements = 0;
+};
+
+Knobs make_knobs(const HostBudgetRequest& r, const GatheredSizes& g, std::uint64_t shard) {
   const config::ZeroSection& z = r.ds.zero;
   const int world = static_cast<int>(r.ds.world_size);
-  const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
-  const bool param_nvme = z.offload_param.device == config::OffloadDevice::kNvme;
-  const std::uint64_t dsize = swap::dtype_size(run_dtype(r.ds));
-  std::uint64_t shard = 0;
-  for (const swap::SubGroup& sg : r.layout.subgroups) shard += sg.numel;
+  Knobs k;
+  k.dsize = swap::dtype_size(run_dtype(r.ds));
   std::uint64_t largest_part = 0;
   for (const swap::ParamPartition& p : r.layout.params) largest_part = std::max(largest_part, p.numel);
-  const GatheredSizes g = gathered_sizes(r.model, r.plan, z, world);
-  const std::vector<MemoryTerm> fixed = fixed_terms(r, g, shard);
-
   // The optimizer's pinned pool: buffer_count buffers of the largest sub-group (optimizer_swapper.cpp,
   // plan_tiles); at the least one tile of kAlign elements per pipeline stage.
-  Knob opt_pool;
-  opt_pool.name = "the offload_optimizer pinned pool";
-  opt_pool.pinned = true;
-  const std::uint64_t opt_count = u64(z.offload_optimizer.buffer_count);
+  k.opt_pool.name = "the offload_optimizer pinned pool";
+  k.opt_pool.pinned = true;
+  k.opt_count = std::max<std::uint64_t>(1, u64(z.offload_optimizer.buffer_count));
   const std::uint64_t stages = 1 + (z.offload_optimizer.pipeline_read ? 1 : 0) + (z.offload_optimizer.pipeline_write ? 1 : 0);
   const std::uint64_t per_element = 4 * (1 + r.optimizer_states) + 4 + 2;  // master, states, gradient, 16-bit copy
-  const std::uint64_t largest_sg = std::max(r.layout.largest_subgroup(), kAlign);
-  const std::uint64_t opt_least_elements = (stages * per_element * kAlign + 4 * opt_count - 1) / (4 * opt_count);
-  const std::uint64_t opt_asked_elements = std::max(largest_sg, opt_least_elements);
-  if (opt_nvme) {
-    opt_pool.least = opt_count * up(4 * opt_least_elements, kPage);
-    opt_pool.asked = opt_count * up(4 * opt_asked_elements, kPage);
+  k.opt_least_elements = (stages * per_element * kAlign + 4 * k.opt_count - 1) / (4 * k.opt_count);
+  k.opt_asked_elements = std::max(std::max(r.layout.largest_subgroup(), kAlign), k.opt_least_elements);
+  if (z.offload_optimizer.device == config::OffloadDevice::kNvme) {
+    k.opt_pool.least = k.opt_count * up(4 * k.opt_least_elements, kPage);
+    k.opt_pool.asked = k.opt_count * up(4 * k.opt_asked_elements, kPage);
   }
   // The parameters' pinned pool: buffer_count x buffer_size of the compute dtype (its capacity,
-  // which bounds it whether it grows on demand or not).
-  Knob param_pool;
-  param_pool.name = "the offload_param pinned pool";
-  param_pool.pinned = true;
-  const std::uint64_t param_count = u64(z.offload_param.buffer_count);
-  const std::uint64_t param_least_buffer = up(std::min(kLeastParamBuffer, largest_part * dsize), kPage);
-  if (param_nvme) {
-    param_pool.least = param_count * param_least_buffer;
-    param_pool.asked = std::max(param_pool.least, param_count * up(u64(z.offload_param.buffer_size) * dsize, kPage));
-  }
-  // offload_param.max_in_cpu: partitions kept in memory beside their NVMe copy (a cache: the last
-  // to get memory).
-  Knob in_cpu;
-  in_cpu.name = "parameters kept in memory (offload_param.max_in_cpu)";
-  if (param_nvme) {
+  // which bounds it whether it grows on demand or not). max_in_cpu: partitions kept in memory
+  // beside their NVMe copy (a cache: the last to get memory).
+  k.param_pool.name = "the offload_param pinned pool";
+  k.param_pool.pinned = true;
+  k.param_count = std::max<std::uint64_t>(1, u64(z.offload_param.buffer_count));
+  k.param_least_buffer = up(std::min(kLeastParamBuffer, largest_part * k.dsize), kPage);
+  k.in_cpu.name = "parameters kept in memory (offload_param.max_in_cpu)";
+  if (z.offload_param.device == config::OffloadDevice::kNvme) {
+    k.param_pool.least = k.param_count * k.param_least_buffer;
+    k.param_pool.asked =
+        std::max(k.param_pool.least, k.param_count * up(u64(z.offload_param.buffer_size) * k.dsize, kPage));
     const std::uint64_t elements = std::min(u64(z.offload_param.max_in_cpu), shard);
-    in_cpu.asked = elements > 0 ? elements * dsize + kPage * r.layout.params.size() : 0;
+    k.in_cpu.asked = elements > 0 ? elements * k.dsize + kPage * r.layout.params.size() : 0;
   }
   // Gathered parameters (fp32): at the least the largest module's.
-  Knob live;
-  live.name = "gathered parameters (fp32, stage3_max_live_parameters)";
-  live.least_name = fmt::format("the largest module '{}' gathered (fp32)", g.module_name);
-  live.least = 4 * g.module_need;
-  const std::uint64_t live_asked_elements =
+  k.live.name = "gathered parameters (fp32, stage3_max_live_parameters)";
+  k.live.least_name = fmt::format("the largest module '{}' gathered (fp32)", g.module_name);
+  k.live.least = 4 * g.module_need;
+  k.live_asked_elements =
       z.max_live_parameters == 0 ? g.module_need : std::min(u64(z.max_live_parameters), g.non_persistent);
-  live.asked = std::max(live.least, 4 * live_asked_elements);
+  k.live.asked = std::max(k.live.least, 4 * k.live_asked_elements);
   // Gradient buffers and reduce buckets (fp32): at the least one group at a time.
-  Knob grads;
-  grads.name = "gradient buffers and reduce buckets (fp32, reduce_bucket_size)";
-  grads.least_name = "its gradient buffers (fp32)";
-  grads.least = gradient_buffer_bytes(g, 1, world);
-  grads.asked = std::max(grads.least, gradient_buffer_bytes(g, std::max<std::uint64_t>(1, u64(z.reduce_bucket_size)), world));
+  k.grads.name = "gradient buffers and reduce buckets (fp32, reduce_bucket_size)";
+  k.grads.least_name = "the largest module's gradient buffers (fp32)";
+  k.grads.least = gradient_buffer_bytes(g, 1, world);
+  k.grads.asked =
+      std::max(k.grads.least, gradient_buffer_bytes(g, std::max<std::uint64_t>(1, u64(z.reduce_bucket_size)), world));
+  return k;
+}
 
-  std::uint64_t fixed_bytes = 0;
-  for (const MemoryTerm& t : fixed) fixed_bytes += t.bytes;
-  const std::uint64_t least = fixed_bytes + opt_pool.least + param_pool.least + live.least + grads.least;
+// Turns the knobs' bytes into config values where they are below what was asked (one notice
+// each), and their bytes into what those values hold.
+void lower_keys(const HostBudgetRequest& r, const GatheredSizes& g, Knobs& k, HostBudgetFit& fit) {
+  const config::ZeroSection& z = r.ds.zero;
+  const int world = static_cast<int>(r.ds.world_size);
+  config::ZeroSection& out = fit.ds.zero;
+  const auto lowered = [&fit](const std::string& key, std::uint64_t asked, std::uint64_t used, const char* unit) {
+    fit.notices.push_back(fmt::format("host memory budget: {} {} {} asked, {} used", key, asked, unit, used));
+  };
+  if (k.opt_pool.used < k.opt_pool.asked) {
+    fit.optimizer_buffer_size = std::max(k.opt_least_elements, down(k.opt_pool.used / k.opt_count, kPage) / 4);
+    k.opt_pool.used = k.opt_count * up(4 * fit.optimizer_buffer_size, kPage);
+    lowered("offload_optimizer pinned buffers (buffer_count x the largest sub-group)", k.opt_asked_elements,
+            fit.optimizer_buffer_size, "fp32 elements each");
+  }
+  if (k.param_pool.used < k.param_pool.asked) {
+    const std::uint64_t size = std::max(k.param_least_buffer, down(k.param_pool.used / k.param_count, kPage)) / k.dsize;
+    lowered("offload_param.buffer_size", u64(z.offload_param.buffer_size), size, "elements");
+    out.offload_param.buffer_size = static_cast<std::int64_t>(size);
+    k.param_pool.used = k.param_count * up(size * k.dsize, kPage);
+  }
+  if (k.in_cpu.used < k.in_cpu.asked) {
+    const std::uint64_t overhead = kPage * r.layout.params.size();
+    const std::uint64_t elements = k.in_cpu.used > overhead ? (k.in_cpu.used - overhead) / k.dsize : 0;
+    lowered("offload_param.max_in_cpu", u64(z.offload_param.max_in_cpu), elements, "elements");
+    out.offload_param.max_in_cpu = static_cast<std::int64_t>(elements);
+    k.in_cpu.used = elements > 0 ? elements * k.dsize + overhead : 0;
+  }
+  fit.live_bound = k.live_asked_elements;
+  if (k.live.used < k.live.asked) {
+    const std::uint64_t elements = std::max(g.module_need, k.live.used / 4);
+    lowered("stage3_max_live_parameters", u64(z.max_live_parameters), elements, "elements");
+    out.max_live_parameters = static_cast<std::int64_t>(elements);
+    fit.live_bound = elements;
+    // Prefetch depth: what is prefetched is held live, so it stays within the limit.
+    if (u64(out.prefetch_bucket_size) > elements) {
+      lowered("stage3_prefetch_bucket_size", u64(out.prefetch_bucket_size), elements, "elements");
+      out.prefetch_bucket_size = static_cast<std::int64_t>(elements);
+    }
+  }
+  if (k.grads.used < k.grads.asked) {
+    // The largest bucket whose buffers fit (gradient_buffer_bytes grows with the bucket).
+    std::uint64_t lo = 1, hi = std::max<std::uint64_t>(1, u64(z.reduce_bucket_size));
+    while (lo < hi) {
+      const std::uint64_t mid = lo + (hi - lo + 1) / 2;
+      if (gradient_buffer_bytes(g, mid, world) <= k.grads.used) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    lowered("reduce_bucket_size", u64(z.reduce_bucket_size), lo, "elements");
+    out.reduce_bucket_size = static_cast<std::int64_t>(lo);
+    k.grads.used = gradient_buffer_bytes(g, lo, world);
+  }
+}
+
+}  // namespace
+
+Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
+  std::uint64_t shard = 0;
+  for (const swap::SubGroup& sg : r.layout.subgroups) shard += sg.numel;
+  const GatheredSizes g = gathered_sizes(r.model, r.plan, r.ds.zero, static_cast<int>(r.ds.world_size));
+  const std::vector<MemoryTerm> fixed = fixed_terms(r, g, shard);
+  Knobs k = make_knobs(r, g, shard);
+  const std::vector<Knob*> shared = {&k.opt_pool, &k.param_pool, &k.live, &k.grads};
+
+  std::uint64_t least = 0;
+  for (const MemoryTerm& t : fixed) least += t.bytes;
+  for (const Knob* knob : shared) least += knob->least;
   const auto usable = static_cast<std::uint64_t>(static_cast<double>(r.budget) * (1.0 - kMarginShare));
   if (least > usable) {
     std::vector<MemoryTerm> named = fixed;
-    for (const Knob* k : {&opt_pool, &param_pool, &live, &grads}) named.push_back({k->least_name.empty() ? k->name + " at the least" : k->least_name, k->least, k->pinned});
+    for (const Knob* knob : shared) {
+      named.push_back({knob->least_name.empty() ? knob->name + " at the least" : knob->least_name, knob->least, knob->pinned});
+    }
     const auto need = static_cast<std::uint64_t>(static_cast<double>(least) / (1.0 - kMarginShare)) + 1;
     return Status::resource_exhausted(fmt::format(
         "host memory budget {} is below the {} this run needs at the least ({} of it kept free for allocator slack): "
@@ -237,62 +305,18 @@ Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
         format_bytes(r.budget), format_bytes(need), format_bytes(need - least), biggest_terms(named)));
   }
   std::uint64_t extra = usable - least;
-  share({&opt_pool, &param_pool, &live, &grads}, extra);
-  for (const Knob* k : {&opt_pool, &param_pool, &live, &grads}) extra -= k->used - k->least;
-  in_cpu.used = std::min(in_cpu.asked, extra);
+  share(shared, extra);
+  for (const Knob* knob : shared) extra -= knob->used - knob->least;
+  k.in_cpu.used = std::min(k.in_cpu.asked, extra);
 
   HostBudgetFit fit;
   fit.ds = r.ds;
-  config::ZeroSection& out = fit.ds.zero;
-  const auto lowered = [&fit](const std::string& key, std::uint64_t asked, std::uint64_t used, const char* unit) {
-    fit.notices.push_back(fmt::format("host memory budget: {} {} {} asked, {} used", key, asked, unit, used));
-  };
-  if (opt_nvme && opt_pool.used < opt_pool.asked) {
-    fit.optimizer_buffer_size = std::max(opt_least_elements, down(opt_pool.used / opt_count, kPage) / 4);
-    opt_pool.used = opt_count * up(4 * fit.optimizer_buffer_size, kPage);
-    lowered("offload_optimizer pinned buffers (buffer_count x the largest sub-group)", opt_asked_elements,
-            fit.optimizer_buffer_size, "fp32 elements each");
-  }
-  if (param_nvme && param_pool.used < param_pool.asked) {
-    const std::uint64_t size = std::max(param_least_buffer, down(param_pool.used / param_count, kPage)) / dsize;
-    lowered("offload_param.buffer_size", u64(z.offload_param.buffer_size), size, "elements");
-    out.offload_param.buffer_size = static_cast<std::int64_t>(size);
-    param_pool.used = param_count * up(size * dsize, kPage);
-  }
-  if (param_nvme && in_cpu.used < in_cpu.asked) {
-    const std::uint64_t overhead = kPage * r.layout.params.size();
-    const std::uint64_t elements = in_cpu.used > overhead ? (in_cpu.used - overhead) / dsize : 0;
-    lowered("offload_param.max_in_cpu", u64(z.offload_param.max_in_cpu), elements, "elements");
-    out.offload_param.max_in_cpu = static_cast<std::int64_t>(elements);
-    in_cpu.used = elements > 0 ? elements * dsize + overhead : 0;
-  }
-  fit.live_bound = live_asked_elements;
-  if (live.used < live.asked) {
-    const std::uint64_t elements = std::max(g.module_need, live.used / 4);
-    lowered("stage3_max_live_parameters", u64(z.max_live_parameters), elements, "elements");
-    out.max_live_parameters = static_cast<std::int64_t>(elements);
-    fit.live_bound = elements;
-  }
-  if (u64(out.prefetch_bucket_size) > fit.live_bound && out.max_live_parameters != 0) {
-    lowered("stage3_prefetch_bucket_size", u64(out.prefetch_bucket_size), fit.live_bound, "elements");
-    out.prefetch_bucket_size = static_cast<std::int64_t>(fit.live_bound);
-  }
-  if (grads.used < grads.asked) {
-    // The largest bucket whose buffers fit (grad_bytes grows with the bucket).
-    std::uint64_t lo = 1, hi = std::max<std::uint64_t>(1, u64(z.reduce_bucket_size));
-    while (lo < hi) {
-      const std::uint64_t mid = lo + (hi - lo + 1) / 2;
-      if (gradient_buffer_bytes(g, mid, world) <= grads.used) lo = mid; else hi = mid - 1;
-    }
-    lowered("reduce_bucket_size", u64(z.reduce_bucket_size), lo, "elements");
-    out.reduce_bucket_size = static_cast<std::int64_t>(lo);
-    grads.used = gradient_buffer_bytes(g, lo, world);
-  }
+  lower_keys(r, g, k, fit);
   fit.terms = fixed;
-  for (const Knob* k : {&opt_pool, &param_pool, &in_cpu, &live, &grads}) {
-    if (k->used > 0) fit.terms.push_back({k->name, k->used, k->pinned});
+  for (const Knob* knob : {&k.opt_pool, &k.param_pool, &k.in_cpu, &k.live, &k.grads}) {
+    if (knob->used > 0) fit.terms.push_back({knob->name, knob->used, knob->pinned});
   }
-  fit.pinned_bound = opt_pool.used + param_pool.used;
+  fit.pinned_bound = k.opt_pool.used + k.param_pool.used;
   fit.terms.push_back({"margin (allocator slack, thread stacks, aio rings)", r.budget - usable, false});
   return fit;
 }
