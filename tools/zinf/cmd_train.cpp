@@ -575,7 +575,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
   eo.overlap_optimizer = o.overlap_optimizer;
-  if (!o.host_memory_budget.empty()) {
+  if (o.host_memory_budget == "none" || o.host_memory_budget == "0") {
+    eo.ds.zinf.host_memory_budget = 0;  // not the config's either
+  } else if (!o.host_memory_budget.empty()) {
     ZINF_ASSIGN_OR_RETURN(eo.host_memory_budget, parse_bytes("--host-memory-budget", o.host_memory_budget));
   }
   eo.budget_seq = T;
@@ -794,7 +796,7 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--host-memory-budget", o->host_memory_budget,
                   "host memory this process may hold, e.g. 6GiB: pinned pools, gathered parameters and buckets are "
                   "sized to fit it, and a budget the run cannot fit is refused before any work (default: the "
-                  "config's zinf.host_memory_budget, else none)");
+                  "config's zinf.host_memory_budget, else none; 'none' or 0: no budget, whatever the config says)");
   cmd->callback([o, exit_code, cmd] {
     if (o->plan && !o->config_path.empty()) {
       std::cerr << "zinf train: --plan writes the config itself: drop --config (or drop --plan)\n";
