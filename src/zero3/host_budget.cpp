@@ -200,8 +200,11 @@ Knobs make_knobs(const HostBudgetRequest& r, const GatheredSizes& g, std::uint64
   k.in_cpu.name = "parameters kept in memory (offload_param.max_in_cpu)";
   if (z.offload_param.device == config::OffloadDevice::kNvme) {
     k.param_pool.least = k.param_count * k.param_least_buffer;
-    k.param_pool.asked =
-        std::max(k.param_pool.least, k.param_count * up(u64(z.offload_param.buffer_size) * k.dsize, kPage));
+    // Buffers larger than the largest partition hold nothing more (every partition fits one
+    // either way), so a budget asks for no more than that.
+    k.param_pool.asked = std::max(
+        k.param_pool.least,
+        k.param_count * up(std::min(u64(z.offload_param.buffer_size), largest_part) * k.dsize, kPage));
     const std::uint64_t elements = std::min(u64(z.offload_param.max_in_cpu), shard);
     k.in_cpu.asked = elements > 0 ? elements * k.dsize + kPage * r.layout.params.size() : 0;
   }
@@ -236,10 +239,14 @@ void lower_keys(const HostBudgetRequest& r, const GatheredSizes& g, Knobs& k, Ho
     lowered("offload_optimizer pinned buffers (buffer_count x the largest sub-group)", k.opt_asked_elements,
             fit.optimizer_buffer_size, "fp32 elements each");
   }
-  if (k.param_pool.used < k.param_pool.asked) {
-    const std::uint64_t size = std::max(k.param_least_buffer, down(k.param_pool.used / k.param_count, kPage)) / k.dsize;
-    lowered("offload_param.buffer_size", u64(z.offload_param.buffer_size), size, "elements");
-    out.offload_param.buffer_size = static_cast<std::int64_t>(size);
+  if (k.param_pool.asked > 0) {
+    const std::uint64_t size = std::min(
+        u64(z.offload_param.buffer_size),
+        std::max(k.param_least_buffer, down(k.param_pool.used / k.param_count, kPage)) / k.dsize);
+    if (size < u64(z.offload_param.buffer_size)) {
+      lowered("offload_param.buffer_size", u64(z.offload_param.buffer_size), size, "elements");
+      out.offload_param.buffer_size = static_cast<std::int64_t>(size);
+    }
     k.param_pool.used = k.param_count * up(size * k.dsize, kPage);
   }
   if (k.in_cpu.used < k.in_cpu.asked) {
