@@ -241,7 +241,7 @@ Status Engine::Impl::fit_budget(std::size_t optimizer_states, TierContext& tiers
   std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.world_size()), rss);
   if (comm.world_size() > 1) ZINF_RETURN_IF_ERROR(comm.all_gather_u64(std::span<const std::uint64_t>(&rss, 1), all));
   const HostBudgetRequest request{*model, options.ds, plan, layout, optimizer_states, budget_B, budget_T, bytes,
-                                  *std::max_element(all.begin(), all.end())};
+                                  *std::max_element(all.begin(), all.end()), options.overlap_optimizer};
   Result<HostBudgetFit> fit = fit_host_budget(request);
   if (!fit.is_ok()) return fit.status().with_context(options.ds.source);
   for (const std::string& n : fit->notices) log(LogLevel::kNotice, fmt::format("{}: {}", options.ds.source, n));

@@ -81,6 +81,10 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
     t.push_back({"fp32 gradient partitions", 4 * shard, false});
     t.push_back({fmt::format("optimizer state in memory (master + {} states, fp32)", r.optimizer_states),
                  4 * (1 + r.optimizer_states) * shard, false});
+    if (r.overlap_optimizer) {
+      // early_step.h: a snapshot of each sub-group stepped during backward, kept for reuse.
+      t.push_back({"the early optimizer step's snapshots (--overlap-optimizer)", 4 * (1 + r.optimizer_states) * shard, false});
+    }
   }
   if (param_nvme) {
     if (!opt_nvme) t.push_back({"16-bit copy staging (one sub-group)", 4 * r.layout.largest_subgroup(), false});

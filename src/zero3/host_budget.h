@@ -42,6 +42,7 @@ struct HostBudgetRequest {
   int B = 1, T = 1;                  // the micro-batch the activations are sized for
   std::uint64_t budget = 0;          // bytes the process may hold
   std::uint64_t in_use = 0;          // bytes the process holds now (its RSS)
+  bool overlap_optimizer = false;    // EngineOptions::overlap_optimizer (snapshots of the state)
 };
 
 struct HostBudgetFit {
