@@ -292,6 +292,22 @@ Status parse_checkpoint(ParseState& st, const Json* obj, CheckpointSection* cp) 
   return r.finish();
 }
 
+// The zinf-only block: {"host_memory_budget": bytes or "6GiB"}.
+Status parse_zinf(ParseState& st, const Json* obj, ZinfSection* z) {
+  ObjectReader r(st, obj, "zinf");
+  if (const Json* v = r.raw("host_memory_budget"); v != nullptr && !v->is_null()) {
+    if (v->is_string()) {
+      Result<std::uint64_t> bytes = parse_byte_size(v->get<std::string>());
+      if (!bytes.is_ok()) return r.error("host_memory_budget", bytes.status().message());
+      z->host_memory_budget = bytes.value();
+    } else {
+      ZINF_ASSIGN_OR_RETURN(auto n, r.integer("host_memory_budget", detail::kPositive));
+      if (n.has_value()) z->host_memory_budget = static_cast<std::uint64_t>(n.value);
+    }
+  }
+  return r.finish();
+}
+
 Status parse_activation_checkpointing(ParseState& st, const Json* obj,
                                       ActivationCheckpointingSection* ac) {
   if (obj == nullptr) return Status::ok();
@@ -372,11 +388,40 @@ Status parse_blocks(ParseState& st, ObjectReader& top, DsConfig* c) {
   ZINF_RETURN_IF_ERROR(parse_checkpoint(st, checkpoint, &c->checkpoint));
   ZINF_ASSIGN_OR_RETURN(const Json* ac, top.object("activation_checkpointing"));
   ZINF_RETURN_IF_ERROR(parse_activation_checkpointing(st, ac, &c->activation_checkpointing));
+  ZINF_ASSIGN_OR_RETURN(const Json* zinf, top.object("zinf"));
+  ZINF_RETURN_IF_ERROR(parse_zinf(st, zinf, &c->zinf));
   top.ignore(detail::ignored_top_level_keys());
   return top.finish();
 }
 
 }  // namespace
+
+Result<std::uint64_t> parse_byte_size(std::string_view text) {
+  const std::string s(text);
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = s.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == 'I') unit.pop_back();
+  const std::string units = "KMGT";
+  double scale = 1;
+  if (unit.size() == 1 && units.find(unit[0]) != std::string::npos) {
+    scale = static_cast<double>(std::uint64_t{1} << (10 * (units.find(unit[0]) + 1)));
+  } else if (!unit.empty() || used == 0) {
+    used = 0;
+  }
+  if (used == 0 || !(v > 0) || v * scale >= 1.8e19) {
+    return Status::invalid_argument(
+        fmt::format("expected a positive size such as 6GiB, 512M or 1073741824, got \"{}\"", s));
+  }
+  return static_cast<std::uint64_t>(v * scale);
+}
 
 Result<DsConfig> parse_ds_config(std::string_view text, std::string_view source_name,
                                  const AutoContext& ctx) {

@@ -113,6 +113,7 @@ std::string resolved_config_json(const DsConfig& c) {
              {"synchronize_checkpoint_boundary", ac.synchronize_checkpoint_boundary},
              {"profile", ac.profile}};
   }
+  if (c.zinf.host_memory_budget > 0) out["zinf"] = Json{{"host_memory_budget", c.zinf.host_memory_budget}};
   return out.dump(2);
 }
 

@@ -2,6 +2,7 @@
 // coordinator, and takes the optimizer step (norm, overflow, clipping, scaler, schedule).
 #include "zinf/zero3/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include "zero3/coordinator.h"
 #include "zero3/device_gather_target.h"
 #include "zero3/engine_impl.h"
+#include "zero3/host_budget.h"
 #include "zero3/tier_factory.h"
 #include "zinf/log.h"
 #include "zinf/optim/clipping.h"
@@ -71,6 +73,7 @@ Engine::~Engine() = default;
 
 const model::Model& Engine::model() const { return *impl_->model; }
 const EngineCounters& Engine::counters() const { return impl_->counters; }
+const HostBudgetReport& Engine::host_budget() const { return impl_->budget; }
 std::uint64_t Engine::bytes_moved() const { return impl_->optimizer->bytes_moved() + impl_->grads->bytes_moved(); }
 std::uint64_t Engine::checkpoint_bytes() const {
   return impl_->rank_file_bytes(impl_->optimizer->optimizer().state_count());
@@ -145,10 +148,11 @@ Status Engine::Impl::init() {
   ZINF_ASSIGN_OR_RETURN(scaler, make_scaler(ds));
   counters.loss_scale = scaler->scale();
 
-  // Disk before anything is written: the swap stores take their space as they are made.
+  // Memory and disk before anything is written: the swap stores take their space as they are made.
   TierContext tier_context{ds, layout, comm.rank(), dtype, options.aio_faults};
   tier_context.world_size = comm.world_size();
   const optim::Optimizer opt(opt_config);
+  ZINF_RETURN_IF_ERROR(fit_budget(opt.state_count(), tier_context));
   std::vector<DiskUse> disk = swap_disk_uses(tier_context, opt.state_count(), comm.local_size());
   if (!options.save_dir.empty() && options.save_copies > 0) {
     // Each rank of the node writes its own rank file; engine.json and `latest` are small.
@@ -225,6 +229,33 @@ Status Engine::Impl::init() {
   return Status::ok();
 }
 
+Status Engine::Impl::fit_budget(std::size_t optimizer_states, TierContext& tiers) {
+  const std::uint64_t bytes =
+      options.host_memory_budget != 0 ? options.host_memory_budget : options.ds.zinf.host_memory_budget;
+  if (bytes == 0) return Status::ok();
+  budget_B = static_cast<int>(options.ds.batch.train_micro_batch_size_per_gpu);
+  budget_T = options.budget_seq > 0 ? options.budget_seq : model->max_seq();
+  // Every rank sizes from the largest RSS of any rank, so that all choose the same knobs (the live
+  // limit and the buckets decide which collectives run, and in which order).
+  const std::uint64_t rss = process_rss_bytes();
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(comm.world_size()), rss);
+  if (comm.world_size() > 1) ZINF_RETURN_IF_ERROR(comm.all_gather_u64(std::span<const std::uint64_t>(&rss, 1), all));
+  const HostBudgetRequest request{*model, options.ds, plan, layout, optimizer_states, budget_B, budget_T, bytes,
+                                  *std::max_element(all.begin(), all.end()), options.overlap_optimizer};
+  Result<HostBudgetFit> fit = fit_host_budget(request);
+  if (!fit.is_ok()) return fit.status().with_context(options.ds.source);
+  for (const std::string& n : fit->notices) log(LogLevel::kNotice, fmt::format("{}: {}", options.ds.source, n));
+  options.ds = fit->ds;  // the lowered knobs (the reference `ds` of init() reads them)
+  tiers.optimizer_buffer_size = fit->optimizer_buffer_size;
+  std::string terms;
+  for (const MemoryTerm& t : fit->terms) terms += fmt::format("{}{} {}", terms.empty() ? "" : ", ", format_bytes(t.bytes), t.name);
+  budget = HostBudgetReport{bytes, fit->total(), fit->pinned_bound, fit->live_bound,
+                            fmt::format("host memory budget {}: {} planned ({})", format_bytes(bytes),
+                                        format_bytes(fit->total()), terms)};
+  log(LogLevel::kInfo, budget.summary);
+  return Status::ok();
+}
+
 Status Engine::Impl::init_master_weights() {
   const int rank = comm.rank();
   std::function<Status(std::size_t p, std::size_t first, std::span<float> out)> values;
@@ -291,6 +322,14 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const double d2h_before = device_target != nullptr ? copy_seconds(device::StreamRole::kD2H) : 0.0;
   const auto gas = static_cast<double>(micro_batches.size());
   if (micro_batches.empty()) return Status::invalid_argument("train_step needs at least one micro-batch");
+  for (const MicroBatch& mb : micro_batches) {
+    if (budget.budget != 0 && (mb.B > budget_B || mb.T > budget_T)) {
+      return Status::invalid_argument(fmt::format(
+          "a micro-batch of {} x {} is larger than the {} x {} the host memory budget sized activations for "
+          "(train_micro_batch_size_per_gpu x EngineOptions::budget_seq)",
+          mb.B, mb.T, budget_B, budget_T));
+    }
+  }
   ZINF_RETURN_IF_ERROR(grads->begin_step());
   // Gradients of loss * scale / (gas * W), summed over micro-batches and (by the reduce-scatter)
   // over ranks: scale x the mean gradient of the global batch.

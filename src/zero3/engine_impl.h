@@ -22,12 +22,15 @@
 namespace zinf::zero3 {
 
 struct CheckpointState;
+struct TierContext;
 
 struct Engine::Impl {
   static Result<std::unique_ptr<Impl>> build(std::unique_ptr<model::Model> model, const EngineOptions& options,
                                              Communicator& comm);
 
   Status init();
+  // EngineOptions::host_memory_budget: lowers options.ds's knobs to fit, before any work.
+  Status fit_budget(std::size_t optimizer_states, TierContext& tiers);
   Status init_master_weights();
   Status publish_params();
   Result<StepReport> train_step(std::span<const MicroBatch> micro_batches);
@@ -56,6 +59,8 @@ struct Engine::Impl {
   std::unique_ptr<Coordinator> coordinator;
   std::unique_ptr<EarlyStepper> early;  // EngineOptions::overlap_optimizer where the tiers allow
   EngineCounters counters;
+  HostBudgetReport budget;
+  int budget_B = 0, budget_T = 0;  // the micro-batch the budget sized activations for
 
  private:
   Impl(std::unique_ptr<model::Model> model, const EngineOptions& options, Communicator& comm);

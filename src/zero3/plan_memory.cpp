@@ -2,10 +2,10 @@
 // engine's own layout and the swap layer's own pool sizing.
 #include <algorithm>
 #include <numeric>
-#include <set>
 
 #include <fmt/format.h>
 
+#include "zero3/host_budget.h"
 #include "zero3/model_partition.h"
 #include "zinf/optim/optimizer.h"
 #include "zinf/swap/pinned_pool.h"
@@ -31,42 +31,6 @@ Result<std::size_t> optimizer_states(const config::DsConfig& ds) {
   ZINF_ASSIGN_OR_RETURN(optim::OptimizerConfig oc,
                         optim::OptimizerConfig::parse(ds.optimizer ? ds.optimizer->type : "AdamW", {}));
   return optim::Optimizer(oc).state_count();
-}
-
-// Gathered full values the coordinator may hold at once: the persistent groups (which stay
-// gathered) plus the non-persistent ones under stage3_max_live_parameters, never less than the
-// largest group (a module in use is always gathered whole). The persistence rule is the
-// coordinator's (coordinator.cpp, its constructor): a group whose parameters are all at most
-// param_persistence_threshold elements, first come first served up to
-// model_persistence_threshold.
-struct Gathered {
-  std::uint64_t persistent = 0, live = 0, largest = 0, total = 0;
-  std::uint64_t distinct = 0;  // the non-persistent groups' sizes, each size once
-};
-
-Gathered gathered_elements(const model::Model& model, const PartitionPlan& plan, const config::ZeroSection& z,
-                           int world) {
-  Gathered g;
-  std::uint64_t non_persistent = 0;
-  std::set<std::uint64_t> sizes;
-  const auto params = model.params();
-  for (std::size_t i = 0; i < plan.num_groups(); ++i) {
-    const GroupSlot& slot = plan.group(i);
-    const std::uint64_t full = static_cast<std::uint64_t>(slot.per_rank) * static_cast<std::uint64_t>(world);
-    g.total += full;
-    const bool small = std::all_of(slot.params.begin(), slot.params.end(), [&](std::size_t p) {
-      return params[p].numel <= static_cast<std::uint64_t>(z.param_persistence_threshold);
-    });
-    if (small && g.persistent + slot.numel <= static_cast<std::uint64_t>(z.model_persistence_threshold)) {
-      g.persistent += full;
-    } else {
-      non_persistent += full;
-      g.largest = std::max(g.largest, full);
-      if (sizes.insert(full).second) g.distinct += full;
-    }
-  }
-  g.live = std::min(non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
-  return g;
 }
 
 // The pool's bytes; an overflowing product is the config's error, while a pool larger than the
@@ -143,20 +107,14 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     add(fmt::format("parameter partitions ({})", swap::dtype_name(dtype)), dsize * shard, true);
   }
 
-  const Gathered g = gathered_elements(model, plan, z, world);
+  // Gathered full values the coordinator may hold at once: the persistent groups plus the rest
+  // under stage3_max_live_parameters, never less than two of the largest group.
+  const GatheredSizes g = gathered_sizes(model, plan, z, world);
+  const std::uint64_t live = std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
   add("gathered parameters, persistent (fp32)", 4 * g.persistent);
-  add("gathered parameters, live (fp32, stage3_max_live_parameters)", 4 * g.live);
-  // Gathered-size gradients of a pass, in use or kept for reuse, stay under reduce_bucket_size
-  // (plus the group that crosses it). With several ranks the bucket's packing buffer (a bucket)
-  // and the reduce-scatter's output (its 1/W slice) come on top; one rank adds each gradient in
-  // directly (coordinator.cpp, flush_bucket).
-  const std::uint64_t bucket = std::min<std::uint64_t>(static_cast<std::uint64_t>(z.reduce_bucket_size), g.total);
-  std::uint64_t grads = std::min(g.total, bucket + g.largest);
-  // One rank flushes each gradient as soon as it is complete, and the freed buffers are kept by
-  // size for reuse: at most one of each size besides the one being filled.
-  if (world == 1) grads = std::min(grads, g.distinct + g.largest);
-  const std::uint64_t buckets = world > 1 ? bucket + bucket / static_cast<std::uint64_t>(world) : 0;
-  add("gathered gradients and reduce buckets (fp32)", 4 * (grads + buckets));
+  add("gathered parameters, live (fp32, stage3_max_live_parameters)", 4 * live);
+  add("gathered gradients and reduce buckets (fp32)",
+      gradient_buffer_bytes(g, static_cast<std::uint64_t>(z.reduce_bucket_size), world));
   add(fmt::format("activations and scratch (B {}, T {})", B, T), model.activation_bytes(B, T));
   // Allocator slack and what the terms above do not name (thread stacks, the aio rings, the
   // data loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").

@@ -42,6 +42,7 @@ Result<std::unique_ptr<OptimizerTier>> make_optimizer_tier(const TierContext& c,
       swap::OptimizerSwapConfig swap_config;
       swap_config.store = swap_store_config(offload.nvme_path, c.rank);
       swap_config.buffer_count = static_cast<std::size_t>(offload.buffer_count);
+      swap_config.buffer_size = static_cast<std::size_t>(c.optimizer_buffer_size);
       swap_config.pipeline_read = offload.pipeline_read;
       swap_config.pipeline_write = offload.pipeline_write;
       swap_config.sub_group_size = c.layout.sub_group_size;

@@ -37,6 +37,9 @@ struct TierContext {
   // device's compute stream (device_gather_target.h).
   DeviceGatherOptions::Consumer consumer = DeviceGatherOptions::Consumer::kHostThread;
   int world_size = 1;  // ranks: the state lives on the device with one only
+  // fp32 elements per offload_optimizer pinned buffer (a host-memory budget's); 0: the largest
+  // sub-group, as the reference.
+  std::uint64_t optimizer_buffer_size = 0;
 };
 
 // The tiers and what they share. Members are destroyed in reverse order: the parameter tier

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `zinf train` checks what it will write before step 1, and stops cleanly on SIGINT/SIGTERM:
 #  - a --save or --json-log that cannot be created fails before any step is trained;
+#  - a --host-memory-budget below what the run needs fails before any step and any swap file;
 #  - a --resume whose `latest` leaves the folder, or names no folder, is refused;
 #  - SIGTERM (SIGINT) stops after the current step, saves, removes the built-in config's
 #    temporary NVMe folder and exits 143 (130); resuming reproduces an uninterrupted run;
@@ -33,6 +34,21 @@ for bad in "--save $tmp/file/ck" "--json-log $tmp/file/log.jsonl"; do
   if grep -q "^step " "$tmp/out"; then fail "$bad: steps were trained before the error"; fi
   echo "refused before step 1: $bad ($(tail -1 "$tmp/out"))"
 done
+# A host memory budget below what the run needs is refused before step 1 and before any swap
+# file, naming the budget and the least; a malformed size names the option.
+status=0
+"$zinf" "${args[@]}" --steps 2 --host-memory-budget 10M > "$tmp/out" 2>&1 || status=$?
+[ "$status" -eq 1 ] || fail "--host-memory-budget 10M: exit $status: $(cat "$tmp/out")"
+grep -q "host memory budget 10.0 MiB is below the .* this run needs" "$tmp/out" || fail "budget refusal: $(cat "$tmp/out")"
+if grep -q "^step " "$tmp/out"; then fail "--host-memory-budget 10M: steps were trained before the error"; fi
+[ -z "$(find "$TMPDIR" -name '*.swp' 2>/dev/null)" ] || fail "swap files were made before the budget refusal"
+status=0
+"$zinf" "${args[@]}" --steps 2 --host-memory-budget lots > "$tmp/out" 2>&1 || status=$?
+[ "$status" -eq 2 ] && grep -q -- "--host-memory-budget" "$tmp/out" || fail "--host-memory-budget lots: exit $status: $(cat "$tmp/out")"
+"$zinf" "${args[@]}" --steps 2 --host-memory-budget 2GiB > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "a 2 GiB budget"; }
+grep -q "^host memory budget 2.0 GiB: " "$tmp/out" || fail "no budget line: $(cat "$tmp/out")"
+echo "host memory budget: 10M refused before step 1, 2GiB trained"
+
 # A --save folder that does not exist yet is created private.
 "$zinf" "${args[@]}" --steps 2 --save "$tmp/new/ck" > "$tmp/out" 2>&1 || { cat "$tmp/out"; fail "--save into a new folder"; }
 [ "$(stat -c %a "$tmp/new/ck")" = 700 ] || fail "--save folder mode $(stat -c %a "$tmp/new/ck")"

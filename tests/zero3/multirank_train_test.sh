@@ -65,4 +65,17 @@ assert many[-1] < many[0] - 0.3, "training should lower the loss"
 PY
   done
 done
-echo "multirank_train_test: 2 and 3 ranks match 1 rank (offload none, cpu, nvme; $steps steps)"
+# A host-memory budget lowers the knobs on every rank alike (each sizes from the largest RSS of
+# any rank): 2 ranks on NVMe under one give the unbudgeted 2-rank run's losses bit for bit.
+timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+  "$zinf" train --config "$tmp/ds_nvme.json" --model tiny --steps 4 --host-memory-budget 160M \
+  --json-log "$tmp/budget.jsonl" > "$tmp/out_budget" 2>&1 || { echo "mpirun with a budget failed:"; cat "$tmp/out_budget"; exit 1; }
+grep -q "^host memory budget 160.0 MiB: " "$tmp/out_budget" || { echo "no budget line:"; cat "$tmp/out_budget"; exit 1; }
+python3 - "$tmp/w2_nvme.jsonl" "$tmp/budget.jsonl" <<'PY'
+import json, sys
+free = [json.loads(l)["loss"] for l in open(sys.argv[1])][:4]
+budget = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+assert budget == free, f"2 ranks under a host-memory budget: losses {budget} differ from {free}"
+print(f"2 ranks, offload nvme, --host-memory-budget 160M: the same losses {budget}")
+PY
+echo "multirank_train_test: 2 and 3 ranks match 1 rank (offload none, cpu, nvme; $steps steps); a budget changes no loss"

@@ -194,26 +194,9 @@ void PlanMachineOptions::add_to(CLI::App& cmd, bool with_nvme_path) {
 }
 
 Result<std::uint64_t> parse_bytes(const std::string& option, const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  std::string unit = text.substr(used);
-  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char ch) { return std::toupper(ch); });
-  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
-  if (!unit.empty() && unit.back() == 'I') unit.pop_back();
-  const std::string units = "KMGT";
-  double scale = 1;
-  if (unit.size() == 1 && units.find(unit[0]) != std::string::npos) {
-    scale = static_cast<double>(std::uint64_t{1} << (10 * (units.find(unit[0]) + 1)));
-  } else if (!unit.empty() || used == 0 || !(v > 0)) {
-    return Status::invalid_argument(
-        fmt::format("{} \"{}\": expected a positive size such as 16G, 512M or 1073741824", option, text));
-  }
-  return static_cast<std::uint64_t>(v * scale);
+  Result<std::uint64_t> bytes = config::parse_byte_size(text);
+  if (!bytes.is_ok()) return Status::invalid_argument(fmt::format("{}: {}", option, bytes.status().message()));
+  return bytes;
 }
 
 Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, int hidden) const {

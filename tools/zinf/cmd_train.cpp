@@ -76,6 +76,7 @@ struct TrainOptions {
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
   bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
+  std::string host_memory_budget;  // --host-memory-budget: e.g. 6GiB (default: the config's zinf block, else none)
   PlanMachineOptions plan_machine;
 };
 
@@ -574,6 +575,12 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
   eo.overlap_optimizer = o.overlap_optimizer;
+  if (o.host_memory_budget == "none" || o.host_memory_budget == "0") {
+    eo.ds.zinf.host_memory_budget = 0;  // not the config's either
+  } else if (!o.host_memory_budget.empty()) {
+    ZINF_ASSIGN_OR_RETURN(eo.host_memory_budget, parse_bytes("--host-memory-budget", o.host_memory_budget));
+  }
+  eo.budget_seq = T;
   eo.save_dir = o.save_dir;
   eo.save_copies = checkpoints_to_write(o, saved);
   if (run_model.hf) {
@@ -583,6 +590,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   }
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(the_model), eo, comm));
   out << engine->describe() << "\n";
+  if (engine->host_budget().budget != 0) out << engine->host_budget().summary << "\n";
   out << fmt::format("data: {} ({} tokens, vocab {})\n", data.source(), data.size(), data.vocab_size());
 
   const auto& batch = ds->batch;
@@ -785,6 +793,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
                 "plan first (zinf plan: the fastest config that fits this model here), print the plan, and train "
                 "with it; NVMe folders from --nvme-path, else a temporary folder");
   o->plan_machine.add_to(*cmd, true);
+  cmd->add_option("--host-memory-budget", o->host_memory_budget,
+                  "host memory this process may hold, e.g. 6GiB: pinned pools, gathered parameters and buckets are "
+                  "sized to fit it, and a budget the run cannot fit is refused before any work (default: the "
+                  "config's zinf.host_memory_budget, else none; 'none' or 0: no budget, whatever the config says)");
   cmd->callback([o, exit_code, cmd] {
     if (o->plan && !o->config_path.empty()) {
       std::cerr << "zinf train: --plan writes the config itself: drop --config (or drop --plan)\n";

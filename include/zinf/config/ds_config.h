@@ -206,6 +206,14 @@ struct CheckpointSection {
   bool use_node_local_storage = false;
 };
 
+// zinf only: the top-level "zinf" block (DeepSpeed reads the keys it knows and ignores this one).
+struct ZinfSection {
+  // Host memory one rank's process may hold, in bytes (0: no budget): the engine sizes its pinned
+  // pools, gathered parameters and buckets from it and refuses a budget the run cannot fit
+  // (docs/config.md, "host_memory_budget"). Written as bytes or a size such as "6GiB" or "512M".
+  std::uint64_t host_memory_budget = 0;
+};
+
 // The reference's activation_checkpointing block: validated and kept. A present block turns on
 // zinf's own scheme (whole transformer blocks recomputed in backward); its options are ignored,
 // which a warning says.
@@ -245,6 +253,7 @@ struct DsConfig {
   bool zero_allow_untested_optimizer = false;
   bool zero_force_ds_cpu_optimizer = true;
   ActivationCheckpointingSection activation_checkpointing;
+  ZinfSection zinf;
 
   // One line each, already prefixed with the source name: deprecated names read under their
   // new name, keys DeepSpeed knows that zinf ignores, other notes.
@@ -255,6 +264,10 @@ struct DsConfig {
 // Parses `text` (the contents of a ds_config.json); `source_name` prefixes every message.
 Result<DsConfig> parse_ds_config(std::string_view text, std::string_view source_name,
                                  const AutoContext& ctx);
+// "6GiB", "512M", "16G", "1.5T", "1073741824" -> bytes (K, M, G, T are powers of 1024; "i" and
+// "B" after the unit are optional; any case). Errors say what was expected.
+Result<std::uint64_t> parse_byte_size(std::string_view text);
+
 // Reads and parses the file at `path`; messages use `path` as the source name.
 Result<DsConfig> load_ds_config(const std::string& path, const AutoContext& ctx);
 

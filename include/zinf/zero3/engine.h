@@ -72,6 +72,26 @@ struct EngineOptions {
   std::string save_dir = {};
   std::uint64_t save_copies = 0;
   FreeSpaceProbe free_space = {};  // test-only: null asks statvfs
+  // Host memory this process may hold, in bytes (0: ds.zinf.host_memory_budget, 0 there too: no
+  // budget). Before any work the engine adds up what the run holds whatever its knobs (the RSS
+  // now, activations for a micro-batch of ds's train_micro_batch_size_per_gpu x budget_seq,
+  // in-memory state) and splits the rest between the NVMe tiers' pinned pools, the gathered
+  // parameters (stage3_max_live_parameters, prefetch) and the gradient buckets, lowering what
+  // ds_config asks where it does not fit (one notice per key); offload_param.max_in_cpu gets what
+  // is left. A budget below the least the run needs is refused, naming that least and its largest
+  // terms. Results do not change, only memory (docs/zero3.md, "The host-memory budget").
+  std::uint64_t host_memory_budget = 0;
+  int budget_seq = 0;  // the window T the activations are sized for (0: the model's max_seq()); a
+                       // train_step with a larger B or T is refused
+};
+
+// What a host-memory budget sized (Engine::host_budget()); all zero without one.
+struct HostBudgetReport {
+  std::uint64_t budget = 0;        // bytes
+  std::uint64_t planned = 0;       // bytes the run's terms add up to (margin included), <= budget
+  std::uint64_t pinned_bound = 0;  // the NVMe pools' bytes at most (StepReport::pinned_high_water)
+  std::uint64_t live_bound = 0;    // gathered elements at most (StepReport::live_high_water)
+  std::string summary;             // one line: the budget and its terms
 };
 
 // One micro-batch: (B, T) input and target token ids of this rank.
@@ -152,6 +172,7 @@ class Engine {
   std::uint64_t checkpoint_bytes() const;
 
   const EngineCounters& counters() const;
+  const HostBudgetReport& host_budget() const;
   std::uint64_t bytes_moved() const;  // NVMe bytes read + written so far by the optimizer tier and the gradient store
 
  private:
