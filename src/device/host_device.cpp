@@ -240,7 +240,25 @@ StreamKey HostDevice::stream_key(StreamRole role) const {
 
 Result<DeviceBlock> HostDevice::allocate(std::size_t bytes, StreamRole role, std::string_view what) {
   ZINF_ASSIGN_OR_RETURN(DeviceBlock block, impl_->alloc->allocate(bytes, stream_key(role), what));
-  if (impl_->options.poison_new_blocks && block.data() != nullptr) std::memset(block.data(), 0xFF, block.capacity());
+  if (impl_->options.poison_new_blocks && block.data() != nullptr) {
+    // Poisoned as the block's own stream sees it: after the work already queued there, which may
+    // still use the block's previous life (reuse on one stream is ordered by that stream, as on a
+    // GPU, where allocating writes nothing): now when that stream is idle, else as its next item.
+    // Work on other streams is not waited for: a block they still use without having declared it
+    // (record_use) is poisoned under them, as it should be.
+    void* p = block.data();
+    const std::size_t n = block.capacity();
+    ZINF_ASSIGN_OR_RETURN(Event queued, record(role));
+    ZINF_ASSIGN_OR_RETURN(const bool idle, query(queued));
+    if (idle) {
+      std::memset(p, 0xFF, n);
+    } else {
+      ZINF_RETURN_IF_ERROR(enqueue(role, [p, n](const StreamContext&) {
+        std::memset(p, 0xFF, n);
+        return Status::ok();
+      }, "poison a new block"));
+    }
+  }
   return block;
 }
 
