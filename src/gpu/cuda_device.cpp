@@ -176,7 +176,7 @@ class CudaDevice final : public device::Device {
   Stream* compute_;
   CopyEngine* copies_;
   CachingAllocator* alloc_;
-  std::unique_ptr<device::DeviceOps> ops_;  // its scratch goes before the streams are drained
+  std::unique_ptr<device::DeviceOps> ops_;  // freed after the destructor has drained the streams
   mutable std::mutex timing_mutex_;
   mutable std::vector<TimedCopy> pending_[device::kStreamRoles];
   mutable double copy_s_[device::kStreamRoles] = {};

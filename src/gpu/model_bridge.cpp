@@ -359,7 +359,6 @@ Status BridgedGpuModel::use_device_memory() {
   bridge_->device_memory = true;
   return Status::ok();
 }
-bool BridgedGpuModel::uses_device_memory() const { return bridge_->device_memory; }
 int BridgedGpuModel::vocab_size() const { return bridge_->cpu->vocab_size(); }
 int BridgedGpuModel::max_seq() const { return bridge_->cpu->max_seq(); }
 int BridgedGpuModel::hidden_size() const { return bridge_->cpu->hidden_size(); }

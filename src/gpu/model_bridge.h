@@ -83,7 +83,6 @@ class BridgedGpuModel : public model::Model {
   // here: the engine's copies run on the copy streams, prefetched and overlapped (docs/zero3.md).
   device::Device* compute_device() override;
   Status use_device_memory() override;
-  bool uses_device_memory() const;
 
   // The GPU computes in bf16 with fp32 accumulation whatever the run's precision.
   Status set_compute_precision(model::ComputePrecision) override { return Status::ok(); }

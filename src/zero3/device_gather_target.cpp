@@ -63,7 +63,6 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
       if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
       ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), swap::DType::kF32, v.data, v.dtype, per_rank));
       ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
-      ++stats_.device_copies;
       return Status::ok();
     }
     if (const ParamTier::HostValues h = tier.pinned_values(group);

@@ -58,7 +58,6 @@ struct DeviceGatherStats {
   std::uint64_t h2d_bytes = 0;
   std::uint64_t d2h_bytes = 0;
   std::uint64_t uploads = 0;
-  std::uint64_t device_copies = 0;  // gathers copied on the device from a device-resident tier
   std::uint64_t downloads = 0;
   double ready_wait_s = 0;     // the driving thread blocked in ready(): compute waiting for uploads
   double download_wait_s = 0;  // ... blocked in finish_download(wait = true)

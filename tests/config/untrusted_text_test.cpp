@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "sanitizers.h"
 #include "test_util.h"
 #include "zinf/config/ds_config.h"
 
@@ -19,17 +20,7 @@ namespace {
 using testing::error_of;
 using testing::TempDir;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
+using zinf::testing::kAsan;
 
 // Runs `check` in a child limited to `cpu_s` seconds of CPU and (outside ASan, which reserves
 // terabytes of address space) `extra_mb` MiB of address space more than it starts with. The

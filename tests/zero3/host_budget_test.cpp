@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "sanitizers.h"
 #include "temp_dir.h"
 #include "zero3/host_budget.h"
 #include "zero3/model_partition.h"
@@ -154,17 +155,7 @@ TEST(HostBudget, ConfigKeyReadsSizesAndBytes) {
   EXPECT_NE(unknown.status().message().find("zinf.host_memory"), std::string::npos) << unknown.status().message();
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
+using zinf::testing::kAsan;
 // The tests below measure this process's RSS against a budget; ASan's shadow memory and
 // quarantine add hundreds of MiB that no budget counts (the release build runs them).
 #define ZINF_SKIP_UNDER_ASAN() \
