@@ -89,6 +89,10 @@ class Device {
   // kResourceExhausted naming `what` and the cap when it cannot be had.
   virtual Result<DeviceBlock> allocate(std::size_t bytes, StreamRole role, std::string_view what) = 0;
   virtual AllocatorStats allocator_stats() const = 0;
+  // Bytes that allocate() could still hand out now: under a cap, the cap less the blocks in
+  // use; else what the device has free plus the allocator's cached blocks. UINT64_MAX: no limit
+  // (a host device without a cap). What a caller sizes optional device memory with.
+  virtual Result<std::uint64_t> memory_room() const = 0;
 
   // Enqueues a copy of `bytes` on the H2D (device <- host) or D2H (host <- device) stream. The host
   // side should be page-locked (pinned) memory; `what` names the copy in errors.

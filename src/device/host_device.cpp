@@ -263,6 +263,12 @@ Result<DeviceBlock> HostDevice::allocate(std::size_t bytes, StreamRole role, std
 }
 
 AllocatorStats HostDevice::allocator_stats() const { return impl_->alloc->stats(); }
+Result<std::uint64_t> HostDevice::memory_room() const {
+  const std::size_t cap = impl_->alloc->cap();
+  if (cap == 0) return UINT64_MAX;
+  const std::size_t in_use = impl_->alloc->stats().in_use;
+  return static_cast<std::uint64_t>(cap > in_use ? cap - in_use : 0);
+}
 
 namespace {
 Status check_copy(const void* dst, const void* src, std::size_t bytes, const char* dir, std::string_view what) {

@@ -41,6 +41,7 @@ class HostDevice final : public Device {
   StreamKey stream_key(StreamRole role) const override;
   Result<DeviceBlock> allocate(std::size_t bytes, StreamRole role, std::string_view what) override;
   AllocatorStats allocator_stats() const override;
+  Result<std::uint64_t> memory_room() const override;
   Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) override;
   Status copy_d2h(void* host_dst, const void* device_src, std::size_t bytes, std::string_view what) override;
   Status enqueue(StreamRole role, Work work, std::string_view what) override;

@@ -55,6 +55,14 @@ class CudaDevice final : public device::Device {
     return alloc_->allocate(bytes, stream_key(role), what);
   }
   AllocatorStats allocator_stats() const override { return alloc_->stats(); }
+  Result<std::uint64_t> memory_room() const override {
+    const AllocatorStats s = alloc_->stats();
+    if (alloc_->cap() != 0) return static_cast<std::uint64_t>(alloc_->cap() > s.in_use ? alloc_->cap() - s.in_use : 0);
+    ZINF_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::enter(ordinal_));
+    std::size_t free_bytes = 0, total = 0;
+    ZINF_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total), fmt::format("the free memory of GPU {}", ordinal_));
+    return static_cast<std::uint64_t>(free_bytes + s.cached);
+  }
 
   Status copy_h2d(void* device_dst, const void* host_src, std::size_t bytes, std::string_view what) override {
     return timed(StreamRole::kH2D, what, [&] { return copies_->copy_h2d(device_dst, host_src, bytes, nullptr, what).status(); });

@@ -33,6 +33,7 @@ Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
   const auto params = model.params();
   gathered_.resize(plan.num_groups());
   grads_.resize(plan.num_groups());
+  held_.resize(plan.num_groups());
   for (const model::ModuleSpec& m : model.modules()) {
     std::vector<int> groups;
     for (int p : m.params) {
@@ -87,6 +88,12 @@ Status Coordinator::end_pass() {
     }
   }
   ZINF_RETURN_IF_ERROR(flush_bucket());
+  if (!hold_) {
+    // A held sum whose group got no gradient in this pass still comes back with the step.
+    for (std::size_t g = 0; g < held_.size(); ++g) {
+      if (held_[g].data() != nullptr) ZINF_RETURN_IF_ERROR(hold_or_download(g));
+    }
+  }
   ZINF_RETURN_IF_ERROR(drain_downloads(true));
   for (std::size_t g = 0; g < gathered_.size(); ++g) {
     const std::string& name = model_.params()[plan_.group(g).params.front()].name;
@@ -438,6 +445,7 @@ Status Coordinator::flush_bucket() {
   for (int g : bucket_) {
     const auto idx = static_cast<std::size_t>(g);
     const std::size_t per_rank = plan_.group(idx).per_rank;
+    const std::size_t grad_n = grads_[idx].size();
     if (reduced != nullptr) {
       ZINF_RETURN_IF_ERROR(accumulate(idx, reduced + off));
     } else if (grad_store_.on_device()) {
@@ -447,13 +455,11 @@ Status Coordinator::flush_bucket() {
     } else if (!target_.asynchronous()) {
       ZINF_RETURN_IF_ERROR(accumulate(idx, grads_[idx].data()));
     } else {
-      // The gradient is in device memory: download it, add it in once it has landed.
-      ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(grads_[idx], 0, per_rank));
-      downloads_.push_back({idx, ticket});
-      ++stats_.grad_downloads;
+      // The gradient is in device memory: held there, or downloaded and added in once landed.
+      ZINF_RETURN_IF_ERROR(hold_or_download(idx));
     }
     off += per_rank;
-    grad_live_ -= grads_[idx].size();
+    grad_live_ -= grad_n;
     if (!target_.asynchronous() &&
         grad_live_ + grad_spare_.elements() + grads_[idx].size() <= opt_.reduce_bucket_size) {
       // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
@@ -465,6 +471,40 @@ Status Coordinator::flush_bucket() {
   bucket_elements_ = 0;
   ++stats_.buckets;
   return Status::ok();
+}
+
+Status Coordinator::hold_or_download(std::size_t g) {
+  GatherBlock& held = held_[g];
+  GatherBlock& grad = grads_[g];  // empty when end_pass() brings back a sum its pass did not add to
+  if (held.data() != nullptr && grad.data() != nullptr) {
+    ZINF_RETURN_IF_ERROR(target_.add(held, grad));
+    ++stats_.held_gradients;
+  }
+  if (hold_ && comm_.world_size() == 1) {
+    if (held.data() != nullptr) return Status::ok();
+    if (held_elements_ + grad.size() <= opt_.hold_gradient_elements) {
+      // The first micro-batch's gradient becomes the sum (the model wrote it into a zeroed block).
+      held_elements_ += grad.size();
+      stats_.held_high_water = std::max(stats_.held_high_water, held_elements_);
+      held = std::move(grad);
+      ++stats_.held_gradients;
+      return Status::ok();
+    }
+  }
+  const GatherBlock& src = held.data() != nullptr ? held : grad;
+  ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(src, 0, plan_.group(g).per_rank));
+  downloads_.push_back({g, ticket});
+  ++stats_.grad_downloads;
+  if (held.data() != nullptr) {
+    held_elements_ -= held.size();
+    held = GatherBlock();  // fenced by its download
+  }
+  return Status::ok();
+}
+
+void Coordinator::drop_held_gradients() {
+  for (GatherBlock& b : held_) b = GatherBlock();
+  held_elements_ = 0;
 }
 
 Status Coordinator::accumulate(std::size_t group, const float* reduced) {

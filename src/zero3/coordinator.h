@@ -39,6 +39,9 @@ struct CoordinatorOptions {
   std::uint64_t max_live_parameters = 1000000000;
   std::uint64_t max_reuse_distance = 1000000000;
   std::uint64_t reduce_bucket_size = 500000000;
+  // Gradient elements that may be summed across micro-batches in the target's memory instead of
+  // coming back after each one (set_hold_gradients; an asynchronous target and one rank).
+  std::uint64_t hold_gradient_elements = 0;
 };
 
 struct CoordinatorStats {
@@ -57,6 +60,8 @@ struct CoordinatorStats {
   std::uint64_t grad_allocations = 0;   // gradient buffers allocated (not reused from a pass before)
   std::uint64_t grad_downloads = 0;     // gradient slices downloaded (asynchronous target)
   std::uint64_t grad_high_water = 0;    // most gradient elements held at once, in use or kept
+  std::uint64_t held_gradients = 0;     // gradients summed into the target's memory (set_hold_gradients)
+  std::uint64_t held_high_water = 0;    // most elements of those sums at once
   double backward_start_s = 0;          // seconds into the micro-step when backward began
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
@@ -118,6 +123,16 @@ class Coordinator final : public model::ParamAccess {
   // partition (from the thread that drives the passes); empty: none. The engine sets it for the
   // last micro-batch, whose additions are final (early_step.h).
   void set_on_gradient_added(std::function<void(std::size_t partition)> fn) { on_added_ = std::move(fn); }
+  // For the passes until the next call, with an asynchronous target and one rank: whether each
+  // group's gradient is summed in the target's memory (hold, up to hold_gradient_elements in all;
+  // the rest come back as usual) instead of being downloaded and added into its partition. A pass
+  // without hold adds every held sum in with its own gradients and brings it back, once. The
+  // partitions end with the same bits either way: the target adds the same fp32 values in the same
+  // order as the gradient store, and a held sum is added into a zeroed partition, which only
+  // turns a -0 into +0, as the store's own first addition does.
+  void set_hold_gradients(bool hold) { hold_ = hold; }
+  // Drops every held sum (a step that failed, or the start of a step).
+  void drop_held_gradients();
   std::uint64_t live_elements() const { return live_; }
 
   Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
@@ -158,6 +173,9 @@ class Coordinator final : public model::ParamAccess {
   // Adds landed gradient downloads into their partitions, oldest first (wait: all of them).
   Status drain_downloads(bool wait);
   Status accumulate(std::size_t group, const float* reduced);  // into the gradient store
+  // An asynchronous target's gradient of group g (W == 1): into its held sum, or (with that sum)
+  // downloaded for accumulate().
+  Status hold_or_download(std::size_t g);
   Status make_room(std::uint64_t need, int module);
   // Frees spare blocks until they fit beside live_ + need under max_live_parameters.
   void trim_spare_for(std::uint64_t need);
@@ -191,6 +209,9 @@ class Coordinator final : public model::ParamAccess {
     std::uint64_t ticket;
   };
   std::vector<PendingDownload> downloads_;  // in start order
+  std::vector<GatherBlock> held_;  // per group: its gradients summed over this step's held passes
+  std::uint64_t held_elements_ = 0;
+  bool hold_ = false;
   std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;
   bool train_ = true;

@@ -154,6 +154,23 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     return std::span<const float>(d.staging->buf.as_floats(), d.n);
   }
 
+  Status add(GatherBlock& acc, const GatherBlock& in) override {
+    if (in.size() < acc.size()) {
+      return Status::internal(fmt::format("device gather target: adding {} elements into {}", in.size(), acc.size()));
+    }
+    if (on_stream()) {
+      // After the kernels that wrote `in` (enqueued before grads_ready()), on their stream; a
+      // later copy out of or into either block waits for the compute stream (after_compute).
+      if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
+      return device_.ops()->add(StreamRole::kCompute, acc.data(), in.data(), acc.size());
+    }
+    // Host memory, written by the model on this thread; an addition into a device-resident store
+    // may still be queued on the compute stream and reads blocks like these: it goes first.
+    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
+    ZINF_RETURN_IF_ERROR(device_.synchronize(computed));
+    return GatherTarget::add(acc, in);
+  }
+
   void release_download(std::uint64_t ticket) override {
     auto it = downloads_.find(ticket);
     if (it == downloads_.end()) return;

@@ -216,6 +216,14 @@ Status Engine::Impl::init() {
   }
   coordinator_options.max_reuse_distance = static_cast<std::uint64_t>(ds.zero.max_reuse_distance);
   coordinator_options.reduce_bucket_size = static_cast<std::uint64_t>(std::max<std::int64_t>(1, ds.zero.reduce_bucket_size));
+  if (device_view != nullptr && gather->asynchronous() && comm.world_size() == 1 && !grads->on_device()) {
+    std::uint64_t bytes = options.device.hold_gradient_bytes;
+    if (bytes == EngineDevice::kAutoHold) {
+      ZINF_ASSIGN_OR_RETURN(const std::uint64_t room, device_view->memory_room());
+      bytes = room == UINT64_MAX ? UINT64_MAX : room / 10 * 4;
+    }
+    coordinator_options.hold_gradient_elements = bytes / sizeof(float);
+  }
   coordinator = std::make_unique<Coordinator>(*model, plan, layout, *params, *gather, comm, coordinator_options, *grads);
   if (options.overlap_optimizer) {
     if (early_steps_possible(*optimizer, *params, *grads, layout)) {
@@ -351,8 +359,11 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     return in;
   };
   double loss_sum = 0;
+  // Gradients held on the device across the micro-batches come back with the last one's.
+  coordinator->drop_held_gradients();
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
+    coordinator->set_hold_gradients(&mb != &micro_batches.back());
     if (early && &mb == &micro_batches.back()) {
       // The last micro-batch's additions are final: each sub-group may step as soon as its are.
       early->begin(step_inputs(1.0 / scale));
@@ -363,6 +374,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     Status ended = loss.is_ok() ? coordinator->end_pass() : loss.status();
     coordinator->set_on_gradient_added(nullptr);
     if (!ended.is_ok()) {
+      coordinator->set_hold_gradients(false);
+      coordinator->drop_held_gradients();
       // Early steps taken under this pass are rolled back: the step did not happen.
       if (early) {
         (void)early->stats();  // waits for the worker

@@ -49,6 +49,15 @@ Result<std::span<const float>> GatherTarget::finish_download(std::uint64_t, bool
   return Status::internal(fmt::format("the {} gather target has no gradient downloads", name()));
 }
 void GatherTarget::release_download(std::uint64_t) {}
+Status GatherTarget::add(GatherBlock& acc, const GatherBlock& in) {
+  if (in.size() < acc.size()) {
+    return Status::internal(fmt::format("{} gather target: adding {} elements into {}", name(), in.size(), acc.size()));
+  }
+  float* a = acc.data();
+  const float* b = in.data();
+  for (std::size_t i = 0; i < acc.size(); ++i) a[i] += b[i];
+  return Status::ok();
+}
 
 std::unique_ptr<GatherTarget> make_host_gather_target() { return std::make_unique<HostGatherTarget>(); }
 

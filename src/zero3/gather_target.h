@@ -75,6 +75,11 @@ class GatherTarget {
   virtual Result<std::uint64_t> start_download(const GatherBlock& src, std::size_t offset, std::size_t n);
   virtual Result<std::span<const float>> finish_download(std::uint64_t ticket, bool wait);
   virtual void release_download(std::uint64_t ticket);
+  // acc[i] += in[i] for i < acc.size() (in at least as large), both blocks of this target: a
+  // gradient summed across micro-batches where it was computed (Coordinator::set_hold_gradients).
+  // fp32 adds, the sums the gradient store would make. An asynchronous target orders it after the
+  // compute work enqueued so far; `in` may be handed back right after.
+  virtual Status add(GatherBlock& acc, const GatherBlock& in);
 
  protected:
   // Wraps memory this target allocated; free() gets it back.

@@ -3,6 +3,7 @@
 // of the engine can see on its own: that uploads run ahead of use, that device memory stays
 // within the budget, and that each wait the target makes is needed (removing one, through the
 // target's test hook, gives wrong numbers under delays).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -207,6 +208,53 @@ TEST(DeviceCoordinatorTest, AComputeStreamConsumerGetsExactResultsUnderRandomDel
   }
 }
 
+// Gradients held across passes (Coordinator::set_hold_gradients: the micro-batches of a step) stay
+// in device memory, summed there (on the host thread or on the compute stream), and come back
+// once as their sums with the first pass that does not hold; within a limit, the groups past it
+// come back every pass. Exact under random delays either way.
+TEST(DeviceCoordinatorTest, HeldGradientsComeBackOnceAsTheirSums) {
+  for (const bool stream : {false, true}) {
+    for (const std::uint64_t limit : {UINT64_MAX, std::uint64_t{3} * kSize}) {
+      for (std::uint64_t seed : {1u, 2u, 3u}) {
+        const std::string what = fmt::format("{}, limit {}, seed {}", stream ? "compute stream" : "host thread",
+                                             limit, seed);
+        CoordinatorOptions o = options();
+        o.hold_gradient_elements = limit;
+        DeviceHarness h(o, delays(seed), stream ? on_stream() : DeviceGatherOptions{});
+        h.coordinator->set_hold_gradients(true);
+        for (int pass = 1; pass <= 2; ++pass) ASSERT_TRUE(h.pass().is_ok()) << what;
+        const std::uint64_t held_downloads = h.coordinator->stats().grad_downloads;
+        if (limit == UINT64_MAX) {
+          EXPECT_EQ(held_downloads, 0u) << what << ": nothing came back while held";
+          EXPECT_EQ(h.gradient_mismatch(0), "") << what;
+        } else {
+          EXPECT_EQ(h.coordinator->stats().held_high_water, 3 * kSize) << what;
+          EXPECT_EQ(held_downloads, 2 * (h.plan.num_groups() - 3)) << what << ": the groups past the limit";
+        }
+        h.coordinator->set_hold_gradients(false);
+        auto loss = h.pass();
+        ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+        EXPECT_EQ(loss.value(), DeviceHarness::expected_loss()) << what;
+        EXPECT_EQ(h.coordinator->stats().grad_downloads - held_downloads, h.plan.num_groups()) << what;
+        EXPECT_EQ(h.gradient_mismatch(3), "") << what;
+      }
+    }
+  }
+}
+
+// Dropped sums (a step that failed) never come back.
+TEST(DeviceCoordinatorTest, DroppedHeldGradientsNeverComeBack) {
+  CoordinatorOptions o = options();
+  o.hold_gradient_elements = UINT64_MAX;
+  DeviceHarness h(o, delays(4), on_stream());
+  h.coordinator->set_hold_gradients(true);
+  ASSERT_TRUE(h.pass().is_ok());
+  h.coordinator->drop_held_gradients();
+  h.coordinator->set_hold_gradients(false);
+  ASSERT_TRUE(h.pass().is_ok());
+  EXPECT_EQ(h.gradient_mismatch(1), "");
+}
+
 // Whether some seed of [first, first + 5) gives a wrong loss or gradient within 3 passes, for a
 // compute-stream consumer with `skip` left out (and one staging buffer: reuse comes at once).
 bool goes_wrong_without(SkipWait skip, std::uint64_t first, bool pinned_bf16) {
@@ -233,52 +281,60 @@ TEST(DeviceCoordinatorTest, EachComputeStreamOrderingIsNeeded) {
 
 // The engine with EngineDevice kModelDevice: it gathers into the memory of the model's own device
 // (here a host device on whose compute stream the chain model runs) and trains to the same bits
-// as the host path.
+// as the host path, with one micro-batch a step and with three (whose gradients are summed on
+// the device's compute stream and come back once a step).
 TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameResults) {
   // offload none: the whole state on the model's device (device_state.h), nothing uploaded;
   // offload cpu: each module's values uploaded through the copy stream.
-  for (const char* where : {"none", "cpu"}) {
-    const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
-      "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
-      "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
-        "offload_param": {{"device": "{0}"}}, "offload_optimizer": {{"device": "{0}"}}}}}})",
-                                         where);
-    auto ds = config::parse_ds_config(text, "model_device_test", config::AutoContext{});
-    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
-    auto comm = make_local_communicator();
-    const std::vector<std::int32_t> tokens = {0};
-    const MicroBatch mb{tokens, tokens, 1, 1};
-    auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
-                     std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
-      EngineOptions o{ds.value(), 3, ""};
-      o.device.kind = kind;
-      auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
-      ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-      for (int step = 0; step < 3; ++step) {
-        auto r = engine.value()->train_step(std::span<const MicroBatch>(&mb, 1));
-        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-        losses->push_back(r.value().loss);
-        *h2d += r.value().h2d_bytes;
+  for (const int micro_batches : {1, 3}) {
+    for (const char* where : {"none", "cpu"}) {
+      const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+        "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
+        "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
+          "offload_param": {{"device": "{0}"}}, "offload_optimizer": {{"device": "{0}"}}}}}})",
+                                           where);
+      auto ds = config::parse_ds_config(text, "model_device_test", config::AutoContext{});
+      ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+      auto comm = make_local_communicator();
+      const std::vector<std::int32_t> tokens = {0};
+      const MicroBatch mb{tokens, tokens, 1, 1};
+      const std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches), mb);
+      auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
+                       std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
+        EngineOptions o{ds.value(), 3, ""};
+        o.device.kind = kind;
+        auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
+        ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+        for (int step = 0; step < 3; ++step) {
+          auto r = engine.value()->train_step(micro);
+          ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+          losses->push_back(r.value().loss);
+          *h2d += r.value().h2d_bytes;
+          if (kind == EngineDevice::Kind::kModelDevice && std::string(where) == "cpu") {
+            // Each gradient comes down once a step, whatever the number of micro-batches.
+            EXPECT_EQ(r.value().d2h_bytes, engine.value()->model().num_params() * sizeof(float)) << micro_batches;
+          }
+        }
+        for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
+          std::vector<float> w(kSize);
+          ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
+          weights->push_back(std::move(w));
+        }
+      };
+      std::vector<double> host_losses, device_losses;
+      std::vector<std::vector<float>> host_weights, device_weights;
+      std::uint64_t host_h2d = 0, device_h2d = 0;
+      train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
+      auto device = device::HostDevice::create(delays(5));
+      train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
+      EXPECT_EQ(device_losses, host_losses) << where << ", micro-batches " << micro_batches;
+      EXPECT_EQ(device_weights, host_weights) << where << ", micro-batches " << micro_batches;
+      EXPECT_EQ(host_h2d, 0u);
+      if (std::string(where) == "none") {
+        EXPECT_EQ(device_h2d, 0u) << "the state lives on the device: nothing is uploaded";
+      } else {
+        EXPECT_GT(device_h2d, 0u) << "the values went through the device's copy stream";
       }
-      for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
-        std::vector<float> w(kSize);
-        ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
-        weights->push_back(std::move(w));
-      }
-    };
-    std::vector<double> host_losses, device_losses;
-    std::vector<std::vector<float>> host_weights, device_weights;
-    std::uint64_t host_h2d = 0, device_h2d = 0;
-    train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
-    auto device = device::HostDevice::create(delays(5));
-    train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
-    EXPECT_EQ(device_losses, host_losses) << where;
-    EXPECT_EQ(device_weights, host_weights) << where;
-    EXPECT_EQ(host_h2d, 0u);
-    if (std::string(where) == "none") {
-      EXPECT_EQ(device_h2d, 0u) << "the state lives on the device: nothing is uploaded";
-    } else {
-      EXPECT_GT(device_h2d, 0u) << "the values went through the device's copy stream";
     }
   }
 }

@@ -274,7 +274,17 @@ TEST(EngineTest, HostDeviceGivesBitIdenticalTraining) {
     on_device.device.poison_new_blocks = true;
     const std::string what = fmt::format("{}, activation checkpointing {}, offload {}", c.precision,
                                          c.recompute ? "on" : "off", c.where);
-    expect_identical(train(host, kDeviceSteps), train(on_device, kDeviceSteps), what);
+    const RunResult host_run = train(host, kDeviceSteps);
+    expect_identical(host_run, train(on_device, kDeviceSteps), what);
+    if (std::string(c.where) == "cpu" && !c.recompute) {
+      // Gradients summed on the device across the two micro-batches: all of them above, some
+      // (the limit reached part-way) here, none (each micro-batch's comes back) last.
+      for (const std::uint64_t hold : {std::uint64_t{64} << 10, std::uint64_t{0}}) {
+        RunSetup partial = on_device;
+        partial.device.hold_gradient_bytes = hold;
+        expect_identical(host_run, train(partial, kDeviceSteps), fmt::format("{}, {} bytes of held sums", what, hold));
+      }
+    }
   }
 }
 
@@ -354,32 +364,41 @@ TEST(EngineTest, OverlappedOptimizerFallsBackWithNvmeState) {
 }
 
 // Its step report says what moved: parameters up, gradients down, the device memory it held
-// (offload cpu: with offload none the whole state lives on the device, next test).
+// (offload cpu: with offload none the whole state lives on the device, next test). Gradients are
+// summed on the device across the step's micro-batches and come down once a step, unless that
+// is turned off (hold_gradient_bytes 0): then once a micro-batch.
 TEST(EngineTest, HostDeviceStepReportsItsTraffic) {
-  RunSetup s;
-  s.param_device = "cpu";
-  s.optim_device = "cpu";
-  s.device.kind = EngineDevice::Kind::kHostDevice;
-  s.max_live = 256 * 32 + 16 * 32 + 64;  // the largest module just fits
-  TempDir nvme;
-  Trainer t(s, nvme.path());
-  ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
-  const std::vector<std::int32_t> tokens(2 * 16, 5);
-  const MicroBatch mb{tokens, tokens, 2, 16};
-  std::vector<MicroBatch> micro = {mb, mb};
-  for (int step = 0; step < 2; ++step) {
-    auto r = t.engine().train_step(micro);
-    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-    const std::uint64_t params = t.engine().model().num_params();
-    // Every parameter goes up at least once a pass (2 passes), in bf16 as the memory tier holds
-    // it (widened on the device); each gradient comes down once, in fp32.
-    EXPECT_GE(r->h2d_bytes, 2 * params * sizeof(std::uint16_t)) << "step " << step;
-    EXPECT_GE(r->d2h_bytes, 2 * params * sizeof(float)) << "step " << step;
-    EXPECT_GT(r->device_peak_bytes, 0u);
-    // The host device times its copies: the step's GB/s have a denominator.
-    EXPECT_GT(r->h2d_copy_s, 0.0);
-    EXPECT_GT(r->d2h_copy_s, 0.0);
-    EXPECT_LE(r->live_high_water, static_cast<std::uint64_t>(s.max_live));
+  for (const std::uint64_t hold : {EngineDevice::kAutoHold, std::uint64_t{0}}) {
+    RunSetup s;
+    s.param_device = "cpu";
+    s.optim_device = "cpu";
+    s.device.kind = EngineDevice::Kind::kHostDevice;
+    s.device.hold_gradient_bytes = hold;
+    s.max_live = 256 * 32 + 16 * 32 + 64;  // the largest module just fits
+    TempDir nvme;
+    Trainer t(s, nvme.path());
+    ASSERT_TRUE(t.status().is_ok()) << t.status().to_string();
+    const std::vector<std::int32_t> tokens(2 * 16, 5);
+    const MicroBatch mb{tokens, tokens, 2, 16};
+    std::vector<MicroBatch> micro = {mb, mb};
+    for (int step = 0; step < 2; ++step) {
+      auto r = t.engine().train_step(micro);
+      ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+      const std::uint64_t params = t.engine().model().num_params();
+      // Every parameter goes up at least once a pass (2 passes), in bf16 as the memory tier holds
+      // it (widened on the device); each gradient comes down in fp32.
+      EXPECT_GE(r->h2d_bytes, 2 * params * sizeof(std::uint16_t)) << "step " << step;
+      if (hold == 0) {
+        EXPECT_EQ(r->d2h_bytes, 2 * params * sizeof(float)) << "step " << step << ": once a micro-batch";
+      } else {
+        EXPECT_EQ(r->d2h_bytes, params * sizeof(float)) << "step " << step << ": the step's sums, once";
+      }
+      EXPECT_GT(r->device_peak_bytes, 0u);
+      // The host device times its copies: the step's GB/s have a denominator.
+      EXPECT_GT(r->h2d_copy_s, 0.0);
+      EXPECT_GT(r->d2h_copy_s, 0.0);
+      EXPECT_LE(r->live_high_water, static_cast<std::uint64_t>(s.max_live));
+    }
   }
 }
 

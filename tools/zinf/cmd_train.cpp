@@ -72,6 +72,7 @@ struct TrainOptions {
   int comm_timeout_s = 300;   // the longest any collective waits for the other ranks
   std::string device = "auto";  // cpu | cuda | auto (cuda when the build and the machine have one)
   bool host_device = false;     // --host-device: gathered parameters and gradients on the host device
+  std::string device_grad_sums = "auto";  // --device-grad-sums: auto | none | SIZE
   std::string gpu_gather = "auto";  // --gpu-gather: auto | host (the bridge) | device (the engine gathers into GPU memory)
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
   std::uint32_t host_device_delay_us = 0;
@@ -574,6 +575,11 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       (o.gpu_gather == "device" || (o.gpu_gather == "auto" && comm.world_size() == 1))) {
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
+  if (o.device_grad_sums == "none" || o.device_grad_sums == "0") {
+    eo.device.hold_gradient_bytes = 0;
+  } else if (o.device_grad_sums != "auto") {
+    ZINF_ASSIGN_OR_RETURN(eo.device.hold_gradient_bytes, parse_bytes("--device-grad-sums", o.device_grad_sums));
+  }
   eo.overlap_optimizer = o.overlap_optimizer;
   if (o.host_memory_budget == "none" || o.host_memory_budget == "0") {
     eo.ds.zinf.host_memory_budget = 0;  // not the config's either
@@ -776,6 +782,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "(host memory; the model uploads each module and downloads its gradients, synchronously), or "
                   "auto (device with one rank, host with more; the default)")
       ->check(CLI::IsMember({"auto", "host", "device"}));
+  cmd->add_option("--device-grad-sums", o->device_grad_sums,
+                  "with gradient_accumulation_steps > 1 and gathers into device memory (--gpu-gather device, "
+                  "--host-device), the device memory that may hold gradients summed across a step's micro-batches, "
+                  "so that only the step's sums come back: auto (up to 40% of the device memory free at the start; "
+                  "the default), none, or a size such as 8G; the same results");
   cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
                 "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
                 "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "

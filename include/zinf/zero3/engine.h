@@ -46,6 +46,13 @@ struct EngineDevice {
   std::uint32_t max_delay_us = 0; // a random sleep up to this long before each stream item
   bool poison_new_blocks = false; // fill new device blocks with NaNs
   std::uint64_t memory_cap_bytes = 0;  // the device memory the engine may hold (0: no cap)
+  // Device memory for gradients summed across the micro-batches of a step where they were
+  // computed, instead of downloading and adding each micro-batch's (one rank, gradient partitions
+  // in host memory or on NVMe): only the step's sums come back. The same bits either way.
+  // kAutoHold: up to 40% of the device's room when the engine starts (Device::memory_room; all a
+  // host device without a cap has); 0: none; else bytes. Groups past the limit come back as before.
+  static constexpr std::uint64_t kAutoHold = UINT64_MAX;
+  std::uint64_t hold_gradient_bytes = kAutoHold;
 };
 
 struct EngineOptions {
