@@ -63,6 +63,8 @@ class GpuModelBridge final : public GpuParamAccess {
   std::vector<DeviceBlock> grads;                // per parameter, from its first grad_buffers to its owner's grads_ready
   std::vector<std::vector<float*>> host_grads;   // per module, from host grad_buffers
   std::vector<const float*> host_values;
+  std::vector<const std::uint16_t*> bf16_values;
+  bool no_bf16_in_place = false;  // the engine answered acquire_bf16 with kUnsupported once
 
   const model::ModuleSpec& module_spec(int m) const { return cpu->modules()[static_cast<std::size_t>(m)]; }
   const model::ParamSpec& param_spec(int p) const { return cpu->params()[static_cast<std::size_t>(p)]; }
@@ -160,8 +162,24 @@ Status GpuModelBridge::acquire(int m, model::Phase phase, std::span<const bf16*>
     return Status::internal(fmt::format("acquire '{}': {} value slots for {} parameters", mod.name, out.size(),
                                         mod.params.size()));
   }
-  host_values.assign(mod.params.size(), nullptr);
   auto t0 = Clock::now();
+  if (device_memory && !no_bf16_in_place) {
+    // The engine's own bf16 copy in GPU memory (the state on the device): read in place.
+    bf16_values.assign(mod.params.size(), nullptr);
+    Status in_place = host->acquire_bf16(m, phase, bf16_values);
+    times.host_acquire_s += seconds_since(t0);
+    if (in_place.is_ok()) {
+      for (std::size_t k = 0; k < mod.params.size(); ++k) out[k] = reinterpret_cast<const bf16*>(bf16_values[k]);
+      return Status::ok();
+    }
+    if (in_place.code() != ErrorCode::kUnsupported) {
+      (void)ledger->release(m);
+      return in_place;
+    }
+    no_bf16_in_place = true;  // the engine keeps no such copy: fp32 values from now on
+    t0 = Clock::now();
+  }
+  host_values.assign(mod.params.size(), nullptr);
   Status s = host->acquire(m, phase, host_values);
   times.host_acquire_s += seconds_since(t0);
   if (!s.is_ok()) {

@@ -266,7 +266,7 @@ Status Coordinator::gather_ahead(std::size_t event) {
   for (std::size_t i = first; i < last; ++i) {
     const int g = t.groups[i];
     Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
-    if (gathered.valid) continue;
+    if (gathered.valid || (direct_bf16_ && device_bf16(g) != nullptr)) continue;
     const std::uint64_t size = gathered_size(static_cast<std::size_t>(g));
     if (!gathered.persistent && live_ + size > opt_.max_live_parameters) break;
     if (!gathered.persistent) trim_spare_for(size);  // spare blocks count against the budget too
@@ -297,12 +297,11 @@ void Coordinator::prefetch_after(std::size_t event) {
   }
 }
 
-Status Coordinator::acquire(int module, model::Phase phase, std::span<const float*> values) {
+Status Coordinator::note_event(int module, model::Phase phase) {
   if (phase == model::Phase::kBackward && !backward_seen_) {
     backward_seen_ = true;
     stats_.backward_start_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pass_start_).count();
   }
-  const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
   const std::vector<int>& groups = groups_of(module);
   Trace& t = trace();
   if (t.recording) {
@@ -320,6 +319,45 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
     t.complete = false;
     ++stats_.trace_invalidations;
   }
+  return Status::ok();
+}
+
+const std::uint16_t* Coordinator::device_bf16(int g) {
+  const ParamTier::DeviceValues v = tier_.device_values(static_cast<std::size_t>(g));
+  return v.dtype == swap::DType::kBF16 ? static_cast<const std::uint16_t*>(v.data) : nullptr;
+}
+
+Status Coordinator::acquire_bf16(int module, model::Phase phase, std::span<const std::uint16_t*> values) {
+  const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
+  const std::vector<int>& groups = groups_of(module);
+  if (comm_.world_size() != 1) return Status::unsupported("bf16 values in place: one rank only");
+  for (int g : groups) {
+    if (device_bf16(g) == nullptr) {
+      return Status::unsupported(fmt::format("{}: its parameters are not kept as bf16 in device memory", spec.name));
+    }
+  }
+  if (values.size() != spec.params.size()) {
+    return Status::internal(fmt::format("acquire_bf16 '{}': {} value slots for {} parameters", spec.name,
+                                        values.size(), spec.params.size()));
+  }
+  ZINF_RETURN_IF_ERROR(note_event(module, phase));
+  // users pairs with release(); nothing is gathered, so release never drops anything here. The
+  // tier's copy is written by the optimizer step on the compute stream, where the model's kernels
+  // run after it.
+  for (int g : groups) ++gathered_[static_cast<std::size_t>(g)].users;
+  for (std::size_t k = 0; k < spec.params.size(); ++k) {
+    const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
+    values[k] = device_bf16(static_cast<int>(place.group)) + place.offset;
+  }
+  ++position_;
+  direct_bf16_ = true;
+  return Status::ok();
+}
+
+Status Coordinator::acquire(int module, model::Phase phase, std::span<const float*> values) {
+  const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
+  const std::vector<int>& groups = groups_of(module);
+  ZINF_RETURN_IF_ERROR(note_event(module, phase));
   std::uint64_t need = 0;
   for (int g : groups) {
     const Gathered& gathered = gathered_[static_cast<std::size_t>(g)];

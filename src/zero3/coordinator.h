@@ -136,6 +136,10 @@ class Coordinator final : public model::ParamAccess {
   std::uint64_t live_elements() const { return live_; }
 
   Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
+  // With one rank and a parameter tier whose every partition of the module is bf16 in the target's
+  // device memory (ParamTier::device_values: the state on the device): pointers into it, nothing
+  // gathered; and from then on no gathers ahead for groups served so.
+  Status acquire_bf16(int module, model::Phase phase, std::span<const std::uint16_t*> values) override;
   Status release(int module, model::Phase phase) override;
   Status grad_buffers(int module, std::span<float*> grads) override;
   Status grads_ready(int module) override;
@@ -165,6 +169,10 @@ class Coordinator final : public model::ParamAccess {
   std::size_t gathered_size(std::size_t group) const;  // W * ceil(n / W)
   Status check_agreement(std::uint64_t module, std::uint64_t phase, const char* what);
   Status check_trace_hash(const Trace& t);
+  // The bookkeeping of an acquire before anything is gathered: backward's start, the trace.
+  Status note_event(int module, model::Phase phase);
+  // Group g's values as bf16 in device memory (ParamTier::device_values), else nullptr.
+  const std::uint16_t* device_bf16(int g);
   Status ensure_gathered(int g);
   Status start_gather(int g);  // allocates and fills group g's gathered block (bookkeeping included)
   // Starts gathering the groups of the event after `event` (asynchronous targets), within the
@@ -212,6 +220,7 @@ class Coordinator final : public model::ParamAccess {
   std::vector<GatherBlock> held_;  // per group: its gradients summed over this step's held passes
   std::uint64_t held_elements_ = 0;
   bool hold_ = false;
+  bool direct_bf16_ = false;  // acquire_bf16 has served a module: gathers ahead skip such groups
   std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;
   bool train_ = true;

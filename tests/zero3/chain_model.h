@@ -22,6 +22,41 @@ namespace zinf::zero3::testing {
 
 constexpr std::size_t kSize = 100;  // elements per parameter
 
+// The access a GPU model makes of the engine: acquire_bf16 first (values in place, as bf16 bits
+// in device memory), acquire where that is unsupported. The bits are widened on the device's
+// compute stream into buffers that live as long as this access, so the model's work items (on the
+// same stream, after) read fp32. in_place counts the acquires served in place.
+class Bf16FirstAccess final : public model::ParamAccess {
+ public:
+  Bf16FirstAccess(model::ParamAccess& inner, device::Device& device, std::uint64_t& in_place)
+      : inner_(inner), device_(device), in_place_(in_place) {}
+  Status acquire(int module, model::Phase phase, std::span<const float*> values) override {
+    std::vector<const std::uint16_t*> bits(values.size());
+    Status s = inner_.acquire_bf16(module, phase, bits);
+    if (s.code() == ErrorCode::kUnsupported) return inner_.acquire(module, phase, values);
+    ZINF_RETURN_IF_ERROR(s);
+    ++in_place_;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      auto& wide = widened_.emplace_back(std::make_unique<float[]>(kSize));
+      ZINF_RETURN_IF_ERROR(device_.enqueue(device::StreamRole::kCompute, [src = bits[k], dst = wide.get()](const device::StreamContext&) {
+        for (std::size_t i = 0; i < kSize; ++i) dst[i] = optim::bf16_bits_to_f32(src[i]);
+        return Status::ok();
+      }, "widen bf16 values"));
+      values[k] = wide.get();
+    }
+    return Status::ok();
+  }
+  Status release(int module, model::Phase phase) override { return inner_.release(module, phase); }
+  Status grad_buffers(int module, std::span<float*> grads) override { return inner_.grad_buffers(module, grads); }
+  Status grads_ready(int module) override { return inner_.grads_ready(module); }
+
+ private:
+  model::ParamAccess& inner_;
+  device::Device& device_;
+  std::uint64_t& in_place_;
+  std::vector<std::unique_ptr<float[]>> widened_;
+};
+
 // "embed" owns p0; "m1".."mN" own p1..pN; "head" uses p0 again (tied, like GPT's lm_head).
 // Forward visits embed, m1..mN, head; backward head, mN..m1, embed.
 // With `stream_device`, every module body runs as a work item on that device's compute stream,
@@ -29,7 +64,10 @@ constexpr std::size_t kSize = 100;  // elements per parameter
 // what a device gather target owes a kComputeStream consumer is then exercised on the host device.
 class ChainModel final : public model::Model {
  public:
-  explicit ChainModel(int n, device::Device* stream_device = nullptr) : stream_(stream_device) {
+  // bf16_first (with a stream device): the model asks for its values as a GPU model does
+  // (Bf16FirstAccess); in_place_acquires() counts those served in place.
+  explicit ChainModel(int n, device::Device* stream_device = nullptr, bool bf16_first = false)
+      : stream_(stream_device), bf16_first_(bf16_first && stream_device != nullptr) {
     auto add = [&](const std::string& module, int param) {
       modules_.push_back({module, {param}, true});
       if (param == static_cast<int>(params_.size())) {
@@ -37,6 +75,7 @@ class ChainModel final : public model::Model {
         p.name = fmt::format("p{}", param);
         p.shape = {static_cast<std::int64_t>(kSize)};
         p.numel = kSize;
+        p.init_std = 0.5f;  // distinct values per parameter, so a wrong pointer shows in an engine's results
         p.index = param;
         p.module = static_cast<int>(modules_.size()) - 1;
         params_.push_back(p);
@@ -53,8 +92,14 @@ class ChainModel final : public model::Model {
   std::span<const model::ModuleSpec> modules() const override { return modules_; }
   int vocab_size() const override { return 2; }
   int max_seq() const override { return 1; }
+  std::uint64_t in_place_acquires() const { return in_place_; }
   Result<float> forward_backward(std::span<const int32_t> in, std::span<const int32_t> tg, int B, int T,
-                                 model::ParamAccess& access, float) override {
+                                 model::ParamAccess& outer, float scale) override {
+    if (bf16_first_ && dynamic_cast<Bf16FirstAccess*>(&outer) == nullptr) {
+      Bf16FirstAccess first(outer, *stream_, in_place_);
+      return forward_backward(in, tg, B, T, first, scale);  // finish() below: read before `first` goes
+    }
+    model::ParamAccess& access = outer;
     ZINF_ASSIGN_OR_RETURN(float loss, forward_loss(in, tg, B, T, access));
     Status enqueued;
     for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
@@ -69,7 +114,12 @@ class ChainModel final : public model::Model {
     return loss;
   }
   Result<float> forward_loss(std::span<const int32_t>, std::span<const int32_t>, int, int,
-                             model::ParamAccess& access) override {
+                             model::ParamAccess& outer) override {
+    if (bf16_first_ && dynamic_cast<Bf16FirstAccess*>(&outer) == nullptr) {
+      Bf16FirstAccess first(outer, *stream_, in_place_);
+      return forward_loss({}, {}, 1, 1, first);
+    }
+    model::ParamAccess& access = outer;
     auto loss = std::make_shared<float>(0.0f);
     Status enqueued;
     for (int m = 0; m < static_cast<int>(modules_.size()); ++m) {
@@ -108,6 +158,8 @@ class ChainModel final : public model::Model {
   }
 
   device::Device* stream_ = nullptr;
+  bool bf16_first_ = false;
+  std::uint64_t in_place_ = 0;
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
 };

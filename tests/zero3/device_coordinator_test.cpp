@@ -339,6 +339,61 @@ TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameRes
   }
 }
 
+// A model that asks for bf16 values in place (acquire_bf16, as the GPU models do) gets pointers
+// into the device-resident state's bf16 copy with offload none: nothing is gathered, and it trains
+// to the host path's bits (the copy holds the bits the fp32 values round to). With offload cpu
+// there is no such copy: kUnsupported, the model falls back to acquire, the same bits again.
+TEST(DeviceCoordinatorTest, Bf16ValuesInPlaceTrainToTheSameBits) {
+  for (const char* where : {"none", "cpu"}) {
+    const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
+      "bf16": {{"enabled": true}}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
+      "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0,
+        "offload_param": {{"device": "{0}"}}, "offload_optimizer": {{"device": "{0}"}}}}}})",
+                                         where);
+    auto ds = config::parse_ds_config(text, "bf16_in_place_test", config::AutoContext{});
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    auto comm = make_local_communicator();
+    const std::vector<std::int32_t> tokens = {0};
+    const std::vector<MicroBatch> micro(2, MicroBatch{tokens, tokens, 1, 1});
+    struct Run {
+      std::vector<double> losses;
+      std::vector<std::vector<float>> weights;
+      std::uint64_t in_place = 0, live_high_water = 0;
+    };
+    auto train = [&](EngineDevice::Kind kind, device::Device* stream, Run* out) {
+      EngineOptions o{ds.value(), 3, ""};
+      o.device.kind = kind;
+      auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream, true), o, *comm);
+      ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+      for (int step = 0; step < 3; ++step) {
+        auto r = engine.value()->train_step(micro);
+        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        out->losses.push_back(r.value().loss);
+        out->live_high_water = std::max(out->live_high_water, r.value().live_high_water);
+      }
+      for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
+        std::vector<float> w(kSize);
+        ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
+        out->weights.push_back(std::move(w));
+      }
+      out->in_place = dynamic_cast<const ChainModel&>(engine.value()->model()).in_place_acquires();
+    };
+    Run host, on_device;
+    train(EngineDevice::Kind::kHostMemory, nullptr, &host);
+    auto device = device::HostDevice::create(delays(6));
+    train(EngineDevice::Kind::kModelDevice, device.get(), &on_device);
+    EXPECT_EQ(on_device.losses, host.losses) << where;
+    EXPECT_EQ(on_device.weights, host.weights) << where;
+    if (std::string(where) == "none") {
+      EXPECT_GT(on_device.in_place, 0u);
+      EXPECT_EQ(on_device.live_high_water, 0u) << "nothing gathered";
+    } else {
+      EXPECT_EQ(on_device.in_place, 0u) << "no bf16 copy on the device with offload cpu";
+      EXPECT_GT(on_device.live_high_water, 0u);
+    }
+  }
+}
+
 TEST(DeviceCoordinatorTest, AModelWithoutADeviceOfItsOwnIsRefusedForModelDevice) {
   auto ds = config::parse_ds_config(R"({"train_micro_batch_size_per_gpu": 1})", "model_device_test",
                                     config::AutoContext{});

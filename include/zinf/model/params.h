@@ -73,6 +73,14 @@ class ParamAccess {
   // (values.size() == params.size()). The pointers must stay valid and unchanged until the
   // matching release(); the model only reads through them.
   virtual Status acquire(int module, Phase phase, std::span<const float*> values) = 0;
+  // Optional, for a model that computes in bf16 where the owner keeps the values (a GPU model
+  // whose engine holds the whole state in the GPU's memory): fill values[k] with parameter k's
+  // values as bf16 bits in that memory, the bits acquire's fp32 values would round to, without a
+  // gather or a cast. kUnsupported, with nothing acquired, where the owner has no such copy: the
+  // model then calls acquire. Otherwise as acquire (same order, released by release()).
+  virtual Status acquire_bf16(int /*module*/, Phase /*phase*/, std::span<const std::uint16_t*> /*values*/) {
+    return Status::unsupported("no bf16 copy of the parameters to hand out");
+  }
   // The model is done with module's values for this phase.
   virtual Status release(int module, Phase phase) = 0;
 
