@@ -22,7 +22,6 @@ using tc::kFrag;
 using tc::kLdChunk;
 using tc::kLdProbs;
 using tc::kLdScores;
-using tc::kThreads;
 using tc::kTile;
 using tc::kTileFrags;
 using tc::SmemLayout;
@@ -55,7 +54,7 @@ __device__ void load_tile(bf16* dst, const bf16* src, std::size_t pitch, int fir
   constexpr int kVec = 8;
   constexpr int kPerRow = HS / kVec;
   constexpr int kLd = HS + 8;
-  for (int i = static_cast<int>(threadIdx.x); i < kTile * kPerRow; i += kThreads) {
+  for (int i = static_cast<int>(threadIdx.x); i < kTile * kPerRow; i += tc::kThreads) {
     const int r = i / kPerRow;
     const int c = (i % kPerRow) * kVec;
     const int t = first + r;
@@ -67,7 +66,7 @@ __device__ void load_tile(bf16* dst, const bf16* src, std::size_t pitch, int fir
 
 // kTile floats of a (B,NH,T) row vector: rows first .. first + kTile - 1 of head row `bh`; 0 past T.
 __device__ void load_row_values(float* dst, const float* src, long long bh, int first, int T) {
-  for (int i = static_cast<int>(threadIdx.x); i < kTile; i += kThreads) {
+  for (int i = static_cast<int>(threadIdx.x); i < kTile; i += tc::kThreads) {
     const int t = first + i;
     dst[i] = t < T ? src[static_cast<std::size_t>(bh) * T + t] : 0.0f;
   }
@@ -136,7 +135,8 @@ __device__ __forceinline__ Heads heads_of(const TcAttentionTensors& a, int b, in
 // Forward. Grid (tiles(T), B*NH); block x takes query tile tiles - 1 - x (the longest first).
 // Warp w owns rows r0 = q0 + 16 w ..; lanes 2r, 2r + 1 keep row r's running max m and sum l.
 template <int HS>
-__global__ void __launch_bounds__(kThreads) tc_forward_kernel(bf16* out, float* lse, TcAttentionTensors a, float scale) {
+__global__ void __launch_bounds__(tc::kThreads)
+    tc_forward_kernel(bf16* out, float* lse, TcAttentionTensors a, float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
   constexpr int kHeadFrags = HS / kFrag;
@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(kThreads) tc_forward_kernel(bf16* out, float* 
 }
 
 // D = rowsum(dO * O) per (b, h, t) into dsum (B,NH,T); one warp per row.
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(tc::kThreads)
     tc_row_dot_kernel(float* dsum, const bf16* dout, const bf16* out, TcAttentionTensors a, long long rows) {
   const long long idx = static_cast<long long>(blockIdx.x) * tc::kWarps + threadIdx.x / 32;
   if (idx >= rows) return;
@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kThreads)
 // r0 = q0 + 16 w ..; per key tile: S, dP fragment by fragment, dS (bf16) into the warp's
 // (16, kTile) matrix, then dQ_w += dS K. dq = scale * dQ.
 template <int HS>
-__global__ void __launch_bounds__(kThreads) tc_dq_kernel(bf16* dq, const bf16* dout, const float* lse,
-                                                         const float* dsum, TcAttentionTensors a, float scale) {
+__global__ void __launch_bounds__(tc::kThreads)
+    tc_dq_kernel(bf16* dq, const bf16* dout, const float* lse, const float* dsum, TcAttentionTensors a, float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
   constexpr int kHeadFrags = HS / kFrag;
@@ -365,8 +365,9 @@ __global__ void __launch_bounds__(kThreads) tc_dq_kernel(bf16* dq, const bf16* d
 // diagonal down: S^T, dP^T fragment by fragment, P^T and dS^T (bf16) into the warp's two
 // (16, kTile) matrices, then dV_w += P^T dO, dK_w += dS^T Q. dk = scale * dK.
 template <int HS>
-__global__ void __launch_bounds__(kThreads) tc_dkv_kernel(TcAttentionGrads grads, const bf16* dout, const float* lse,
-                                                          const float* dsum, TcAttentionTensors a, float scale) {
+__global__ void __launch_bounds__(tc::kThreads)
+    tc_dkv_kernel(TcAttentionGrads grads, const bf16* dout, const float* lse, const float* dsum, TcAttentionTensors a,
+                  float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
   constexpr int kHeadFrags = HS / kFrag;
@@ -502,7 +503,7 @@ Status forward_hs(bf16* out, float* lse, const TcAttentionTensors& a, cudaStream
   const std::size_t bytes = tc::smem_layout(tc::Kernel::kForward, HS).bytes;
   ZINF_RETURN_IF_ERROR(allow_smem(tc_forward_kernel<HS>, bytes, what));
   const dim3 grid(static_cast<unsigned>(tc::tiles(a.T)), static_cast<unsigned>(a.B * a.NH));
-  tc_forward_kernel<HS><<<grid, kThreads, bytes, stream>>>(out, lse, a, score_scale(HS));
+  tc_forward_kernel<HS><<<grid, tc::kThreads, bytes, stream>>>(out, lse, a, score_scale(HS));
   return last_launch_status(what);
 }
 
@@ -517,11 +518,11 @@ Status backward_hs(const TcAttentionGrads& grads, const float* dsum, const bf16*
   ZINF_RETURN_IF_ERROR(allow_smem(tc_dq_kernel<HS>, dq_bytes, dq));
   const unsigned t = static_cast<unsigned>(tc::tiles(a.T));
   const float scale = score_scale(HS);
-  tc_dkv_kernel<HS><<<dim3(t, static_cast<unsigned>(a.B * a.NKV)), kThreads, dkv_bytes, stream>>>(grads, dout, lse,
-                                                                                                 dsum, a, scale);
+  const dim3 kv_grid(t, static_cast<unsigned>(a.B * a.NKV));
+  tc_dkv_kernel<HS><<<kv_grid, tc::kThreads, dkv_bytes, stream>>>(grads, dout, lse, dsum, a, scale);
   ZINF_RETURN_IF_ERROR(last_launch_status(dkv));
-  tc_dq_kernel<HS><<<dim3(t, static_cast<unsigned>(a.B * a.NH)), kThreads, dq_bytes, stream>>>(grads.dq, dout, lse,
-                                                                                              dsum, a, scale);
+  const dim3 q_grid(t, static_cast<unsigned>(a.B * a.NH));
+  tc_dq_kernel<HS><<<q_grid, tc::kThreads, dq_bytes, stream>>>(grads.dq, dout, lse, dsum, a, scale);
   return last_launch_status(dq);
 }
 

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <optional>
 #include <string>
@@ -101,7 +102,9 @@ TEST(TcAttentionTiles, StatsLanesCoverTheWarpsScores) {
   using namespace tc;
   std::vector<int> hit(kFrag * kTile, 0);
   for (int lane = 0; lane < 32; lane++) {
-    for (int c = 0; c < kHalfTile; c++) hit[static_cast<std::size_t>(stats_row(lane) * kTile + stats_half(lane) * kHalfTile + c)]++;
+    for (int c = 0; c < kHalfTile; c++) {
+      hit[static_cast<std::size_t>(stats_row(lane) * kTile + stats_half(lane) * kHalfTile + c)]++;
+    }
   }
   for (int n : hit) EXPECT_EQ(n, 1);
 }
@@ -219,6 +222,265 @@ TEST(TcAttentionTiles, OnlineSoftmaxUpdate) {
   EXPECT_FLOAT_EQ(tc::score_grad(0.5f, 2.0f, 0.5f), 0.75f);
 }
 
+// ---- host: the kernels' algorithm, mirrored --------------------------------------------------
+// The forward, dK/dV and dQ kernels' walks on host memory, fragment by fragment as their warps
+// take them, with the same formulas (tc_attention_tiles.h) and the same bf16 roundings (inputs,
+// P, dS, outputs); scalar fp32 dot products stand in for the WMMA products. Checked against the
+// CPU references with the GPU tests' tolerances, so that the algorithm (online softmax, masks and
+// tails, the GQA head loop, where the scale goes) is tested on every machine; the device code
+// itself waits for a GPU.
+struct HostAttention {
+  const float* q;  // layouts as TcAttentionTensors, on host floats holding bf16 values
+  const float* k;
+  const float* v;
+  std::size_t q_ld, kv_ld, o_ld;
+  int B, T, NH, NKV, hs;
+
+  const float* q_row(int b, int h, int t) const { return q + (static_cast<std::size_t>(b) * T + t) * q_ld + h * hs; }
+  std::size_t kv_at(int b, int g, int t) const { return (static_cast<std::size_t>(b) * T + t) * kv_ld + g * hs; }
+  std::size_t o_at(int b, int h, int t) const { return (static_cast<std::size_t>(b) * T + t) * o_ld + h * hs; }
+  int kv_head(int h) const { return h / (NH / NKV); }
+  float scale() const { return 1.0f / std::sqrt(static_cast<float>(hs)); }
+};
+
+float dot(const float* x, const float* y, int n) {
+  float s = 0.0f;
+  for (int d = 0; d < n; d++) s += x[d] * y[d];
+  return s;
+}
+
+// out (rows o_ld apart, bf16 values), lse (B,NH,T).
+void tc_forward_on_host(const HostAttention& a, float* out, float* lse) {
+  using namespace tc;
+  const int nt = tiles(a.T);
+  for (int b = 0; b < a.B; b++) {
+    for (int h = 0; h < a.NH; h++) {
+      const int g = a.kv_head(h);
+      for (int x = 0; x < nt; x++) {
+        const int qt = query_tile_of_block(x, nt);
+        for (int w = 0; w < kWarps; w++) {
+          const int r0 = qt * kTile + w * kFrag;
+          std::vector<float> m(kFrag, -INFINITY), l(kFrag, 0.0f), o(static_cast<std::size_t>(kFrag) * a.hs, 0.0f);
+          for (int kt = 0; kt < key_tiles_for_query_tile(qt); kt++) {
+            const int k0 = kt * kTile;
+            std::vector<float> S(kFrag * kTile, NAN);  // never read where not computed
+            for (int j = 0; j < kTileFrags; j++) {
+              if (fragment_masked(r0, k0 + j * kFrag)) continue;
+              for (int rr = 0; rr < kFrag; rr++) {
+                for (int cc = 0; cc < kFrag; cc++) {
+                  const int row = r0 + rr, key = k0 + j * kFrag + cc;
+                  float s = 0.0f;  // rows and keys past T are zero tiles
+                  if (row < a.T && key < a.T) s = dot(a.q_row(b, h, row), a.k + a.kv_at(b, g, key), a.hs);
+                  S[static_cast<std::size_t>(rr * kTile + j * kFrag + cc)] = s;
+                }
+              }
+            }
+            for (int rr = 0; rr < kFrag; rr++) {
+              const int row = r0 + rr;
+              float tile_max = -INFINITY;
+              for (int c = 0; c < kTile; c++) {
+                if (visible(row, k0 + c, a.T)) tile_max = std::max(tile_max, S[rr * kTile + c] * a.scale());
+              }
+              const RowUpdate u = row_update(m[rr], tile_max);
+              float sum = 0.0f;
+              std::vector<float> p(kTile, 0.0f);
+              for (int c = 0; c < kTile; c++) {
+                const float pc = visible(row, k0 + c, a.T) ? exp_f(S[rr * kTile + c] * a.scale() - u.m) : 0.0f;
+                p[c] = testing::round_bf16(pc);
+                sum += pc;
+              }
+              l[rr] = l[rr] * u.alpha + sum;
+              m[rr] = u.m;
+              for (int d = 0; d < a.hs; d++) {
+                float acc = o[static_cast<std::size_t>(rr * a.hs + d)] * u.alpha;
+                for (int c = 0; c < kTile; c++) {
+                  if (k0 + c < a.T && !fragment_masked(r0, k0 + (c / kFrag) * kFrag)) {
+                    acc += p[c] * a.v[a.kv_at(b, g, k0 + c) + d];
+                  }
+                }
+                o[static_cast<std::size_t>(rr * a.hs + d)] = acc;
+              }
+            }
+          }
+          for (int rr = 0; rr < kFrag; rr++) {
+            const int row = r0 + rr;
+            if (row >= a.T) continue;
+            const float inv = l[rr] > 0.0f ? 1.0f / l[rr] : 0.0f;
+            for (int d = 0; d < a.hs; d++) {
+              out[a.o_at(b, h, row) + d] = testing::round_bf16(o[static_cast<std::size_t>(rr * a.hs + d)] * inv);
+            }
+            lse[(static_cast<std::size_t>(b) * a.NH + h) * a.T + row] = m[rr] + std::log(l[rr]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// dq (rows q_ld apart), dk, dv (kv_ld apart), bf16 values, from dout and the mirror's out, lse.
+void tc_backward_on_host(const HostAttention& a, const float* dout, const float* out, const float* lse, float* dq,
+                         float* dk, float* dv) {
+  using namespace tc;
+  const int nt = tiles(a.T);
+  const float scale = a.scale();
+  std::vector<float> D(static_cast<std::size_t>(a.B) * a.NH * a.T);
+  for (int b = 0; b < a.B; b++) {
+    for (int h = 0; h < a.NH; h++) {
+      for (int t = 0; t < a.T; t++) {
+        const std::size_t at = a.o_at(b, h, t);
+        D[(static_cast<std::size_t>(b) * a.NH + h) * a.T + t] = dot(dout + at, out + at, a.hs);
+      }
+    }
+  }
+  // P and dS of (row, key) of query head h: 0 where not visible.
+  auto grads = [&](int b, int h, int row, int key, float& p, float& ds) {
+    p = ds = 0.0f;
+    if (!visible(row, key, a.T)) return;
+    const int g = a.kv_head(h);
+    const std::size_t bh = static_cast<std::size_t>(b) * a.NH + h;
+    const float s = dot(a.q_row(b, h, row), a.k + a.kv_at(b, g, key), a.hs);
+    const float dp = dot(dout + a.o_at(b, h, row), a.v + a.kv_at(b, g, key), a.hs);
+    p = prob(s, scale, lse[bh * a.T + row]);
+    ds = score_grad(p, dp, D[bh * a.T + row]);
+  };
+  const int group = a.NH / a.NKV;
+  for (int b = 0; b < a.B; b++) {
+    for (int g = 0; g < a.NKV; g++) {  // dK, dV: blocks (key tile, kv head), warps' 16 keys
+      for (int kt = 0; kt < nt; kt++) {
+        for (int w = 0; w < kWarps; w++) {
+          const int c0 = kt * kTile + w * kFrag;
+          std::vector<float> ak(static_cast<std::size_t>(kFrag) * a.hs, 0.0f), av(ak.size(), 0.0f);
+          for (int h = g * group; h < (g + 1) * group; h++) {
+            for (int qt = first_query_tile(kt); qt < nt; qt++) {
+              for (int j = 0; j < kTileFrags; j++) {
+                const int qj = qt * kTile + j * kFrag;
+                if (fragment_masked(qj, c0)) continue;
+                for (int rr = 0; rr < kFrag; rr++) {
+                  for (int cc = 0; cc < kFrag; cc++) {
+                    float p = 0.0f, ds = 0.0f;
+                    grads(b, h, qj + cc, c0 + rr, p, ds);
+                    if (p == 0.0f && ds == 0.0f) continue;
+                    const float pb = testing::round_bf16(p), dsb = testing::round_bf16(ds);
+                    for (int d = 0; d < a.hs; d++) {
+                      av[static_cast<std::size_t>(rr * a.hs + d)] += pb * dout[a.o_at(b, h, qj + cc) + d];
+                      ak[static_cast<std::size_t>(rr * a.hs + d)] += dsb * a.q_row(b, h, qj + cc)[d];
+                    }
+                  }
+                }
+              }
+            }
+          }
+          for (int rr = 0; rr < kFrag; rr++) {
+            if (c0 + rr >= a.T) continue;
+            for (int d = 0; d < a.hs; d++) {
+              dk[a.kv_at(b, g, c0 + rr) + d] = testing::round_bf16(ak[static_cast<std::size_t>(rr * a.hs + d)] * scale);
+              dv[a.kv_at(b, g, c0 + rr) + d] = testing::round_bf16(av[static_cast<std::size_t>(rr * a.hs + d)]);
+            }
+          }
+        }
+      }
+    }
+    for (int h = 0; h < a.NH; h++) {  // dQ: blocks (query tile, head), warps' 16 rows
+      const int g = a.kv_head(h);
+      for (int x = 0; x < nt; x++) {
+        const int qt = query_tile_of_block(x, nt);
+        for (int w = 0; w < kWarps; w++) {
+          const int r0 = qt * kTile + w * kFrag;
+          std::vector<float> aq(static_cast<std::size_t>(kFrag) * a.hs, 0.0f);
+          for (int kt = 0; kt < key_tiles_for_query_tile(qt); kt++) {
+            for (int j = 0; j < kTileFrags; j++) {
+              const int kj = kt * kTile + j * kFrag;
+              if (fragment_masked(r0, kj)) continue;
+              for (int rr = 0; rr < kFrag; rr++) {
+                for (int cc = 0; cc < kFrag; cc++) {
+                  float p = 0.0f, ds = 0.0f;
+                  grads(b, h, r0 + rr, kj + cc, p, ds);
+                  const float dsb = testing::round_bf16(ds);
+                  if (dsb == 0.0f) continue;
+                  const float* key = a.k + a.kv_at(b, g, kj + cc);
+                  for (int d = 0; d < a.hs; d++) aq[static_cast<std::size_t>(rr * a.hs + d)] += dsb * key[d];
+                }
+              }
+            }
+          }
+          for (int rr = 0; rr < kFrag; rr++) {
+            if (r0 + rr >= a.T) continue;
+            float* row = dq + (static_cast<std::size_t>(b) * a.T + r0 + rr) * a.q_ld + h * a.hs;
+            for (int d = 0; d < a.hs; d++) {
+              row[d] = testing::round_bf16(aq[static_cast<std::size_t>(rr * a.hs + d)] * scale);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void expect_close_out(const std::vector<float>& got, const std::vector<float>& want) {
+  EXPECT_TRUE(near_all(got, want, 1.0 / 128, 1e-2));
+  EXPECT_LT(rel_l2(got, want), 5e-3);
+}
+
+void expect_close_grad(const std::vector<float>& got, const std::vector<float>& want, double floor) {
+  if (testing::max_abs(want) > 0) {
+    EXPECT_LT(rel_l2(got, want), 1e-2);
+  }
+  EXPECT_TRUE(testing::near_all_floor(got, want, 1.0 / 64, floor));
+}
+
+TEST(TcAttentionOnHost, GqaMatchesCpuReference) {
+  namespace cpu = model::kernels;
+  const GqaShape shapes[] = {{2, 1, 4, 2, 64},  {2, 17, 4, 2, 64}, {1, 130, 4, 2, 64}, {1, 17, 4, 2, 128},
+                             {1, 130, 4, 2, 128}, {2, 37, 4, 1, 32}, {1, 70, 2, 2, 16}};
+  for (const GqaShape& s : shapes) {
+    SCOPED_TRACE("B " + std::to_string(s.B) + " T " + std::to_string(s.T) + " NH " + std::to_string(s.NH) + " NKV " +
+                 std::to_string(s.NKV) + " hs " + std::to_string(s.hs));
+    const size_t nq = static_cast<size_t>(s.B) * s.T * s.NH * s.hs, nkv = static_cast<size_t>(s.B) * s.T * s.NKV * s.hs;
+    const size_t nlse = static_cast<size_t>(s.B) * s.NH * s.T;
+    const std::vector<float> q = rounded(randn(1, nq)), k = rounded(randn(2, nkv)), v = rounded(randn(3, nkv));
+    const std::vector<float> dout = rounded(randn(4, nq));
+    const cpu::GqaShape cs{s.B, s.T, s.NH, s.NKV, s.hs};
+    std::vector<float> want(nq), cpu_out(nq), want_lse(nlse), want_dq(nq), want_dk(nkv), want_dv(nkv);
+    cpu::gqa_attention_forward_reference(want.data(), q.data(), k.data(), v.data(), cs);
+    std::vector<float> cpu_scratch(cpu::gqa_attention_scratch_floats());
+    cpu::gqa_attention_forward(cpu_out.data(), want_lse.data(), q.data(), k.data(), v.data(), cpu_scratch.data(), cs);
+    cpu::gqa_attention_backward_reference(want_dq.data(), want_dk.data(), want_dv.data(), dout.data(), q.data(),
+                                          k.data(), v.data(), cs);
+    const std::size_t qw = static_cast<std::size_t>(s.NH) * s.hs, kvw = static_cast<std::size_t>(s.NKV) * s.hs;
+    const HostAttention a{q.data(), k.data(), v.data(), qw, kvw, qw, s.B, s.T, s.NH, s.NKV, s.hs};
+    std::vector<float> out(nq), lse(nlse), dq(nq), dk(nkv), dv(nkv);
+    tc_forward_on_host(a, out.data(), lse.data());
+    expect_close_out(out, want);
+    EXPECT_TRUE(near_all(lse, want_lse, 1e-5, 1e-6));
+    tc_backward_on_host(a, dout.data(), out.data(), lse.data(), dq.data(), dk.data(), dv.data());
+    const double floor =
+        1e-2 * std::max({testing::max_abs(want_dq), testing::max_abs(want_dk), testing::max_abs(want_dv)});
+    expect_close_grad(dq, want_dq, floor);
+    expect_close_grad(dk, want_dk, floor);
+    expect_close_grad(dv, want_dv, floor);
+  }
+}
+
+TEST(TcAttentionOnHost, GptPackedQkvMatchesCpuReference) {
+  for (const int T : {1, 17, 65, 130}) {
+    const int B = 2, C = 128, NH = 2;
+    SCOPED_TRACE("T " + std::to_string(T));
+    const size_t n_qkv = static_cast<size_t>(B) * T * 3 * C, n_out = static_cast<size_t>(B) * T * C;
+    const std::vector<float> qkv = rounded(randn(1, n_qkv)), dout = rounded(randn(2, n_out));
+    std::vector<float> want(n_out), want_grad(n_qkv);
+    model::kernels::attention_forward_reference(want.data(), qkv.data(), B, T, C, NH);
+    model::kernels::attention_backward_reference(want_grad.data(), dout.data(), qkv.data(), B, T, C, NH);
+    const std::size_t c = static_cast<std::size_t>(C);
+    const HostAttention a{qkv.data(), qkv.data() + c, qkv.data() + 2 * c, 3 * c, 3 * c, c, B, T, NH, NH, C / NH};
+    std::vector<float> out(n_out), lse(static_cast<size_t>(B) * NH * T), dqkv(n_qkv, NAN);
+    tc_forward_on_host(a, out.data(), lse.data());
+    expect_close_out(out, want);
+    tc_backward_on_host(a, dout.data(), out.data(), lse.data(), dqkv.data(), dqkv.data() + c, dqkv.data() + 2 * c);
+    const double floor = 1e-2 * testing::max_abs(want_grad);
+    expect_close_grad(dqkv, want_grad, floor);  // every element written (NaN otherwise)
+  }
+}
+
 // ---- host: sizes, alignment, path selection -------------------------------------------------
 
 TEST(TcAttentionPath, ParsesZinfAttention) {
@@ -229,7 +491,8 @@ TEST(TcAttentionPath, ParsesZinfAttention) {
   EXPECT_EQ(parse_attention_path(""), AttentionPath::kAuto);
   EXPECT_EQ(parse_attention_path("TC"), std::nullopt);
   EXPECT_EQ(parse_attention_path("cudnn"), std::nullopt);
-  for (AttentionPath p : {AttentionPath::kAuto, AttentionPath::kTensorCore, AttentionPath::kGemm, AttentionPath::kFlash}) {
+  for (AttentionPath p :
+       {AttentionPath::kAuto, AttentionPath::kTensorCore, AttentionPath::kGemm, AttentionPath::kFlash}) {
     EXPECT_EQ(parse_attention_path(attention_path_name(p)), p);
   }
 }
@@ -304,18 +567,6 @@ class GpuTcAttention : public testing::BlasFixture {
 };
 
 AttentionScratch scratch_of(const TestBuffer<float>& b) { return AttentionScratch{b.get(), b.size() * sizeof(float)}; }
-
-void expect_close_out(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_TRUE(near_all(got, want, 1.0 / 128, 1e-2));
-  EXPECT_LT(rel_l2(got, want), 5e-3);
-}
-
-void expect_close_grad(const std::vector<float>& got, const std::vector<float>& want, double floor) {
-  if (testing::max_abs(want) > 0) {
-    EXPECT_LT(rel_l2(got, want), 1e-2);
-  }
-  EXPECT_TRUE(testing::near_all_floor(got, want, 1.0 / 64, floor));
-}
 
 struct Dims {
   int B, T, C, NH;
