@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_tolerances.h"
 #include "kernel_test_util.h"
 #include "model/kernels.h"
 #include "model/llama_kernels.h"
@@ -20,9 +21,10 @@
 namespace zinf::gpu {
 namespace {
 
+using testing::expect_close_grad;
+using testing::expect_close_out;
 using testing::near_all;
 using testing::randn;
-using testing::rel_l2;
 using testing::rounded;
 
 std::vector<bf16> to_bf16(const std::vector<float>& x) {
@@ -60,18 +62,6 @@ void backward(const TcAttentionGrads& g, const bf16* dout, const bf16* out, cons
                          [&] { tc_dkv_kernel<HS>(g, dout, lse, dsum.data(), a, scale_of(HS)); });
   cuda_emulation::launch(t, static_cast<unsigned>(a.B * a.NH), tc::kThreads, tc::smem_layout(tc::Kernel::kDq, HS).bytes,
                          [&] { tc_dq_kernel<HS>(g.dq, dout, lse, dsum.data(), a, scale_of(HS)); });
-}
-
-void expect_close_out(const std::vector<float>& got, const std::vector<float>& want) {
-  EXPECT_TRUE(near_all(got, want, 1.0 / 128, 1e-2));
-  EXPECT_LT(rel_l2(got, want), 5e-3);
-}
-
-void expect_close_grad(const std::vector<float>& got, const std::vector<float>& want, double floor) {
-  if (testing::max_abs(want) > 0) {
-    EXPECT_LT(rel_l2(got, want), 1e-2);
-  }
-  EXPECT_TRUE(testing::near_all_floor(got, want, 1.0 / 64, floor));
 }
 
 template <int HS>
