@@ -127,6 +127,26 @@ __device__ __forceinline__ void scores_fragment(FragAcc& d, const bf16* x, const
     wmma::mma_sync(d, xa, yb, d);
   }
 }
+
+// The same with X held in fragments (the forward's and dQ's own rows, loaded once per block).
+template <int HS>
+__device__ __forceinline__ void scores_fragment(FragAcc& d, const FragA (&x)[HS / kFrag], const bf16* y) {
+  constexpr int kLd = HS + 8;
+  wmma::fill_fragment(d, 0.0f);
+#pragma unroll
+  for (int kk = 0; kk < HS / kFrag; kk++) {
+    FragBCol yb;
+    wmma::load_matrix_sync(yb, y + kk * kFrag, kLd);
+    wmma::mma_sync(d, x[kk], yb, d);
+  }
+}
+
+// The warp's 16 rows of a staged (kTile, HS + 8) tile, `rows` its first, as HS/16 fragments.
+template <int HS>
+__device__ __forceinline__ void load_row_fragments(FragA (&f)[HS / kFrag], const bf16* rows) {
+#pragma unroll
+  for (int kk = 0; kk < HS / kFrag; kk++) wmma::load_matrix_sync(f[kk], rows + kk * kFrag, HS + 8);
+}
 #endif
 
 struct Heads {
@@ -162,13 +182,16 @@ __global__ void __launch_bounds__(tc::kThreads)
   const int b = bh / a.NH;
   const int h = bh % a.NH;
   const Heads x = heads_of(a, b, h, HS);
-  bf16* qs = region<bf16>(smem, L.t0);  // (kTile, kLd)
-  bf16* ks = region<bf16>(smem, L.t1);
-  bf16* vs = region<bf16>(smem, L.t2);
+  bf16* ks = region<bf16>(smem, L.t0);  // (kTile, kLd)
+  bf16* vs = region<bf16>(smem, L.t1);
   float* sw = region<float>(smem, L.scores + warp * L.scores_warp);  // (16, kLdScores) this warp's S
   bf16* pw = region<bf16>(smem, L.probs + warp * L.probs_warp);      // (16, kLdProbs) this warp's P
   float* row_stat = region<float>(smem, L.row_stats) + warp * kFrag;  // per row: alpha, then 1 / l
-  load_tile<HS>(qs, x.q, a.q_ld, q0, T);
+  // The query tile, staged in the k tile, into the warps' fragments (reused for every key tile).
+  load_tile<HS>(ks, x.q, a.q_ld, q0, T);
+  __syncthreads();
+  FragA q_w[kHeadFrags];
+  load_row_fragments<HS>(q_w, ks + warp * kFrag * kLd);
   int frow[kAccElems];
   fragment_rows(frow, sw, kLdScores, lane);
 
@@ -181,10 +204,9 @@ __global__ void __launch_bounds__(tc::kThreads)
   const int row = r0 + r;
   float m = -INFINITY;
   float l = 0.0f;
-  const bf16* q_w = qs + warp * kFrag * kLd;
   for (int kt = 0; kt < tc::key_tiles_for_query_tile(qt); kt++) {
     const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's readers are done
+    __syncthreads();  // the previous tile's (or the staged q's) readers are done
     load_tile<HS>(ks, x.k, a.kv_ld, k0, T);
     load_tile<HS>(vs, x.v, a.kv_ld, k0, T);
     __syncthreads();
@@ -291,29 +313,31 @@ __global__ void __launch_bounds__(tc::kThreads)
   const int b = bh / a.NH;
   const int h = bh % a.NH;
   const Heads x = heads_of(a, b, h, HS);
-  bf16* qs = region<bf16>(smem, L.t0);
-  bf16* dos = region<bf16>(smem, L.t1);
-  bf16* ks = region<bf16>(smem, L.t2);
-  bf16* vs = region<bf16>(smem, L.t3);
+  bf16* ks = region<bf16>(smem, L.t0);
+  bf16* vs = region<bf16>(smem, L.t1);
   float* cs = region<float>(smem, L.chunk_s + warp * L.chunk_warp);    // (16, kLdChunk) S
   float* cdp = region<float>(smem, L.chunk_dp + warp * L.chunk_warp);  // (16, kLdChunk) dP
   bf16* dsw = region<bf16>(smem, L.probs + warp * L.probs_warp);      // (16, kLdProbs) dS
   float* lse_s = region<float>(smem, L.lse);
   float* d_s = region<float>(smem, L.dsum);
-  load_tile<HS>(qs, x.q, a.q_ld, q0, T);
-  load_tile<HS>(dos, dout + x.o0, a.o_ld, q0, T);
+  // The query and dout tiles, staged in the k and v tiles, into the warps' fragments.
+  load_tile<HS>(ks, x.q, a.q_ld, q0, T);
+  load_tile<HS>(vs, dout + x.o0, a.o_ld, q0, T);
   load_row_values(lse_s, lse, bh, q0, T);
   load_row_values(d_s, dsum, bh, q0, T);
+  __syncthreads();
+  FragA q_w[kHeadFrags];
+  FragA do_w[kHeadFrags];
+  load_row_fragments<HS>(q_w, ks + warp * kFrag * kLd);
+  load_row_fragments<HS>(do_w, vs + warp * kFrag * kLd);
 
   FragAcc acc[kHeadFrags];
 #pragma unroll
   for (int n = 0; n < kHeadFrags; n++) wmma::fill_fragment(acc[n], 0.0f);
   const int r0 = q0 + warp * kFrag;
-  const bf16* q_w = qs + warp * kFrag * kLd;
-  const bf16* do_w = dos + warp * kFrag * kLd;
   for (int kt = 0; kt < tc::key_tiles_for_query_tile(qt); kt++) {
     const int k0 = kt * kTile;
-    __syncthreads();
+    __syncthreads();  // the previous tile's (or the staged q's, dout's) readers are done
     load_tile<HS>(ks, x.k, a.kv_ld, k0, T);
     load_tile<HS>(vs, x.v, a.kv_ld, k0, T);
     __syncthreads();

@@ -40,7 +40,8 @@ inline constexpr int kLdChunk = kFrag + 4;      // fp32 (kFrag, kFrag) staging o
 // are `*_warp` bytes apart. Unused regions have size 0.
 struct SmemLayout {
   std::size_t tile_bytes = 0;  // one bf16 (kTile, ld_head) tile
-  // Four tiles: forward q, k, v (t3 unused); dQ q, dout, k, v; dK/dV k, v, q, dout.
+  // Tiles: forward and dQ k, v in t0, t1 (q and dout are staged there once and then held in
+  // fragments; t2, t3 unused); dK/dV k, v, q, dout.
   std::size_t t0 = 0, t1 = 0, t2 = 0, t3 = 0;
   std::size_t scores = 0, scores_warp = 0;  // forward: fp32 (kFrag, kLdScores) per warp
   std::size_t chunk_s = 0, chunk_dp = 0, chunk_warp = 0;  // backward: fp32 (kFrag, kLdChunk) S, dP per warp
@@ -59,11 +60,11 @@ ZINF_HD SmemLayout smem_layout(Kernel k, int hs) {
   s.tile_bytes = align128(static_cast<std::size_t>(kTile) * ld_head(hs) * 2);
   s.t0 = 0;
   s.t1 = s.t0 + s.tile_bytes;
-  s.t2 = s.t1 + s.tile_bytes;
-  std::size_t at = s.t2 + s.tile_bytes;
-  if (k != Kernel::kForward) {
-    s.t3 = at;
-    at += s.tile_bytes;
+  std::size_t at = s.t1 + s.tile_bytes;
+  if (k == Kernel::kDkv) {
+    s.t2 = at;
+    s.t3 = at + s.tile_bytes;
+    at += 2 * s.tile_bytes;
   }
   if (k == Kernel::kForward) {
     s.scores = at;

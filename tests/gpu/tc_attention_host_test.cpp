@@ -155,15 +155,17 @@ TEST(TcAttentionTiles, SharedMemoryLayoutsFitAndAreAligned) {
       struct Region {
         std::size_t at, size;
       };
-      std::vector<Region> r = {{s.t0, s.tile_bytes}, {s.t1, s.tile_bytes}, {s.t2, s.tile_bytes},
-                               {s.probs, kWarps * s.probs_warp}};
+      std::vector<Region> r = {{s.t0, s.tile_bytes}, {s.t1, s.tile_bytes}, {s.probs, kWarps * s.probs_warp}};
+      if (k == Kernel::kDkv) {
+        r.push_back({s.t2, s.tile_bytes});
+        r.push_back({s.t3, s.tile_bytes});
+      }
       if (k == Kernel::kForward) {
         r.push_back({s.scores, kWarps * s.scores_warp});
         r.push_back({s.row_stats, static_cast<std::size_t>(kWarps) * kFrag * 4});
         EXPECT_GE(s.scores_warp, static_cast<std::size_t>(kFrag) * kLdScores * 4);
         EXPECT_GE(s.probs_warp, static_cast<std::size_t>(kFrag) * kLdProbs * 2);
       } else {
-        r.push_back({s.t3, s.tile_bytes});
         r.push_back({s.chunk_s, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
         r.push_back({s.chunk_dp, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
         for (int w = 1; w < kWarps; w++) {
