@@ -9,6 +9,7 @@
 #include "gpu/attention_math.h"
 #include "gpu/gemm_attention.h"
 #include "gpu/kernel_util.cuh"
+#include "gpu/tc_attention.h"
 
 namespace zinf::gpu {
 // Kernel parameter types: outside the anonymous namespace (nvcc's host stubs must name them).
@@ -288,6 +289,14 @@ Status backward_gemm(Blas& blas, const Call& c, bf16* dq, bf16* dk, bf16* dv, co
   return scatter(c, dv, v.kv_ld, static_cast<const float*>(dvh), p.NKV, 1);
 }
 
+// Which kernels take a call (tc_attention.h attention_path_for): tc_attention_supports() is asked
+// only where the tensor-core path may run.
+AttentionPath choose_path(const TcAttentionTensors& a, std::initializer_list<const void*> more) {
+  const AttentionPath requested = requested_attention_path();
+  if (requested == AttentionPath::kGemm || requested == AttentionPath::kFlash) return requested;
+  return attention_path_for(requested, tc_attention_supports(a, more));
+}
+
 }  // namespace
 
 Status gemm_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, float* lse, const bf16* qkv, int B,
@@ -295,8 +304,17 @@ Status gemm_attention_forward(Blas& blas, AttentionScratch scratch, bf16* out, f
   ZINF_RETURN_IF_ERROR(attention_geometry(B, T, C, NH).status());
   const int hs = C / NH;
   ZINF_ASSIGN_OR_RETURN(const GemmAttentionPlan p, gemm_attention_plan(B, T, NH, NH, hs, scratch.bytes));
-  if (p.heads_per_unit == 0) return attention_forward(out, lse, qkv, B, T, C, NH, stream);
   const auto dims = {Dim{"B", B}, Dim{"T", T}, Dim{"C", C}, Dim{"NH", NH}};
+  const TcAttentionTensors tca = tc_packed_qkv(qkv, B, T, C, NH);
+  switch (choose_path(tca, {})) {
+    case AttentionPath::kTensorCore:
+      ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_attention_forward", dims));
+      count_tc_attention_call();
+      return tc_attention_forward(out, lse, tca, stream);
+    case AttentionPath::kFlash: return attention_forward(out, lse, qkv, B, T, C, NH, stream);
+    default: break;
+  }
+  if (p.heads_per_unit == 0) return attention_forward(out, lse, qkv, B, T, C, NH, stream);
   ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_attention_forward", dims));
   const std::size_t c = static_cast<std::size_t>(C);
   const Views v{qkv, qkv + c, qkv + 2 * c, 3 * c, 3 * c, c};
@@ -314,10 +332,20 @@ Status gemm_attention_backward(Blas& blas, AttentionScratch scratch, bf16* dqkv,
   ZINF_ASSIGN_OR_RETURN(const GemmAttentionPlan p, gemm_attention_plan(B, T, NH, NH, hs, scratch.bytes));
   const auto dims = {Dim{"B", B}, Dim{"T", T}, Dim{"C", C}, Dim{"NH", NH}};
   ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_attention_backward", dims));
+  const std::size_t c = static_cast<std::size_t>(C);
+  const TcAttentionTensors tca = tc_packed_qkv(qkv, B, T, C, NH);
+  switch (choose_path(tca, {dout})) {
+    case AttentionPath::kTensorCore:
+      count_tc_attention_call();
+      return tc_attention_backward(TcAttentionGrads{dqkv, dqkv + c, dqkv + 2 * c}, static_cast<float*>(scratch.base),
+                                   dout, out, lse, tca, stream);
+    case AttentionPath::kFlash:
+      return attention_backward(dqkv, static_cast<float*>(scratch.base), dout, qkv, out, lse, B, T, C, NH, stream);
+    default: break;
+  }
   if (p.heads_per_unit == 0) {
     return attention_backward(dqkv, static_cast<float*>(scratch.base), dout, qkv, out, lse, B, T, C, NH, stream);
   }
-  const std::size_t c = static_cast<std::size_t>(C);
   const Views v{qkv, qkv + c, qkv + 2 * c, 3 * c, 3 * c, c};
   const Call call{p, static_cast<char*>(scratch.base), "gemm_attention_backward", dims, stream};
   const Status st = backward_gemm(blas, call, dqkv, dqkv + c, dqkv + 2 * c, dout, v, out, lse);
@@ -330,8 +358,17 @@ Status gemm_gqa_attention_forward(Blas& blas, AttentionScratch scratch, bf16* ou
                                   const bf16* k, const bf16* v, const GqaShape& s, cudaStream_t stream) {
   ZINF_RETURN_IF_ERROR(gqa_attention_geometry(s.B, s.T, s.NH, s.NKV, s.hs).status());
   ZINF_ASSIGN_OR_RETURN(const GemmAttentionPlan p, gemm_attention_plan(s.B, s.T, s.NH, s.NKV, s.hs, scratch.bytes));
-  if (p.heads_per_unit == 0) return gqa_attention_forward(out, lse, q, k, v, s, stream);
   const auto dims = {Dim{"B", s.B}, Dim{"T", s.T}, Dim{"NH", s.NH}, Dim{"NKV", s.NKV}, Dim{"hs", s.hs}};
+  const TcAttentionTensors tca = tc_separate_qkv(q, k, v, s);
+  switch (choose_path(tca, {})) {
+    case AttentionPath::kTensorCore:
+      ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_gqa_attention_forward", dims));
+      count_tc_attention_call();
+      return tc_attention_forward(out, lse, tca, stream);
+    case AttentionPath::kFlash: return gqa_attention_forward(out, lse, q, k, v, s, stream);
+    default: break;
+  }
+  if (p.heads_per_unit == 0) return gqa_attention_forward(out, lse, q, k, v, s, stream);
   ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_gqa_attention_forward", dims));
   const std::size_t qw = static_cast<std::size_t>(s.NH) * s.hs;
   const std::size_t kvw = static_cast<std::size_t>(s.NKV) * s.hs;
@@ -350,6 +387,16 @@ Status gemm_gqa_attention_backward(Blas& blas, AttentionScratch scratch, bf16* d
   ZINF_ASSIGN_OR_RETURN(const GemmAttentionPlan p, gemm_attention_plan(s.B, s.T, s.NH, s.NKV, s.hs, scratch.bytes));
   const auto dims = {Dim{"B", s.B}, Dim{"T", s.T}, Dim{"NH", s.NH}, Dim{"NKV", s.NKV}, Dim{"hs", s.hs}};
   ZINF_RETURN_IF_ERROR(check_scratch(p, scratch, "gemm_gqa_attention_backward", dims));
+  const TcAttentionTensors tca = tc_separate_qkv(q, k, v, s);
+  switch (choose_path(tca, {dout})) {
+    case AttentionPath::kTensorCore:
+      count_tc_attention_call();
+      return tc_attention_backward(TcAttentionGrads{dq, dk, dv}, static_cast<float*>(scratch.base), dout, out, lse,
+                                   tca, stream);
+    case AttentionPath::kFlash:
+      return gqa_attention_backward(dq, dk, dv, static_cast<float*>(scratch.base), dout, q, k, v, out, lse, s, stream);
+    default: break;
+  }
   if (p.heads_per_unit == 0) {
     return gqa_attention_backward(dq, dk, dv, static_cast<float*>(scratch.base), dout, q, k, v, out, lse, s, stream);
   }

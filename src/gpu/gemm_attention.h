@@ -1,8 +1,15 @@
-// Internal: causal attention on tensor-core products (cuBLASLt strided-batched GEMMs through
-// Blas) with the (T, T) scores materialised in a bounded scratch, for GPT (packed qkv) and Llama
-// (grouped-query). Same tensors, layouts, lse contract and limits as flash_attention.h's
-// attention_* and gqa_attention_* (which these fall back to, see below); the CPU references are
-// model/kernels.h attention_* and model/llama_kernels.h gqa_attention_*.
+// Internal: the attention calls the nets make, for GPT (packed qkv) and Llama (grouped-query).
+// Same tensors, layouts, lse contract and limits as flash_attention.h's attention_* and
+// gqa_attention_*; the CPU references are model/kernels.h attention_* and model/llama_kernels.h
+// gqa_attention_*.
+//
+// Which kernels run (tc_attention.h attention_path_for(); ZINF_ATTENTION=tc|gemm|flash|auto):
+// the fused tensor-core kernels of tc_attention.h where they support the call (head sizes that
+// are multiples of 16 up to 128, 16-byte aligned tensors, compute capability 8.0+; they need no
+// scratch but the backward's D, B*NH*T floats at its start); otherwise the GEMM path below:
+// causal attention on tensor-core products (cuBLASLt strided-batched GEMMs through Blas) with
+// the (T, T) scores materialised in a bounded scratch, which itself falls back to the flash
+// kernels (see below).
 //
 // How (plan: gemm_attention_plan(), launch_geometry.h):
 //  - q, k, v (and in the backward dout) are copied head-major, so that a kv group's query heads

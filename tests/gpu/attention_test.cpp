@@ -1,6 +1,6 @@
 // Causal attention on the GPU against the CPU's direct-loop references
 // (model/kernels.h attention_*_reference, model/llama_kernels.h gqa_attention_*_reference) on
-// the same bf16-rounded inputs. GpuAttention: the GEMM path the nets run (gemm_attention.h), GPT
+// the same bf16-rounded inputs. GpuAttention: the GEMM path (gemm_attention.h, forced), GPT
 // and grouped-query, with the nets' scratch (one batched call per time block and product) and
 // with room for 8 rows of scores (blocks of <= 8 positions of one head, one kv group per call:
 // units and blocks accumulate dK, dV, the calls cover the groups); T = 1, T off every tile and
@@ -21,10 +21,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "gpu/launch_geometry.h"
+#include "gpu/tc_attention.h"
 #include "gpu_test_util.h"
 #include "kernel_test_util.h"
 #include "model/kernels.h"
@@ -128,10 +130,19 @@ TEST(GpuFlashAttention, UnsupportedHeadSizeIsAnErrorBeforeLaunch) {
 
 // ---- the GEMM path ----------------------------------------------------------------------------
 
-// Every test checks that no call fell back to the flash kernels for want of a cuBLASLt algorithm.
+// The GEMM path, forced (the calls would take the tensor-core kernels first, tc_attention.h;
+// tc_attention_test.cpp tests those). Every test checks that no call fell back to the flash
+// kernels for want of a cuBLASLt algorithm.
 class GpuAttention : public testing::BlasFixture {
  protected:
-  void TearDown() override { EXPECT_EQ(gemm_attn::flash_fallbacks(), 0) << "the GEMM path fell back to flash"; }
+  void SetUp() override {
+    testing::BlasFixture::SetUp();
+    set_attention_path(AttentionPath::kGemm);
+  }
+  void TearDown() override {
+    set_attention_path(std::nullopt);
+    EXPECT_EQ(gemm_attn::flash_fallbacks(), 0) << "the GEMM path fell back to flash";
+  }
 };
 
 // GPT-2's head size 64 at 12 heads, and 128, next to the flash tests' shapes.
