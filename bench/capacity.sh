@@ -10,12 +10,16 @@
 #
 # Usage: bench/capacity.sh DIR [--sizes "small gpt2 gpt2-medium"] [--steps 3] [--seq 256]
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
+#                             [--budget SIZE] [--train-args "ARGS"]
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
+# --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
+# sized to fit it (docs/zero3.md, "The host-memory budget"). --train-args: more zinf train
+# options for every size, e.g. "--activation-checkpointing".
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
-sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""
+sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -23,6 +27,8 @@ while [ $# -gt 0 ]; do
     --seq) seq=$2; shift 2 ;;
     --zinf) zinf=$2; shift 2 ;;
     --no-aio-bench) aio=0; shift ;;
+    --budget) budget=(--host-memory-budget "$2"); shift 2 ;;
+    --train-args) read -r -a extra <<< "$2"; shift 2 ;;
     --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
     *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -61,7 +67,7 @@ JSON
 printf '%-12s %14s %10s %12s %9s %8s %8s %8s %8s %12s %8s %s\n' size params disk_B/p peak_RSS_MiB step_s fwd_s bwd_s optim_s io_s nvme_MB/step io_eff losses
 for s in $sizes; do
   rm -rf "$work/nvme"; mkdir -p "$work/nvme"; : > "$work/log.jsonl"
-  "$zinf" train --config "$work/ds.json" --model "$s" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" \
+  "$zinf" train --config "$work/ds.json" --model "$s" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" "${budget[@]}" "${extra[@]}" \
     > "$work/out.txt" 2>&1 &
   pid=$!
   peak_disk=0
