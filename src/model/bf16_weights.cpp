@@ -11,6 +11,7 @@ void Bf16Weights::configure(std::span<const ParamSpec> params, bool on) {
   on_ = on;
   copies_.clear();
   copies_.resize(on ? params.size() : 0);
+  held_ = 0;
   roundings_ = 0;
 }
 
@@ -24,7 +25,12 @@ MatmulInput Bf16Weights::get(int param, const float* weight, int rows, int cols)
   Copy& c = copies_[static_cast<size_t>(param)];
   if (!c.valid) {
     const size_t n = static_cast<size_t>(rows) * cols;
-    if (c.bits.size() != n) c.bits.resize(n);
+    if (c.bits.size() != n) {
+      const size_t grown = held_ - c.bits.size() * sizeof(uint16_t) + n * sizeof(uint16_t);
+      if (grown > limit_) return MatmulInput(weight);  // over the limit: the product rounds it
+      c.bits.resize(n);
+      held_ = grown;
+    }
     kernels::round_to_bf16(c.bits.data(), weight, rows, cols);
     c.valid = true;
     roundings_++;

@@ -26,12 +26,18 @@ namespace zinf::model::detail {
 //
 // Memory: one bf16 copy of every weight matrix a product reads, allocated at its first use and
 // kept (no allocation in later steps): half the fp32 matrices' bytes, counted by bytes_for()
-// and in the models' activation_bytes(). Not thread-safe (the model's calling thread only).
+// and in the models' activation_bytes(); within limit_bytes() when that is lower (a model whose
+// weights live on NVMe would otherwise hold 2 bytes per parameter). Not thread-safe (the model's
+// calling thread only).
 class Bf16Weights {
  public:
   // on: the products read bf16 (Matmul::reads_bf16_inputs()); off: get() rounds nothing.
   // params: the model's parameter list (Model::params()); copies are indexed by ParamSpec::index.
+  // Keeps the limit (limit_bytes).
   void configure(std::span<const ParamSpec> params, bool on);
+  // At most `bytes` of copies are kept (the first weights get() sees, in pass order); get() hands
+  // the others out without a copy, so their product rounds them (the same bits). Default: no limit.
+  void limit_bytes(size_t bytes) { limit_ = bytes; }
   bool on() const { return on_; }
 
   // Forgets every copy (their storage stays). The models call it at the start of each pass.
@@ -55,6 +61,8 @@ class Bf16Weights {
     bool valid = false;
   };
   std::vector<Copy> copies_;  // by ParamSpec::index
+  size_t held_ = 0;             // bytes of the copies' storage
+  size_t limit_ = SIZE_MAX;
   bool on_ = false;
   uint64_t roundings_ = 0;
 };

@@ -3,7 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -161,11 +163,20 @@ Status GptModel::set_compute_precision(ComputePrecision precision) {
   return matmul_.use(kind);
 }
 
+uint64_t GptModel::weight_copy_bytes() const {
+  if (!matmul_.reads_bf16_inputs()) return 0;
+  return std::min<uint64_t>(weight_copy_limit_, detail::Bf16Weights::bytes_for(params_, product_weights(config_, modules_)));
+}
+
+void GptModel::limit_weight_copies(uint64_t bytes) {
+  weight_copy_limit_ = bytes;
+  if (acts_) acts_->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(bytes, SIZE_MAX)));
+}
+
 uint64_t GptModel::activation_bytes(int B, int T) const {
   GptActivations counting;
   const bool bf16 = matmul_.reads_bf16_inputs();
-  const size_t weights = bf16 ? detail::Bf16Weights::bytes_for(params_, product_weights(config_, modules_)) : 0;
-  return carve(config_, static_cast<size_t>(B) * T, bf16, nullptr, &counting) * sizeof(float) + weights;
+  return carve(config_, static_cast<size_t>(B) * T, bf16, nullptr, &counting) * sizeof(float) + weight_copy_bytes();
 }
 
 Status GptModel::reserve(int B, int T) {
@@ -187,6 +198,7 @@ Status GptModel::reserve(int B, int T) {
   }
   carve(config_, a->cap_bt, bf16, a->storage.data(), a.get());
   a->weights.configure(params_, bf16);
+  a->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(weight_copy_limit_, SIZE_MAX)));
   acts_ = std::move(a);
   return Status::ok();
 }

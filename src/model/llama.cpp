@@ -210,9 +210,8 @@ std::string LlamaModel::describe() const {
                      c.activation_checkpointing ? ", activation checkpointing" : "");
 }
 
-uint64_t LlamaModel::activation_bytes(int B, int T) const {
-  LlamaActivations counting;
-  const bool bf16 = matmul_.reads_bf16_inputs();
+uint64_t LlamaModel::weight_copy_bytes() const {
+  if (!matmul_.reads_bf16_inputs()) return 0;
   // The weight matrices the products read, whose bf16 copies a bf16 run keeps (bf16_weights.h):
   // q, k, v, o, gate, up, down of every layer and the head (the tied embedding or lm_head).
   std::vector<int> matrices;
@@ -222,8 +221,18 @@ uint64_t LlamaModel::activation_bytes(int B, int T) const {
     for (int k : {0, 1, 2}) matrices.push_back(modules_[block_module(l, 3)].params[k]);
   }
   matrices.push_back(modules_[head_module()].params[0]);
-  const size_t weights = bf16 ? detail::Bf16Weights::bytes_for(params_, matrices) : 0;
-  return carve(config_, static_cast<size_t>(B) * T, T, bf16, nullptr, &counting) * sizeof(float) + weights;
+  return std::min<uint64_t>(weight_copy_limit_, detail::Bf16Weights::bytes_for(params_, matrices));
+}
+
+void LlamaModel::limit_weight_copies(uint64_t bytes) {
+  weight_copy_limit_ = bytes;
+  if (acts_) acts_->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(bytes, SIZE_MAX)));
+}
+
+uint64_t LlamaModel::activation_bytes(int B, int T) const {
+  LlamaActivations counting;
+  const bool bf16 = matmul_.reads_bf16_inputs();
+  return carve(config_, static_cast<size_t>(B) * T, T, bf16, nullptr, &counting) * sizeof(float) + weight_copy_bytes();
 }
 
 Status LlamaModel::reserve(int B, int T) {
@@ -256,6 +265,7 @@ Status LlamaModel::reserve(int B, int T) {
   }
   carve(config_, a->cap_bt, a->cap_t, bf16, a->storage.data(), a.get());
   a->weights.configure(params_, bf16);
+  a->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(weight_copy_limit_, SIZE_MAX)));
   const RopeFrequencies rope = rope_frequencies(config_, static_cast<int>(a->cap_t));
   k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), rope.inv_freq, rope.attention_factor);
   acts_ = std::move(a);

@@ -255,6 +255,7 @@ Status Engine::Impl::fit_budget(std::size_t optimizer_states, TierContext& tiers
   for (const std::string& n : fit->notices) log(LogLevel::kNotice, fmt::format("{}: {}", options.ds.source, n));
   options.ds = fit->ds;  // the lowered knobs (the reference `ds` of init() reads them)
   tiers.optimizer_buffer_size = fit->optimizer_buffer_size;
+  if (fit->weight_copy_bytes != UINT64_MAX) model->limit_weight_copies(fit->weight_copy_bytes);
   std::string terms;
   for (const MemoryTerm& t : fit->terms) terms += fmt::format("{}{} {}", terms.empty() ? "" : ", ", format_bytes(t.bytes), t.name);
   budget = HostBudgetReport{bytes, fit->total(), fit->pinned_bound, fit->live_bound,

@@ -70,8 +70,9 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
   std::vector<MemoryTerm> t;
   t.push_back({"the process before the engine (program, libraries, data)", r.in_use, false});
   t.push_back({"the math libraries' work buffers", kLibraryScratch, false});
-  t.push_back({fmt::format("activations for {} x {} (the bf16 weight copies included)", r.B, r.T),
-               r.model.activation_bytes(r.B, r.T), false});
+  // The bf16 weight copies are a knob (make_knobs), not part of this term.
+  t.push_back({fmt::format("activations for {} x {}", r.B, r.T),
+               r.model.activation_bytes(r.B, r.T) - r.model.weight_copy_bytes(), false});
   if (opt_nvme) {
     std::uint64_t largest = 0;
     for (const swap::ParamPartition& p : r.layout.params) largest = std::max(largest, p.numel);
@@ -168,7 +169,7 @@ namespace {
 
 // The knobs a budget sizes, with what their sizing needs to turn bytes back into config values.
 struct Knobs {
-  Knob opt_pool, param_pool, in_cpu, live, grads;
+  Knob opt_pool, param_pool, in_cpu, live, grads, weight_copies;
   std::uint64_t opt_count = 1, opt_least_elements = 0, opt_asked_elements = 0;
   std::uint64_t param_count = 1, param_least_buffer = 0, dsize = 2;
   std::uint64_t live_asked_elements = 0;
@@ -225,6 +226,10 @@ Knobs make_knobs(const HostBudgetRequest& r, const GatheredSizes& g, std::uint64
   k.grads.least = gradient_buffer_bytes(g, 1, world);
   k.grads.asked =
       std::max(k.grads.least, gradient_buffer_bytes(g, std::max<std::uint64_t>(1, u64(z.reduce_bucket_size)), world));
+  // The model's bf16 copies of its weights (Model::weight_copy_bytes): speed, 2 bytes a parameter
+  // of the products' matrices; without them each product rounds its weight again.
+  k.weight_copies.name = "the bf16 weight copies of the products";
+  k.weight_copies.asked = r.model.weight_copy_bytes();
   return k;
 }
 
@@ -272,6 +277,12 @@ void lower_keys(const HostBudgetRequest& r, const GatheredSizes& g, Knobs& k, Ho
       out.prefetch_bucket_size = static_cast<std::int64_t>(elements);
     }
   }
+  if (k.weight_copies.used < k.weight_copies.asked) {
+    fit.weight_copy_bytes = k.weight_copies.used;
+    fit.notices.push_back(fmt::format(
+        "host memory budget: bf16 weight copies {} asked, {} kept (the products round the other weights each time)",
+        format_bytes(k.weight_copies.asked), format_bytes(k.weight_copies.used)));
+  }
   if (k.grads.used < k.grads.asked) {
     // The largest bucket whose buffers fit (gradient_buffer_bytes grows with the bucket).
     std::uint64_t lo = 1, hi = std::max<std::uint64_t>(1, u64(z.reduce_bucket_size));
@@ -297,7 +308,7 @@ Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
   const GatheredSizes g = gathered_sizes(r.model, r.plan, r.ds.zero, static_cast<int>(r.ds.world_size));
   const std::vector<MemoryTerm> fixed = fixed_terms(r, g, shard);
   Knobs k = make_knobs(r, g, shard);
-  const std::vector<Knob*> shared = {&k.opt_pool, &k.param_pool, &k.live, &k.grads};
+  const std::vector<Knob*> shared = {&k.opt_pool, &k.param_pool, &k.live, &k.grads, &k.weight_copies};
 
   std::uint64_t least = 0;
   for (const MemoryTerm& t : fixed) least += t.bytes;
@@ -324,7 +335,7 @@ Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
   fit.ds = r.ds;
   lower_keys(r, g, k, fit);
   fit.terms = fixed;
-  for (const Knob* knob : {&k.opt_pool, &k.param_pool, &k.in_cpu, &k.live, &k.grads}) {
+  for (const Knob* knob : {&k.opt_pool, &k.param_pool, &k.in_cpu, &k.live, &k.grads, &k.weight_copies}) {
     if (knob->used > 0) fit.terms.push_back({knob->name, knob->used, knob->pinned});
   }
   fit.pinned_bound = k.opt_pool.used + k.param_pool.used;

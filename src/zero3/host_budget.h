@@ -54,6 +54,8 @@ struct HostBudgetFit {
   std::vector<std::string> notices;    // one per key lowered: the key, the value asked, the value used
   std::uint64_t pinned_bound = 0;      // both NVMe pools together hold at most this many bytes
   std::uint64_t live_bound = 0;        // gathered non-persistent elements at most
+  // The model's bf16 weight copies at most (Model::limit_weight_copies); UINT64_MAX: all it asks.
+  std::uint64_t weight_copy_bytes = UINT64_MAX;
   std::uint64_t total() const;
 };
 

@@ -217,6 +217,37 @@ TEST(Bf16CopiesTest, WeightCopiesAreRoundedOncePerPassAndDroppedBetweenPasses) {
   EXPECT_EQ(detail::Bf16Weights::bytes_for(params, std::vector<int>{0, 2}), 2 * 60 * sizeof(uint16_t));
 }
 
+// Under limit_bytes only the copies that fit are kept; the others come without a copy (their
+// product rounds them), every pass, and nothing more is allocated.
+TEST(Bf16CopiesTest, WeightCopiesStayWithinTheirLimit) {
+  std::vector<ParamSpec> params(3);
+  for (int i = 0; i < 3; i++) {
+    params[i].index = i;
+    params[i].numel = 6 * 10;
+  }
+  const std::vector<float> w = normal_values(18, 60);
+  detail::Bf16Weights cache;
+  cache.configure(params, true);
+  cache.limit_bytes(60 * sizeof(uint16_t) + 1);  // room for one copy
+  for (int pass = 0; pass < 2; ++pass) {
+    cache.begin_pass();
+    const MatmulInput kept = cache.get(2, w.data(), 6, 10);
+    ASSERT_NE(kept.bf16, nullptr) << "pass " << pass;
+    expect_copy_of("the copy within the limit", w.data(), kept.bf16, w.size());
+    for (int p : {0, 1}) {
+      const MatmulInput over = cache.get(p, w.data(), 6, 10);
+      EXPECT_EQ(over.bf16, nullptr) << "parameter " << p << " is past the limit";
+      EXPECT_EQ(over.f32, w.data());
+    }
+  }
+  EXPECT_EQ(cache.roundings(), 2u) << "the kept copy, once a pass";
+  detail::Bf16Weights none;
+  none.configure(params, true);
+  none.limit_bytes(0);
+  none.begin_pass();
+  EXPECT_EQ(none.get(0, w.data(), 6, 10).bf16, nullptr);
+}
+
 // Runs `pass` with the backend checking every copy it is handed; skips without bf16 products.
 template <typename Pass>
 void with_checked_copies(Pass pass) {
@@ -267,6 +298,44 @@ TEST(Bf16CopiesTest, GptPassesReadRightCopiesAcrossStepsWithAndWithoutCheckpoint
       GTEST_SKIP() << "no bf16 products here";
     }
     expect_copies_right_across_steps(used, fresh, 3, 10, c.vocab_size);
+  }
+}
+
+// A model whose weight copies are limited (the host-memory budget's knob) computes the same bits:
+// the products round the weights without copies themselves. Its activation_bytes() counts only
+// the copies it may keep.
+TEST(Bf16CopiesTest, LimitedWeightCopiesGiveTheSameBits) {
+  for (bool ckpt : {false, true}) {
+    SCOPED_TRACE(ckpt ? "activation checkpointing" : "no checkpointing");
+    GptConfig c = testing::micro_config(ckpt);
+    c.n_layer = 3;
+    GptModel all = testing::make_gpt(c), limited = testing::make_gpt(c), none = testing::make_gpt(c);
+    for (GptModel* m : {&all, &limited, &none}) {
+      if (!m->use_matmul(MatmulKind::kBf16).is_ok()) GTEST_SKIP() << "no bf16 products here";
+    }
+    const uint64_t copies = all.weight_copy_bytes();
+    ASSERT_GT(copies, 0u);
+    limited.limit_weight_copies(copies / 2);
+    none.limit_weight_copies(0);
+    EXPECT_EQ(limited.weight_copy_bytes(), copies / 2);
+    EXPECT_EQ(none.weight_copy_bytes(), 0u);
+    EXPECT_EQ(all.activation_bytes(3, 10) - none.activation_bytes(3, 10), copies);
+    Result<LocalParams> lp = LocalParams::create(all.params(), all.modules());
+    ASSERT_TRUE(lp.is_ok());
+    testing::randomize(*lp, all.params(), 25);
+    const std::vector<int32_t> in = testing::random_tokens(26, 30, c.vocab_size);
+    const std::vector<int32_t> tgt = testing::random_tokens(27, 30, c.vocab_size);
+    std::vector<std::vector<float>> grads;
+    std::vector<uint32_t> losses;
+    for (GptModel* m : {&all, &limited, &none}) {
+      lp->zero_grads();
+      losses.push_back(std::bit_cast<uint32_t>(testing::must(m->forward_backward(in, tgt, 3, 10, *lp, 1.0f))));
+      grads.emplace_back(lp->flat_grads().begin(), lp->flat_grads().end());
+    }
+    EXPECT_EQ(losses[1], losses[0]);
+    EXPECT_EQ(losses[2], losses[0]);
+    EXPECT_EQ(grads[1], grads[0]);
+    EXPECT_EQ(grads[2], grads[0]);
   }
 }
 

@@ -141,6 +141,58 @@ TEST(HostBudget, TooSmallIsRefusedBeforeAnyWorkNamingTheNumbers) {
   EXPECT_FALSE(fit_host_budget(request).is_ok()) << "less than the least named fits";
 }
 
+// The model's bf16 weight copies (2 bytes a parameter of its products' matrices) are a knob, not
+// part of the least: a budget with no room for them is accepted, keeps fewer (a notice says how
+// many), and tells the model; a generous one keeps them all.
+TEST(HostBudget, WeightCopiesAreLoweredBeforeTheBudgetIsRefused) {
+  TempDir nvme;
+  const config::DsConfig ds = nvme_config(nvme.path());
+  auto model = gpt(4, 512);
+  if (!model->set_compute_precision(model::ComputePrecision::kBf16).is_ok() || model->weight_copy_bytes() == 0) {
+    GTEST_SKIP() << "no bf16 products here: no weight copies";
+  }
+  const std::uint64_t copies = model->weight_copy_bytes();
+  auto plan = model_partition_plan(model->params(), model->modules().size(), 1);
+  ASSERT_TRUE(plan.is_ok());
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(
+      layout_partitions(model->params(), model->modules(), plan.value()), static_cast<std::uint64_t>(ds.zero.sub_group_size));
+  HostBudgetRequest request{*model, ds, plan.value(), layout, 2, kB, kT, std::uint64_t{1} << 40, std::uint64_t{100} << 20};
+  auto generous = fit_host_budget(request);
+  ASSERT_TRUE(generous.is_ok()) << generous.status().to_string();
+  EXPECT_EQ(generous->weight_copy_bytes, UINT64_MAX) << "all of them fit";
+  // The least, found as the refusal names it: no room for copies there.
+  request.budget = std::uint64_t{1} << 20;
+  auto refused = fit_host_budget(request);
+  ASSERT_FALSE(refused.is_ok());
+  const std::string m = refused.status().message();
+  EXPECT_EQ(m.find("weight copies"), std::string::npos) << "the copies are not part of the least: " << m;
+  const double mib = std::stod(m.substr(m.find("is below the ") + 13));
+  request.budget = static_cast<std::uint64_t>((mib + 0.1) * 1048576);
+  auto tight = fit_host_budget(request);
+  ASSERT_TRUE(tight.is_ok()) << tight.status().to_string();
+  EXPECT_LT(tight->weight_copy_bytes, copies);
+  bool noticed = false;
+  for (const std::string& n : tight->notices) noticed |= n.find("bf16 weight copies") != std::string::npos;
+  EXPECT_TRUE(noticed) << "no notice names the copies";
+
+  // Through the engine: the model is told. Sized from this process's RSS now (the engine measures
+  // its own at the start), with half the copies' bytes above the least.
+  if (zinf::testing::kAsan) GTEST_SKIP() << "ASan's shadow memory is RSS no budget counts";
+  request.in_use = process_rss_bytes() + (std::uint64_t{8} << 20);
+  request.budget = std::uint64_t{1} << 20;
+  auto at_rss = fit_host_budget(request);
+  ASSERT_FALSE(at_rss.is_ok());
+  const std::string m2 = at_rss.status().message();
+  const auto least = static_cast<std::uint64_t>(std::stod(m2.substr(m2.find("is below the ") + 13)) * 1048576);
+  auto comm = make_local_communicator();
+  EngineOptions options{ds, 5, ""};
+  options.host_memory_budget = least + copies / 2;
+  options.budget_seq = kT;
+  auto e = Engine::create(gpt(4, 512), options, *comm);
+  ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+  EXPECT_LT(e.value()->model().weight_copy_bytes(), copies);
+}
+
 TEST(HostBudget, ConfigKeyReadsSizesAndBytes) {
   TempDir nvme;
   EXPECT_EQ(nvme_config(nvme.path(), R"(, "zinf": {"host_memory_budget": "1.5GiB"})").zinf.host_memory_budget,

@@ -73,6 +73,8 @@ class GptModel final : public Model {
   MatmulKind matmul_kind() const { return matmul_.kind(); }
   // Bytes of activations and scratch a pass with (B, T) needs under this configuration.
   uint64_t activation_bytes(int B, int T) const override;
+  uint64_t weight_copy_bytes() const override;
+  void limit_weight_copies(uint64_t bytes) override;
 
  private:
   explicit GptModel(GptConfig config);
@@ -89,6 +91,7 @@ class GptModel final : public Model {
   std::vector<ModuleSpec> modules_;
   std::unique_ptr<GptActivations> acts_;
   Matmul matmul_;
+  uint64_t weight_copy_limit_ = UINT64_MAX;  // limit_weight_copies()
 };
 
 // Module ids of GptModel::modules(), for engines and tests that want to name one.

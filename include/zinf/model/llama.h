@@ -169,6 +169,8 @@ class LlamaModel final : public Model {
   Status use_matmul(MatmulKind kind) { return matmul_.use(kind); }
   MatmulKind matmul_kind() const { return matmul_.kind(); }
   uint64_t activation_bytes(int B, int T) const override;
+  uint64_t weight_copy_bytes() const override;
+  void limit_weight_copies(uint64_t bytes) override;
 
  private:
   explicit LlamaModel(LlamaConfig config);
@@ -186,6 +188,7 @@ class LlamaModel final : public Model {
   std::vector<ModuleSpec> modules_;
   std::unique_ptr<LlamaActivations> acts_;
   Matmul matmul_;
+  uint64_t weight_copy_limit_ = UINT64_MAX;  // limit_weight_copies()
 };
 
 }  // namespace zinf::model

@@ -73,6 +73,13 @@ class Model {
   virtual Status reserve(int B, int T) = 0;
   // Bytes of activations and scratch a pass with (B, T) needs.
   virtual uint64_t activation_bytes(int B, int T) const = 0;
+  // Of activation_bytes(): the bf16 copies of the weights its products read, kept for a pass so
+  // that each weight is rounded once (0 where the model keeps none). They grow with the model,
+  // not the batch; limit_weight_copies() trades them for speed.
+  virtual uint64_t weight_copy_bytes() const { return 0; }
+  // Keep at most `bytes` of those copies: the products of the other weights round them each time
+  // (the same bits, more work). The host-memory budget calls it when the copies do not fit.
+  virtual void limit_weight_copies(uint64_t bytes) { (void)bytes; }
 
   // The engine calls this once, before the first pass, with the run's precision (ds_config's
   // bf16 / fp16, or neither). A model may then compute where 16 bits are close enough in 16 bits;
