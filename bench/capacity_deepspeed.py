@@ -155,7 +155,7 @@ def why_failed(status, stopped, err_path):
     lines = [l.strip() for l in open(err_path, errors="replace") if l.strip()]
     errors = [l for l in lines if "Error" in l or "error:" in l or "Exception" in l or "assert" in l.lower()]
     last = (errors or lines or ["(no output)"])[-1]
-    return f"{how}; last error line: {last[:300]}"
+    return f"{how}; last {'error ' if errors else ''}line: {last[:300]}"
 
 
 def parent(a):
