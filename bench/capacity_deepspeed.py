@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-3 peer of bench/capacity.sh: one GPT preset trained a few steps with its state on NVMe.
 
   capacity_deepspeed.py SIZE --config ds.json --steps N [--seq 256] [--zinf-params N]
-                        [--rbw GB/s --wbw GB/s] [--timeout 900] [--rss-cap BYTES]
+                        [--rbw GB/s --wbw GB/s] [--timeout 900] [--rss-cap BYTES|none]
 Run with the side-by-side benchmark's Python (bench/cpu_side_by_side/make_venv.sh). SIZE is one of
 zinf's presets with the built-in corpus's byte vocabulary and --seq positions, as `zinf train
 --model SIZE --seq T` makes it, so the parameter count is zinf's (--zinf-params checks it). The
@@ -209,9 +209,10 @@ def main():
     ap.add_argument("--rbw", type=float, default=0.0, help="aio_bench's best read GB/s, for the I/O efficiency")
     ap.add_argument("--wbw", type=float, default=0.0, help="aio_bench's best write GB/s")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds before the watchdog stops the run")
-    ap.add_argument("--rss-cap", type=int, default=0,
+    ap.add_argument("--rss-cap", default="",
                     help="bytes of process-tree RSS at which the watchdog stops the run (default: MemAvailable "
-                    "at start less 1 GiB, so that the machine's other jobs keep their memory)")
+                    "at start less 1 GiB, so that the machine's other jobs keep their memory); none: no cap, "
+                    "the OOM killer decides (the child asks to be its first choice)")
     ap.add_argument("--label", default="", help="a first column, e.g. deepspeed (capacity.sh --deepspeed)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--log", help=argparse.SUPPRESS)
@@ -219,7 +220,7 @@ def main():
     if a.child:
         child(a)
         return 0
-    a.rss_cap = a.rss_cap or mem_available() - 2**30
+    a.rss_cap = float("inf") if a.rss_cap == "none" else int(a.rss_cap) if a.rss_cap else mem_available() - 2**30
     return parent(a)
 
 
