@@ -117,7 +117,7 @@ def mem_available():
 
 
 def watch(a, cmd, err_path, nvme):
-    """Runs cmd, sampling it; returns (wait status, rusage, peak tree RSS, peak folder bytes, why stopped)."""
+    """Runs cmd, sampling it; returns (pid, wait status, rusage, peak tree RSS, peak folder bytes, why stopped)."""
     with open(err_path, "w") as err:
         p = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, start_new_session=True)
     peak_rss = peak_disk = 0
@@ -127,7 +127,7 @@ def watch(a, cmd, err_path, nvme):
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid:
                 p.returncode = status  # reaped here, not by Popen
-                return status, usage, peak_rss, peak_disk, stopped
+                return p.pid, status, usage, peak_rss, peak_disk, stopped
             peak_rss = max(peak_rss, tree_rss(p.pid))
             if tick % 4 == 0:
                 peak_disk = max(peak_disk, folder_bytes(nvme))
@@ -144,12 +144,23 @@ def watch(a, cmd, err_path, nvme):
             os.killpg(p.pid, signal.SIGKILL)
 
 
-def why_failed(status, stopped, err_path):
+def oom_killed(pid):
+    """The kernel log's line saying the OOM killer took pid, or None (also when dmesg is not readable)."""
+    try:
+        log = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [l for l in log.splitlines() if f"Killed process {pid} " in l]
+    return lines[-1].split("] ", 1)[-1] if lines else None
+
+
+def why_failed(pid, status, stopped, err_path):
     if stopped:
         how = stopped
     elif os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        how = f"killed by {signal.Signals(sig).name}" + (" (the OOM killer?)" if sig == signal.SIGKILL else "")
+        oom = oom_killed(pid) if sig == signal.SIGKILL else None
+        how = f"killed by {signal.Signals(sig).name}" + (f" (kernel: {oom})" if oom else "")
     else:
         how = f"exit status {os.WEXITSTATUS(status)}"
     lines = [l.strip() for l in open(err_path, errors="replace") if l.strip()]
@@ -167,26 +178,28 @@ def parent(a):
     cmd = [sys.executable, os.path.abspath(__file__), a.size, "--child", "--log", log_path,
            "--config", a.config, "--steps", str(a.steps), "--seq", str(a.seq)]
     t0 = time.time()
-    status, usage, peak_rss, peak_disk, stopped = watch(a, cmd, err_path, nvme)
+    pid, status, usage, peak_rss, peak_disk, stopped = watch(a, cmd, err_path, nvme)
     elapsed = time.time() - t0
     peak_rss = max(peak_rss, usage.ru_maxrss * 1024)
     events = [json.loads(l) for l in open(log_path) if l.strip()]
     n = next((e["params"] for e in events if "params" in e), 0)
     steps = [e for e in events if "step" in e]
     print(f"{a.label:<10} " if a.label else "", end="")
-    code = row(a, n, steps, status, stopped, elapsed, peak_rss, peak_disk, err_path)
+    code = row(a, n, steps, (pid, status, stopped), elapsed, peak_rss, peak_disk, err_path)
     if n and a.zinf_params:
         same = "the same" if n == a.zinf_params else "DIFFERENT"
         print(f"  ({a.size}: DeepSpeed's model {n:,} parameters, zinf's {a.zinf_params:,}: {same})")
     return code
 
 
-def row(a, n, steps, status, stopped, elapsed, peak_rss, peak_disk, err_path):
-    """capacity.sh's row for this run, or a FAILED row with the reason; returns the exit code."""
+def row(a, n, steps, end, elapsed, peak_rss, peak_disk, err_path):
+    """capacity.sh's row for this run, or a FAILED row with the reason; returns the exit code.
+    end: (pid, wait status, why the watchdog stopped it or None)."""
+    pid, status, stopped = end
     if status != 0 or stopped or len(steps) < a.steps:
         print(f"{a.size:<12} {n or '-':>14} FAILED after {elapsed:.0f} s, {len(steps)} of {a.steps} steps, "
               f"peak RSS {peak_rss / 2**20:.0f} MiB, swap folder peak {peak_disk / 1e9:.1f} GB: "
-              f"{why_failed(status, stopped, err_path)}")
+              f"{why_failed(pid, status, stopped, err_path)}")
         return 3
     last = steps[-1]
     read, write = n * (12 + 4), n * (12 + 2)  # capacity.sh's optimizer-phase formula
