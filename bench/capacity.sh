@@ -11,7 +11,7 @@
 # Usage: bench/capacity.sh DIR [--sizes "small gpt2 gpt2-medium"] [--steps 3] [--seq 256]
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
 #                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
-#                             [--timeout S] [--sub-group-size N]
+#                             [--timeout S] [--sub-group-size N] [--no-pipeline]
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
 # --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
@@ -25,12 +25,13 @@
 # start less 1 GiB; "none": no cap, the OOM killer decides, and it takes DeepSpeed first).
 # --sub-group-size N: zero_optimization.sub_group_size in the ds.json both engines read (default:
 # the reference's 1e9: one sub-group below 1e9 parameters).
+# --no-pipeline: offload_optimizer pipeline_read and pipeline_write false (both engines).
 # --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; sub_group=""
+deepspeed=0; ds_cap=(); timeout=1800; sub_group=""; pipeline=true
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -43,6 +44,7 @@ while [ $# -gt 0 ]; do
     --deepspeed) deepspeed=1; shift ;;
     --ds-rss-cap) ds_cap=(--rss-cap "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --no-pipeline) pipeline=false; shift ;;
     --sub-group-size) sub_group=", \"sub_group_size\": $2"; shift 2 ;;
     --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
     *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
@@ -82,7 +84,7 @@ cat > "$work/ds.json" <<JSON
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
  "zero_optimization": {"stage": 3$live$sub_group,
    "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"},
-   "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": true, "pipeline_write": true}}}
+   "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}
 JSON
 engine() { [ "$deepspeed" = 1 ] && printf '%-10s ' "$1"; return 0; }
 engine engine
