@@ -200,6 +200,10 @@ def row(a, n, steps, end, elapsed, peak_rss, peak_disk, err_path):
         print(f"{a.size:<12} {n or '-':>14} FAILED after {elapsed:.0f} s, {len(steps)} of {a.steps} steps, "
               f"peak RSS {peak_rss / 2**20:.0f} MiB, swap folder peak {peak_disk / 1e9:.1f} GB: "
               f"{why_failed(pid, status, stopped, err_path)}")
+        for st in steps:  # the steps it did finish
+            print(f"  step {st['step']}: {st['step_s']:.2f} s (forward {st['forward_s']:.2f}, backward "
+                  f"{st['backward_s']:.2f}, optimizer {st['optimizer_s']:.2f}), {st['io_bytes'] / 1e6:.0f} MB "
+                  f"read and written, loss {st['loss']:.3f}")
         return 3
     last = steps[-1]
     read, write = n * (12 + 4), n * (12 + 2)  # capacity.sh's optimizer-phase formula
