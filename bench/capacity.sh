@@ -12,6 +12,7 @@
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
 #                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
 #                             [--timeout S] [--sub-group-size N] [--no-pipeline]
+#                             [--param-buffers N] [--zero '"key": value, ...']
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
 # --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
@@ -26,12 +27,14 @@
 # --sub-group-size N: zero_optimization.sub_group_size in the ds.json both engines read (default:
 # the reference's 1e9: one sub-group below 1e9 parameters).
 # --no-pipeline: offload_optimizer pipeline_read and pipeline_write false (both engines).
+# --param-buffers N: offload_param buffer_count (both engines; the reference's default is 5).
+# --zero MEMBERS: more zero_optimization members for both engines, as JSON text.
 # --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; sub_group=""; pipeline=true
+deepspeed=0; ds_cap=(); timeout=1800; sub_group=""; pipeline=true; param_buffers=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -45,6 +48,8 @@ while [ $# -gt 0 ]; do
     --ds-rss-cap) ds_cap=(--rss-cap "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
     --no-pipeline) pipeline=false; shift ;;
+    --param-buffers) param_buffers=", \"buffer_count\": $2"; shift 2 ;;
+    --zero) sub_group="$sub_group, $2"; shift 2 ;;
     --sub-group-size) sub_group=", \"sub_group_size\": $2"; shift 2 ;;
     --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
     *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
@@ -83,7 +88,7 @@ cat > "$work/ds.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
  "zero_optimization": {"stage": 3$live$sub_group,
-   "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"},
+   "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
    "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}
 JSON
 engine() { [ "$deepspeed" = 1 ] && printf '%-10s ' "$1"; return 0; }
