@@ -34,7 +34,7 @@
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; sub_group=""; pipeline=true; param_buffers=""
+deepspeed=0; ds_cap=(); timeout=1800; zero_more=""; pipeline=true; param_buffers=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -49,8 +49,8 @@ while [ $# -gt 0 ]; do
     --timeout) timeout=$2; shift 2 ;;
     --no-pipeline) pipeline=false; shift ;;
     --param-buffers) param_buffers=", \"buffer_count\": $2"; shift 2 ;;
-    --zero) sub_group="$sub_group, $2"; shift 2 ;;
-    --sub-group-size) sub_group=", \"sub_group_size\": $2"; shift 2 ;;
+    --zero) zero_more="$zero_more, $2"; shift 2 ;;
+    --sub-group-size) zero_more="$zero_more, \"sub_group_size\": $2"; shift 2 ;;
     --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
     *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -87,7 +87,7 @@ fi
 cat > "$work/ds.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": 3$live$sub_group,
+ "zero_optimization": {"stage": 3$live$zero_more,
    "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
    "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}
 JSON
