@@ -10,16 +10,31 @@
 #
 # Usage: bench/capacity.sh DIR [--sizes "small gpt2 gpt2-medium"] [--steps 3] [--seq 256]
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
-#                             [--budget SIZE] [--train-args "ARGS"]
+#                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
+#                             [--timeout S] [--sub-group-size N] [--no-pipeline]
+#                             [--param-buffers N] [--zero '"key": value, ...']
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
 # --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
 # sized to fit it (docs/zero3.md, "The host-memory budget"). --train-args: more zinf train
 # options for every size, e.g. "--activation-checkpointing".
+# --deepspeed: after each size's zinf run, DeepSpeed ZeRO-3 (CPU accelerator) at the same size
+# with the same ds.json (bench/capacity_deepspeed.py, in the Python environment of
+# bench/cpu_side_by_side.sh: ZINF_BENCH_VENV, default ~/.cache/zinf-bench-venv); the rows then
+# start with the engine, zinf or deepspeed; a run DeepSpeed fails prints a FAILED row with why.
+# --ds-rss-cap BYTES: the RSS at which the DeepSpeed run is stopped (default: MemAvailable at its
+# start less 1 GiB; "none": no cap, the OOM killer decides, and it takes DeepSpeed first).
+# --sub-group-size N: zero_optimization.sub_group_size in the ds.json both engines read (default:
+# the reference's 1e9: one sub-group below 1e9 parameters).
+# --no-pipeline: offload_optimizer pipeline_read and pipeline_write false (both engines).
+# --param-buffers N: offload_param buffer_count (both engines; the reference's default is 5).
+# --zero MEMBERS: more zero_optimization members for both engines, as JSON text.
+# --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
+deepspeed=0; ds_cap=(); timeout=1800; zero_more=""; pipeline=true; param_buffers=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -29,6 +44,13 @@ while [ $# -gt 0 ]; do
     --no-aio-bench) aio=0; shift ;;
     --budget) budget=(--host-memory-budget "$2"); shift 2 ;;
     --train-args) read -r -a extra <<< "$2"; shift 2 ;;
+    --deepspeed) deepspeed=1; shift ;;
+    --ds-rss-cap) ds_cap=(--rss-cap "$2"); shift 2 ;;
+    --timeout) timeout=$2; shift 2 ;;
+    --no-pipeline) pipeline=false; shift ;;
+    --param-buffers) param_buffers=", \"buffer_count\": $2"; shift 2 ;;
+    --zero) zero_more="$zero_more, $2"; shift 2 ;;
+    --sub-group-size) zero_more="$zero_more, \"sub_group_size\": $2"; shift 2 ;;
     --live) live=", \"stage3_max_live_parameters\": $2, \"stage3_prefetch_bucket_size\": $2"; shift 2 ;;
     *) echo "capacity.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -49,6 +71,11 @@ if [ -z "$sizes" ]; then
   done
   echo "free space in $dir: $((free / 1000000000)) GB; largest preset whose state fits 0.8 of it: $sizes"
 fi
+if [ "$deepspeed" = 1 ]; then
+  venv=${ZINF_BENCH_VENV:-$HOME/.cache/zinf-bench-venv}
+  here=$(cd "$(dirname "$0")" && pwd)
+  "$here/cpu_side_by_side/make_venv.sh" "$venv" "${ZINF_BENCH_TORCH_FROM:-}"
+fi
 rbw=0; wbw=0
 if [ "$aio" = 1 ]; then
   bench=$(dirname "$zinf")/../aio_bench/aio_bench
@@ -60,25 +87,32 @@ fi
 cat > "$work/ds.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
  "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
- "zero_optimization": {"stage": 3$live,
-   "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"},
-   "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": true, "pipeline_write": true}}}
+ "zero_optimization": {"stage": 3$live$zero_more,
+   "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
+   "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}
 JSON
+engine() { [ "$deepspeed" = 1 ] && printf '%-10s ' "$1"; return 0; }
+engine engine
 printf '%-12s %14s %10s %12s %9s %8s %8s %8s %8s %12s %8s %s\n' size params disk_B/p peak_RSS_MiB step_s fwd_s bwd_s optim_s io_s nvme_MB/step io_eff losses
 for s in $sizes; do
   rm -rf "$work/nvme"; mkdir -p "$work/nvme"; : > "$work/log.jsonl"
   "$zinf" train --config "$work/ds.json" --model "$s" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" "${budget[@]}" "${extra[@]}" \
     > "$work/out.txt" 2>&1 &
   pid=$!
-  peak_disk=0
+  peak_disk=0; start=$SECONDS; stopped=""
   while kill -0 "$pid" 2>/dev/null; do
     d=$(du -sb "$work/nvme" 2>/dev/null | cut -f1 || echo 0)
     [ "${d:-0}" -gt "$peak_disk" ] && peak_disk=$d
+    if [ $((SECONDS - start)) -gt "$timeout" ] && [ -z "$stopped" ]; then
+      stopped="stopped after $timeout s"; kill "$pid" 2>/dev/null || true
+    fi
     sleep 1
   done
-  wait "$pid" || { echo "$s: zinf train failed:"; tail -5 "$work/out.txt"; continue; }
-  n=$(sed -n 's/^model \([0-9]*\) params.*/\1/p' "$work/out.txt" | head -1)
-  python3 - "$s" "$n" "$peak_disk" "$rbw" "$wbw" "$work/log.jsonl" <<'PY'
+  n=""
+  if wait "$pid" && [ -z "$stopped" ]; then
+    n=$(sed -n 's/^model \([0-9]*\) params.*/\1/p' "$work/out.txt" | head -1)
+    engine zinf
+    python3 - "$s" "$n" "$peak_disk" "$rbw" "$wbw" "$work/log.jsonl" <<'PY'
 import json, sys
 size, n, disk, rbw, wbw, log = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4] or 0), float(sys.argv[5] or 0), sys.argv[6]
 lines = [json.loads(l) for l in open(log) if l.strip()]
@@ -91,4 +125,15 @@ print(f"{size:<12} {n:>14} {disk / n:>10.2f} {max(l['peak_rss_bytes'] for l in l
       f"{last['forward_s']:>8.2f} {last['backward_s']:>8.2f} {last['optimizer_s']:>8.2f} {last['io_wait_s']:>8.2f} "
       f"{per_step / 1e6:>12.0f} {eff:>8.2f} {losses}")
 PY
+  else
+    engine zinf; echo "$s: zinf train failed${stopped:+ ($stopped)}:"; tail -5 "$work/out.txt"
+  fi
+  [ "$deepspeed" = 1 ] || continue
+  rm -rf "$work/nvme"; mkdir -p "$work/nvme"
+  if ! DS_ACCELERATOR=cpu PYTHONWARNINGS=ignore OMP_NUM_THREADS=$(nproc) \
+      "$venv/bin/python" "$here/capacity_deepspeed.py" "$s" --label deepspeed --config "$work/ds.json" \
+      --steps "$steps" --seq "$seq" --timeout "$timeout" --rbw "${rbw:-0}" --wbw "${wbw:-0}" ${n:+--zinf-params "$n"} "${ds_cap[@]}"; then
+    # The work folder goes at exit: keep DeepSpeed's output of a failed run beside it.
+    cp "$work/deepspeed-$s.log" "$dir/deepspeed-$s.log" 2>/dev/null && echo "  (DeepSpeed's output: $dir/deepspeed-$s.log)" || true
+  fi
 done

@@ -42,7 +42,10 @@ def torch_steps(bf16, steps, model, batches, opt_cfg, clip):
     return times, loss.item()
 
 
-def deepspeed_steps(steps, cfg, batches):
+def deepspeed_engine(cfg, make_model=gpt.Gpt):
+    """A DeepSpeed engine for cfg on its CPU accelerator, one rank over gloo, around make_model()
+    built under zero.Init (so ZeRO-3 partitions and offloads it as it is made).
+    Returns (engine, the model's parameter count)."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for k, v in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_SIZE", "1"),
                  ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
@@ -50,9 +53,14 @@ def deepspeed_steps(steps, cfg, batches):
     import deepspeed
     deepspeed.init_distributed(dist_backend="gloo")
     with deepspeed.zero.Init(config_dict_or_path=cfg):
-        model = gpt.Gpt()
+        model = make_model()
     n = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    return engine, n
+
+
+def deepspeed_steps(steps, cfg, batches):
+    engine, n = deepspeed_engine(cfg)
     times = []
     for _ in range(steps):
         x, y = batches.next()
