@@ -37,7 +37,7 @@ class Bf16Weights {
   void configure(std::span<const ParamSpec> params, bool on);
   // At most `bytes` of copies are kept (the first weights get() sees, in pass order); get() hands
   // the others out without a copy, so their product rounds them (the same bits). Default: no limit.
-  void limit_bytes(size_t bytes) { limit_ = bytes; }
+  void limit_bytes(uint64_t bytes) { limit_ = bytes; }
   bool on() const { return on_; }
 
   // Forgets every copy (their storage stays). The models call it at the start of each pass.
@@ -62,7 +62,7 @@ class Bf16Weights {
   };
   std::vector<Copy> copies_;  // by ParamSpec::index
   size_t held_ = 0;             // bytes of the copies' storage
-  size_t limit_ = SIZE_MAX;
+  uint64_t limit_ = UINT64_MAX;
   bool on_ = false;
   uint64_t roundings_ = 0;
 };

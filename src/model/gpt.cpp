@@ -170,7 +170,7 @@ uint64_t GptModel::weight_copy_bytes() const {
 
 void GptModel::limit_weight_copies(uint64_t bytes) {
   weight_copy_limit_ = bytes;
-  if (acts_) acts_->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(bytes, SIZE_MAX)));
+  if (acts_) acts_->weights.limit_bytes(bytes);
 }
 
 uint64_t GptModel::activation_bytes(int B, int T) const {
@@ -198,7 +198,7 @@ Status GptModel::reserve(int B, int T) {
   }
   carve(config_, a->cap_bt, bf16, a->storage.data(), a.get());
   a->weights.configure(params_, bf16);
-  a->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(weight_copy_limit_, SIZE_MAX)));
+  a->weights.limit_bytes(weight_copy_limit_);
   acts_ = std::move(a);
   return Status::ok();
 }

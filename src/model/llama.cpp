@@ -226,7 +226,7 @@ uint64_t LlamaModel::weight_copy_bytes() const {
 
 void LlamaModel::limit_weight_copies(uint64_t bytes) {
   weight_copy_limit_ = bytes;
-  if (acts_) acts_->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(bytes, SIZE_MAX)));
+  if (acts_) acts_->weights.limit_bytes(bytes);
 }
 
 uint64_t LlamaModel::activation_bytes(int B, int T) const {
@@ -265,7 +265,7 @@ Status LlamaModel::reserve(int B, int T) {
   }
   carve(config_, a->cap_bt, a->cap_t, bf16, a->storage.data(), a.get());
   a->weights.configure(params_, bf16);
-  a->weights.limit_bytes(static_cast<size_t>(std::min<uint64_t>(weight_copy_limit_, SIZE_MAX)));
+  a->weights.limit_bytes(weight_copy_limit_);
   const RopeFrequencies rope = rope_frequencies(config_, static_cast<int>(a->cap_t));
   k::rope_tables(a->rope_cos, a->rope_sin, static_cast<int>(a->cap_t), rope.inv_freq, rope.attention_factor);
   acts_ = std::move(a);

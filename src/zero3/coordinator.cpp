@@ -514,18 +514,14 @@ Status Coordinator::flush_bucket() {
 Status Coordinator::hold_or_download(std::size_t g) {
   GatherBlock& held = held_[g];
   GatherBlock& grad = grads_[g];  // empty when end_pass() brings back a sum its pass did not add to
-  if (held.data() != nullptr && grad.data() != nullptr) {
-    ZINF_RETURN_IF_ERROR(target_.add(held, grad));
-    ++stats_.held_gradients;
-  }
-  if (hold_ && comm_.world_size() == 1) {
+  if (held.data() != nullptr && grad.data() != nullptr) ZINF_RETURN_IF_ERROR(target_.add(held, grad));
+  if (hold_) {
     if (held.data() != nullptr) return Status::ok();
     if (held_elements_ + grad.size() <= opt_.hold_gradient_elements) {
       // The first micro-batch's gradient becomes the sum (the model wrote it into a zeroed block).
       held_elements_ += grad.size();
       stats_.held_high_water = std::max(stats_.held_high_water, held_elements_);
       held = std::move(grad);
-      ++stats_.held_gradients;
       return Status::ok();
     }
   }

@@ -60,8 +60,8 @@ struct CoordinatorStats {
   std::uint64_t grad_allocations = 0;   // gradient buffers allocated (not reused from a pass before)
   std::uint64_t grad_downloads = 0;     // gradient slices downloaded (asynchronous target)
   std::uint64_t grad_high_water = 0;    // most gradient elements held at once, in use or kept
-  std::uint64_t held_gradients = 0;     // gradients summed into the target's memory (set_hold_gradients)
-  std::uint64_t held_high_water = 0;    // most elements of those sums at once
+  std::uint64_t held_high_water = 0;    // most gradient elements summed in the target's memory at once
+                                        // (set_hold_gradients)
   double backward_start_s = 0;          // seconds into the micro-step when backward began
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
@@ -181,8 +181,8 @@ class Coordinator final : public model::ParamAccess {
   // Adds landed gradient downloads into their partitions, oldest first (wait: all of them).
   Status drain_downloads(bool wait);
   Status accumulate(std::size_t group, const float* reduced);  // into the gradient store
-  // An asynchronous target's gradient of group g (W == 1): into its held sum, or (with that sum)
-  // downloaded for accumulate().
+  // An asynchronous target's gradient of group g with one rank (flush_bucket's case with nothing
+  // reduced): into its held sum, or (with that sum) downloaded for accumulate().
   Status hold_or_download(std::size_t g);
   Status make_room(std::uint64_t need, int module);
   // Frees spare blocks until they fit beside live_ + need under max_live_parameters.

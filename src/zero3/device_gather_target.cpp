@@ -113,8 +113,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     // Device memory is host memory here (make_device_gather_target checks). The block may have
     // been a gradient block whose addition into a device-resident store (device_state.h) is
     // still queued on the compute stream: that work goes first.
-    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
-    ZINF_RETURN_IF_ERROR(device_.synchronize(computed));
+    ZINF_RETURN_IF_ERROR(compute_done_on_host());
     if (block.size() > 0) std::memset(block.data(), 0, block.size() * sizeof(float));
     return Status::ok();
   }
@@ -166,8 +165,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     }
     // Host memory, written by the model on this thread; an addition into a device-resident store
     // may still be queued on the compute stream and reads blocks like these: it goes first.
-    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
-    ZINF_RETURN_IF_ERROR(device_.synchronize(computed));
+    ZINF_RETURN_IF_ERROR(compute_done_on_host());
     return GatherTarget::add(acc, in);
   }
 
@@ -247,6 +245,12 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   BlockState& state_of(const GatherBlock& block) { return blocks_.at(block.data()); }
 
   bool on_stream() const { return options_.consumer == DeviceGatherOptions::Consumer::kComputeStream; }
+
+  // Blocks the calling thread until the compute work enqueued so far has run.
+  Status compute_done_on_host() {
+    ZINF_ASSIGN_OR_RETURN(device::Event computed, device_.record(StreamRole::kCompute));
+    return device_.synchronize(computed);
+  }
 
   // With a consumer on the compute stream: later work on `copy` waits for the compute work
   // enqueued so far.

@@ -31,6 +31,23 @@ b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 assert len(a) == 2 and a == b, (a, b)
 PY
 
+# --device-grad-sums: refused where nothing is gathered into device memory, and for a size that is
+# not one, naming the flag; taken with the host device.
+set +e
+"$zinf" train --device cpu --model tiny --steps 1 --device-grad-sums 1G > /dev/null 2> "$tmp/sums.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || fail "--device-grad-sums without device memory was accepted"
+grep -q -- '--device-grad-sums 1G: ' "$tmp/sums.err" || fail "--device-grad-sums: unclear error: $(cat "$tmp/sums.err")"
+set +e
+"$zinf" train --host-device --model tiny --steps 1 --device-grad-sums lots > /dev/null 2> "$tmp/sums.err"
+rc=$?
+set -e
+[ "$rc" -ne 0 ] || fail "--device-grad-sums lots was accepted"
+grep -q -- '--device-grad-sums' "$tmp/sums.err" || fail "--device-grad-sums lots: unclear error: $(cat "$tmp/sums.err")"
+"$zinf" train --host-device --model tiny --steps 1 --device-grad-sums 1M > /dev/null 2> "$tmp/sums.err" ||
+  fail "--host-device --device-grad-sums 1M: $(cat "$tmp/sums.err")"
+
 set +e
 "$zinf" train --device cuda --model tiny --steps 2 --save "$tmp/ckpt" > "$tmp/cuda.out" 2> "$tmp/cuda.err"
 rc=$?

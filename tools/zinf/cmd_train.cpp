@@ -575,6 +575,12 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       (o.gpu_gather == "device" || (o.gpu_gather == "auto" && comm.world_size() == 1))) {
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
+  if (o.device_grad_sums != "auto" && eo.device.kind == zero3::EngineDevice::Kind::kHostMemory) {
+    return Status::invalid_argument(fmt::format(
+        "--device-grad-sums {}: gradients are summed on a device only where the engine gathers into device memory "
+        "(--device cuda with one rank, or --host-device); this run gathers into host memory",
+        o.device_grad_sums));
+  }
   if (o.device_grad_sums == "none" || o.device_grad_sums == "0") {
     eo.device.hold_gradient_bytes = 0;
   } else if (o.device_grad_sums != "auto") {
