@@ -12,7 +12,7 @@
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
 #                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
 #                             [--timeout S] [--sub-group-size N] [--no-pipeline]
-#                             [--param-buffers N] [--zero '"key": value, ...']
+#                             [--param-buffers N] [--zero '"key": value, ...'] [--lr LR]
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
 # --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
@@ -29,12 +29,15 @@
 # --no-pipeline: offload_optimizer pipeline_read and pipeline_write false (both engines).
 # --param-buffers N: offload_param buffer_count (both engines; the reference's default is 5).
 # --zero MEMBERS: more zero_optimization members for both engines, as JSON text.
+# --lr LR: AdamW's learning rate, constant (default 1e-6). Adam's first steps move every weight by
+# about lr whatever its gradient's scale (m / sqrt(v) is about +-1), so from random weights a larger
+# rate overshoots: at 1e-4 the loss rose at the second step at every size, in both engines.
 # --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; zero_more=""; pipeline=true; param_buffers=""
+deepspeed=0; ds_cap=(); timeout=1800; lr=1e-6; zero_more=""; pipeline=true; param_buffers=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -47,6 +50,7 @@ while [ $# -gt 0 ]; do
     --deepspeed) deepspeed=1; shift ;;
     --ds-rss-cap) ds_cap=(--rss-cap "$2"); shift 2 ;;
     --timeout) timeout=$2; shift 2 ;;
+    --lr) lr=$2; shift 2 ;;
     --no-pipeline) pipeline=false; shift ;;
     --param-buffers) param_buffers=", \"buffer_count\": $2"; shift 2 ;;
     --zero) zero_more="$zero_more, $2"; shift 2 ;;
@@ -86,7 +90,7 @@ if [ "$aio" = 1 ]; then
 fi
 cat > "$work/ds.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+ "optimizer": {"type": "AdamW", "params": {"lr": $lr}},
  "zero_optimization": {"stage": 3$live$zero_more,
    "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
    "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}

@@ -196,6 +196,7 @@ Status Engine::Impl::init() {
   with_device.device = device_view;
   ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(with_device, opt));
   handle = std::move(tiers.handle);
+  param_handle = std::move(tiers.param_handle);
   optimizer = std::move(tiers.optimizer);
   params = std::move(tiers.params);
   gather = std::move(tiers.gather);

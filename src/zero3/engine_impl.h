@@ -52,6 +52,7 @@ struct Engine::Impl {
   std::unique_ptr<device::Device> device;  // EngineDevice kHostDevice; outlives the gather target
   device::Device* device_view = nullptr;   // that one, or the model's own (kModelDevice); null: host
   std::unique_ptr<aio::Handle> handle;
+  std::unique_ptr<aio::Handle> param_handle;  // Tiers::param_handle
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;  // after optimizer: may read its master weights in place
   std::unique_ptr<GatherTarget> gather;  // where the coordinator gathers; outlives it

@@ -105,11 +105,17 @@ class SwappedGradStore final : public GradStore {
     // A multiple of the norm's 8192-element blocks, so stats() reads whole blocks at a time.
     chunk_ = swap::align_up(std::max<std::uint64_t>(largest, kStatsChunk), kNormBlock);
     ZINF_ASSIGN_OR_RETURN(buffer_, aio::PinnedBuffer::allocate(chunk_ * sizeof(float), swap::kSwapAlignment));
+    for (const swap::SubGroup& sg : layout_.subgroups) {
+      const std::uint64_t blocks = (sg.numel + kNormBlock - 1) / kNormBlock;
+      block_sums_.emplace_back(blocks, 0.0);
+      block_current_.emplace_back(blocks, 0);
+    }
     return begin_step();
   }
 
   Status begin_step() override {
     std::fill(touched_.begin(), touched_.end(), false);
+    for (std::vector<char>& c : block_current_) std::fill(c.begin(), c.end(), 0);
     return Status::ok();
   }
 
@@ -127,6 +133,7 @@ class SwappedGradStore final : public GradStore {
       std::memset(acc, 0, padded * sizeof(float));
     }
     add_into(acc, in);
+    ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
     ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(sg, start, in.size(), acc));
     bytes_ += padded * sizeof(float);
     touched_[p] = true;
@@ -143,39 +150,68 @@ class SwappedGradStore final : public GradStore {
       bytes_ += swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float);
       touched_[p] = true;
     }
-    // grad_stats sums fixed 8192-element blocks and adds the block sums in order: read whole
-    // blocks and add each block's sum in that order, and the norm is the in-memory store's.
+    // grad_stats sums fixed blocks and adds the block sums in order: with every block's sum at
+    // hand, adding them in that order gives the in-memory store's norm. The blocks no
+    // accumulation summed (across two partitions, or in partitions no micro-batch reached) are
+    // read back, in runs.
     optim::GradStats all;
     for (std::size_t sg = 0; sg < layout_.subgroups.size(); ++sg) {
       const std::uint64_t n = layout_.subgroups[sg].numel;
-      optim::GradStats one;
-      for (std::uint64_t start = 0; start < n; start += chunk_) {
-        const std::uint64_t count = std::min(chunk_, n - start);
-        ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, count, buf()));
-        bytes_ += count * sizeof(float);
-        for (std::uint64_t b = 0; b < count; b += kNormBlock) {
-          const std::uint64_t len = std::min<std::uint64_t>(kNormBlock, count - b);
-          ZINF_ASSIGN_OR_RETURN(optim::GradStats s,
-                                optim::grad_stats(optim::GradView{buf() + b, optim::DType::kF32, len, 1.0}));
-          one += s;
+      const std::vector<char>& current = block_current_[sg];
+      for (std::uint64_t j = 0; j < current.size();) {
+        if (current[j]) {
+          ++j;
+          continue;
         }
+        std::uint64_t end = j;
+        while (end < current.size() && !current[end] && (end - j + 1) * kNormBlock <= chunk_) ++end;
+        const std::uint64_t first = j * kNormBlock, count = std::min(n, end * kNormBlock) - first;
+        ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, first, count, buf()));
+        bytes_ += count * sizeof(float);
+        ZINF_RETURN_IF_ERROR(optim::grad_block_sums(optim::GradView{buf(), optim::DType::kF32, count, 1.0},
+                                                    std::span<double>(block_sums_[sg]).subspan(j, end - j)));
+        j = end;
       }
+      optim::GradStats one;
+      one.elements = n;
+      for (double b : block_sums_[sg]) one.sq_norm += b;
       all += one;
     }
     return all;
   }
 
   std::vector<optim::GradView> step_views() const override { return {}; }
-  std::uint64_t host_bytes() const override { return chunk_ * sizeof(float); }
+  std::uint64_t host_bytes() const override {
+    std::uint64_t b = chunk_ * sizeof(float);
+    for (const std::vector<double>& s : block_sums_) b += s.size() * (sizeof(double) + 1);
+    return b;
+  }
   std::uint64_t bytes_moved() const override { return bytes_; }
 
  private:
-  // grad_stats' block (optim/exec.h kNormBlock; stated in grad_stats.h), and the read size of
-  // stats() when the partitions are smaller.
-  static constexpr std::uint64_t kNormBlock = 8192;
+  // grad_stats' block, and the read size of stats() when the partitions are smaller.
+  static constexpr std::uint64_t kNormBlock = optim::kGradStatsBlock;
   static constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;
 
   float* buf() const { return static_cast<float*>(buffer_.data()); }
+
+  // The block sums of the blocks of sub-group sg that lie inside [start, start + padded), whose
+  // sums so far are in acc (acc[0] is element start): those blocks are then current, and the
+  // norm need not read them back.
+  Status note_block_sums(std::size_t sg, std::uint64_t start, std::uint64_t padded, const float* acc) {
+    const std::uint64_t n = layout_.subgroups[sg].numel;
+    const std::uint64_t end = std::min(n, start + padded);
+    const std::uint64_t first = (start + kNormBlock - 1) / kNormBlock;  // the first block starting inside
+    // Blocks end at multiples of kNormBlock, or at n.
+    const std::uint64_t last = end == n ? (n + kNormBlock - 1) / kNormBlock : end / kNormBlock;
+    if (last <= first) return Status::ok();
+    const std::uint64_t count = std::min(n, last * kNormBlock) - first * kNormBlock;
+    ZINF_RETURN_IF_ERROR(optim::grad_block_sums(
+        optim::GradView{acc + (first * kNormBlock - start), optim::DType::kF32, count, 1.0},
+        std::span<double>(block_sums_[sg]).subspan(first, last - first)));
+    std::fill(block_current_[sg].begin() + first, block_current_[sg].begin() + last, 1);
+    return Status::ok();
+  }
 
   const swap::PartitionLayout& layout_;
   swap::OptimizerSwapper& swapper_;
@@ -183,6 +219,10 @@ class SwappedGradStore final : public GradStore {
   std::uint64_t chunk_ = 0;    // elements of buffer_
   std::uint64_t bytes_ = 0;    // read and written
   aio::PinnedBuffer buffer_;
+  // Per sub-group and kNormBlock block: its sum of squares, and whether that is of this step's
+  // gradients as they stand (note_block_sums).
+  std::vector<std::vector<double>> block_sums_;
+  std::vector<std::vector<char>> block_current_;
 };
 
 }  // namespace

@@ -149,7 +149,13 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
     ZINF_ASSIGN_OR_RETURN(t.handle, make_handle(context.ds.aio, context.aio_faults));
   }
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));
-  ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, t.handle.get()));
+  aio::Handle* param_handle = t.handle.get();
+  if (context.ds.zero.offload_param.device == config::OffloadDevice::kNvme &&
+      context.ds.zero.offload_optimizer.device == config::OffloadDevice::kNvme) {
+    ZINF_ASSIGN_OR_RETURN(t.param_handle, make_handle(context.ds.aio, context.aio_faults));
+    param_handle = t.param_handle.get();
+  }
+  ZINF_ASSIGN_OR_RETURN(t.params, make_param_tier(context, *t.optimizer, param_handle));
   if (context.device != nullptr) {
     DeviceGatherOptions gather_options;
     gather_options.consumer = context.consumer;

@@ -47,6 +47,9 @@ struct TierContext {
 // the swappers use) last.
 struct Tiers {
   std::unique_ptr<aio::Handle> handle;  // null unless a tier is on nvme
+  // The parameter tier's own handle when both tiers are on nvme, as the reference gives each
+  // swapper its own: the step's 16-bit copies then do not queue behind the optimizer's tiles.
+  std::unique_ptr<aio::Handle> param_handle;
   std::unique_ptr<OptimizerTier> optimizer;
   std::unique_ptr<ParamTier> params;
   std::unique_ptr<GatherTarget> gather;  // a DeviceGatherTarget when TierContext::device is set

@@ -74,6 +74,49 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
   EXPECT_LT(swapped.value()->host_bytes(), memory.value()->host_bytes() + (std::uint64_t{4} << 20));
 }
 
+// The norm takes each block's sum when a partition is accumulated (the sums are then in memory)
+// and reads back only the block that two partitions share: 8192 elements of the 47104 here,
+// with the in-memory store's bits.
+TEST(GradStore, TheNormReadsBackOnlyTheBlocksThatPartitionsShare) {
+  TempDir nvme;
+  // Offsets 0, 24576, 30720; 47104 in all (kAlign 2048): norm blocks of 8192 are 0-2 in "a",
+  // 3 across "b" and "c", 4 and the short 5 in "c".
+  std::vector<swap::ParamPartition> parts = {{"a", 3 * 8192}, {"b", 5000}, {"c", 2 * 8192}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1 << 20);
+  ASSERT_EQ(layout.subgroups.size(), 1u);
+  ASSERT_EQ(layout.subgroups[0].numel, 47104u);
+  auto handle = aio::Handle::create(aio::AioConfig{});
+  ASSERT_TRUE(handle.is_ok()) << handle.status().to_string();
+  swap::OptimizerSwapConfig sc;
+  sc.store.nvme_paths = {nvme.path()};
+  sc.sub_group_size = layout.sub_group_size;
+  sc.swap_gradients = true;
+  auto opt = optim::OptimizerConfig::parse("AdamW", {});
+  ASSERT_TRUE(opt.is_ok());
+  auto swapper = swap::OptimizerSwapper::create(sc, parts, optim::Optimizer(opt.value()), *handle.value());
+  ASSERT_TRUE(swapper.is_ok()) << swapper.status().to_string();
+  auto memory = make_memory_grad_store(layout);
+  auto swapped = make_swapped_grad_store(layout, *swapper.value());
+  ASSERT_TRUE(memory.is_ok() && swapped.is_ok());
+  for (GradStore* s : {memory.value().get(), swapped.value().get()}) {
+    ASSERT_TRUE(s->begin_step().is_ok());
+    for (int micro = 0; micro < 2; ++micro) {
+      for (std::size_t p : {2u, 1u, 0u}) {
+        std::vector<float> g(layout.params[p].numel);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = 1e3f * value(p, i, micro);
+        ASSERT_TRUE(s->accumulate(p, g).is_ok());
+      }
+    }
+  }
+  const std::uint64_t before = swapped.value()->bytes_moved();
+  auto a = memory.value()->stats();
+  auto b = swapped.value()->stats();
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
+  EXPECT_EQ(a->elements, b->elements);
+  EXPECT_EQ(swapped.value()->bytes_moved() - before, 8192u * sizeof(float));
+}
+
 // A partition large enough to be added by the thread pool in chunks (add_into): every element the
 // sum of its micro-batches in order, bit for bit, including the last partial chunk.
 TEST(GradStore, ALargePartitionAddsTheSameBitsAsOneLoop) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <span>
 
 #include "zinf/optim/isa.h"
 #include "zinf/optim/optimizer.h"
@@ -30,5 +31,13 @@ struct GradStats {
 // order, and block sums are added in block order. So the result is the same for every ISA
 // and thread count (it does depend on where a span starts, so sum the same spans each step).
 Result<GradStats> grad_stats(const GradView& grad, const ExecOptions& exec = {});
+
+// grad_stats' block length.
+inline constexpr std::size_t kGradStatsBlock = 8192;
+// The sums of squares of grad's blocks (as stored), block j covering [j * kGradStatsBlock,
+// min(size, (j + 1) * kGradStatsBlock)), into out (out.size() == the block count). grad_stats is
+// 0.0 plus these in block order, so a caller that keeps them for parts of a span can fold the
+// span's grad_stats later, bit for bit.
+Status grad_block_sums(const GradView& grad, std::span<double> out, const ExecOptions& exec = {});
 
 }  // namespace zinf::optim
