@@ -28,6 +28,11 @@ constexpr double kAdamBytes = 28.0;
 constexpr double kGradBytes = 16.0;
 // Adam's fp32 arrays per element besides the gradient: the master weights and two states.
 constexpr double kOptimizerArrays = 3.0;
+// The drive roofs are 64 MiB requests; the engine's are one partition or one tile's array (4 MiB
+// at sub_group_size 1M). Requests of 4 MiB and less are assumed to run at this share of the roof,
+// log-linear up to 64 MiB (docs/plan.md, "Time", has the runs it comes from).
+constexpr double kSmallRequestShare = 0.65;
+constexpr double kSmallRequest = 4.0 * (1 << 20), kLargeRequest = 64.0 * (1 << 20);
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -129,10 +134,15 @@ struct Roofs {
   std::vector<std::pair<std::uint64_t, double>> read_by_request, write_by_request;
 
   double read_at(double request_bytes) const {
-    return read_by_request.empty() ? read : interpolate(read_by_request, request_bytes);
+    return read_by_request.empty() ? read * assumed_share(request_bytes) : interpolate(read_by_request, request_bytes);
   }
   double write_at(double request_bytes) const {
-    return write_by_request.empty() ? write : interpolate(write_by_request, request_bytes);
+    return write_by_request.empty() ? write * assumed_share(request_bytes)
+                                    : interpolate(write_by_request, request_bytes);
+  }
+  static double assumed_share(double request_bytes) {
+    const std::vector<std::pair<double, double>> share = {{kSmallRequest, kSmallRequestShare}, {kLargeRequest, 1.0}};
+    return interpolate(share, request_bytes);
   }
 
   // The matrix rate at `rows` rows: log-linear between the probed row counts, flat outside.
@@ -165,10 +175,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   const double partition = std::max(1.0, static_cast<double>(s.largest_group) / W);
   const double tile = std::min(shard, static_cast<double>(c.sub_group_size));
   if (c.param_device == OffloadDevice::kNvme) {
+    // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
+    // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
+    // did not hide their reads behind the passes (docs/plan.md, "Time").
     c.param_io_s = gathers * dsize * shard / roofs.read_at(dsize * partition);
-    const bool staged = static_cast<double>(c.param_buffer_size) >= static_cast<double>(s.largest_group) / W &&
-                        c.param_buffer_count >= 2;
-    c.param_io_exposed_s = staged ? std::max(0.0, c.param_io_s - (c.compute_s + c.gather_s)) : c.param_io_s;
+    c.param_io_exposed_s = c.param_io_s;
   }
   c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
   double opt_total = c.optimizer_s;
@@ -518,8 +529,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   plan.calibration = r.calibration.source;
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
-      "{} bytes/parameter of gradient traffic (docs/plan.md)",
-      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes));
+      "{} bytes/parameter of gradient traffic, NVMe requests of 4 MiB at {} of the drive's 64 MiB rate "
+      "(docs/plan.md)",
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kSmallRequestShare));
   plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);

@@ -173,7 +173,7 @@ Status read_aio_summary(const std::string& path, Machine& machine) {
   ZINF_ASSIGN_OR_RETURN(const double write, number("write_gbps"));
   machine.nvme_read_gbps = {read, "from " + path + " (aio_bench)", true};
   machine.nvme_write_gbps = {write, "from " + path + " (aio_bench)", true};
-  machine.nvme_by_request.clear();  // the summary's best, at every request size
+  machine.nvme_by_request.clear();  // the summary's best, scaled by the assumed request-size share
   if (j.contains("aio") && j["aio"].is_object()) {
     const nlohmann::json& a = j["aio"];
     config::AioSection& s = machine.aio;
@@ -205,33 +205,24 @@ Status probe_drive(Machine& machine, std::uint64_t bytes) {
   ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer buf, aio::PinnedBuffer::allocate(chunk));
   std::fill(buf.bytes(), buf.bytes() + chunk, std::byte{1});  // faulted in before timing (docs/measuring.md)
   const std::uint64_t total = std::max<std::uint64_t>(chunk, bytes / chunk * chunk);
-  auto pass = [&](bool write, std::uint64_t request, std::uint64_t span) -> Result<double> {
+  auto pass = [&](bool write) -> Result<double> {
     const auto t0 = Clock::now();
-    for (std::uint64_t off = 0; off < span; off += request) {
-      Status s = write ? h->sync_pwrite(buf.bytes(), request, file, off) : h->sync_pread(buf.bytes(), request, file, off);
+    for (std::uint64_t off = 0; off < total; off += chunk) {
+      Status s = write ? h->sync_pwrite(buf.bytes(), chunk, file, off) : h->sync_pread(buf.bytes(), chunk, file, off);
       if (!s.is_ok()) return s;
     }
-    return static_cast<double>(span) / since(t0) / 1e9;
+    return static_cast<double>(total) / since(t0) / 1e9;
   };
-  const std::uint64_t small = std::uint64_t{4} << 20, small_span = std::max(small, total / 4 / small * small);
-  Result<double> w = pass(true, chunk, total);
-  Result<double> r = w.is_ok() ? pass(false, chunk, total) : w;
-  Result<double> w_small = r.is_ok() ? pass(true, small, small_span) : r;
-  Result<double> r_small = w_small.is_ok() ? pass(false, small, small_span) : w_small;
+  Result<double> w = pass(true);
+  Result<double> r = w.is_ok() ? pass(false) : w;
   std::remove(file.c_str());
   if (!w.is_ok()) return w.status().with_context("--probe-io write");
   if (!r.is_ok()) return r.status().with_context("--probe-io read");
-  if (!w_small.is_ok()) return w_small.status().with_context("--probe-io write");
-  if (!r_small.is_ok()) return r_small.status().with_context("--probe-io read");
-  const std::string src =
-      fmt::format("measured: quick probe, {} MiB O_DIRECT in {} ({:.2f} read, {:.2f} write in 4 MiB requests)",
-                  total >> 20, machine.drives.front().path, r_small.value(), w_small.value());
+  const std::string src = fmt::format("measured: quick probe, {} MiB O_DIRECT in {}", total >> 20,
+                                      machine.drives.front().path);
   machine.nvme_read_gbps = {r.value(), src, true};
   machine.nvme_write_gbps = {w.value(), src + " (writes may be absorbed by a host cache)", true};
-  // Larger requests never run slower per byte (the same queue, fewer round trips): a smaller rate
-  // at 64 MiB is interference, so the small requests' rate is capped by the large ones'.
-  machine.nvme_by_request = {{small, std::min(r_small.value(), r.value()), std::min(w_small.value(), w.value())},
-                             {chunk, r.value(), w.value()}};
+  machine.nvme_by_request.clear();
   return Status::ok();
 }
 

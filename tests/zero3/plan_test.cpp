@@ -161,12 +161,17 @@ TEST_F(PlanTest, NvmeTrafficIsTheEnginesBytesPerStep) {
 }
 
 // The drive's rate at small requests slows the transfers made of them: a machine whose 4 MiB
-// requests run at half the 64 MiB rate predicts more NVMe time for the same candidates.
+// requests run at half the 64 MiB rate predicts twice the NVMe time of one whose requests all
+// run at the roof; without a table, small requests take an assumed share of the roof (slower).
 TEST_F(PlanTest, SmallRequestsTakeTheDrivesRateAtTheirSize) {
   const PlanRequest r = request(tiny_gpt());
   Machine flat = machine(std::uint64_t{8} << 30);
+  Machine assumed = flat;
+  flat.nvme_by_request = {{std::uint64_t{4} << 20, 2, 1}, {std::uint64_t{64} << 20, 2, 1}};
   Machine sized = flat;
   sized.nvme_by_request = {{std::uint64_t{4} << 20, 1, 0.5}, {std::uint64_t{64} << 20, 2, 1}};
+  auto c_plan = make_plan(r, assumed);
+  ASSERT_TRUE(c_plan.is_ok());
   auto a = make_plan(r, flat);
   auto b = make_plan(r, sized);
   ASSERT_TRUE(a.is_ok() && b.is_ok());
@@ -189,6 +194,10 @@ TEST_F(PlanTest, SmallRequestsTakeTheDrivesRateAtTheirSize) {
     // Every request of this tiny model is at most 4 MiB: twice the time.
     EXPECT_NEAR(d->optimizer_io_s, 2 * c.optimizer_io_s, 1e-9 * c.optimizer_io_s) << c.label();
     EXPECT_NEAR(d->grad_io_s, 2 * c.grad_io_s, 1e-9 * c.grad_io_s) << c.label();
+    const Candidate* e = find(*c_plan, c.label());
+    ASSERT_NE(e, nullptr);
+    EXPECT_GT(e->optimizer_io_s, c.optimizer_io_s) << c.label();
+    EXPECT_LT(e->optimizer_io_s, d->optimizer_io_s) << c.label();
   }
   EXPECT_GT(nvme, 0);
 }

@@ -70,8 +70,9 @@ struct Machine {
   Roof memory_gbps;      // a STREAM triad's counted GB/s
   Roof nvme_read_gbps;   // the drive, with the aio block the plan writes
   Roof nvme_write_gbps;
-  // The drive at several request sizes (ascending; the probe's): a transfer of one request
-  // size takes the rate interpolated here. Empty: the roofs above at every size.
+  // The drive at several request sizes (ascending), when known: a transfer of one request size
+  // takes the rate interpolated here. Empty (the probe's and a summary's case): the roofs above
+  // for requests of 64 MiB and more, and an assumed share of them for smaller ones (docs/plan.md).
   struct DriveRate {
     std::uint64_t request_bytes = 0;
     double read_gbps = 0, write_gbps = 0;
@@ -105,9 +106,8 @@ Roof probe_memory_gbps();
 // Reads "best.read_gbps", "best.write_gbps" and the "aio" block of an aio_bench summary.json.
 Status read_aio_summary(const std::string& path, Machine& machine);
 // Writes then reads `bytes` in the first drive with O_DIRECT through the aio handle (the
-// machine's aio block) in 64 MiB requests, and a quarter of that in 4 MiB requests (the size of
-// a 1M-element fp32 tile, the engine's small transfers); sets the drive roofs from the large
-// requests and nvme_by_request from both ("measured: quick probe").
+// machine's aio block) in 64 MiB requests, and sets the drive roofs from it ("measured: quick
+// probe").
 Status probe_drive(Machine& machine, std::uint64_t bytes);
 
 // Factors from a measured run (calibrate()): the passes' predicted time (compute, gathers,
