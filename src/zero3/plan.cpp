@@ -293,8 +293,11 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   const auto largest_partition = static_cast<std::int64_t>((s.largest_group + W - 1) / W);
   const auto total = static_cast<std::int64_t>(s.params);
   // Lean: gather at most two of the largest modules and reduce one at a time; else keep the
-  // whole model gathered across micro-steps. (One rank flushes each gradient as soon as it is
-  // complete whatever reduce_bucket_size says, coordinator.cpp: the bucket is no knob there.)
+  // whole model gathered across micro-steps, with stage3_max_live_parameters at twice the model:
+  // the coordinator counts the freed copies it keeps for reuse against the same limit and frees
+  // them to make room, so a limit of exactly the model reallocates gathered buffers every step
+  // (docs/plan.md, "The search"). (One rank flushes each gradient as soon as it is complete
+  // whatever reduce_bucket_size says, coordinator.cpp: the bucket is no knob there.)
   struct Knobs {
     bool lean, recompute;
   };
@@ -319,8 +322,9 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
             c.grad_accum = per_rank_batch / b;
             c.activation_checkpointing = k.recompute;
             c.sub_group_size = sg;
-            c.max_live_parameters = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
-            c.prefetch_bucket_size = std::min<std::int64_t>(c.max_live_parameters / 2 + 1, 50000000);
+            const std::int64_t live = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
+            c.max_live_parameters = k.lean ? live : 2 * live;
+            c.prefetch_bucket_size = std::min<std::int64_t>(live / 2 + 1, 50000000);
             c.reduce_bucket_size = k.lean ? largest : std::min<std::int64_t>(total, 500000000);
             c.param_buffer_count = 5;
             c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
