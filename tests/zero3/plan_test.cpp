@@ -202,6 +202,38 @@ TEST_F(PlanTest, SmallRequestsTakeTheDrivesRateAtTheirSize) {
   EXPECT_GT(nvme, 0);
 }
 
+// A candidate that keeps the whole model gathered leaves the coordinator room for the freed
+// copies it keeps for reuse (they count against stage3_max_live_parameters; at exactly the
+// model's size it frees and reallocates gathered buffers every step): at least the model plus
+// its largest module. Lean ones hold two of the largest modules.
+TEST_F(PlanTest, KeepEverythingLeavesRoomForTheSpareCopies) {
+  auto plan = make_plan(request(tiny_gpt()), machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  auto m = make_gpt(tiny_gpt(), false);
+  std::uint64_t largest = 0;
+  for (const model::ModuleSpec& mod : m->modules()) {
+    std::uint64_t owned = 0;
+    for (int p : mod.params) {
+      const model::ParamSpec& ps = m->params()[static_cast<std::size_t>(p)];
+      if (&m->modules()[static_cast<std::size_t>(ps.module)] == &mod) owned += ps.numel;
+    }
+    largest = std::max(largest, owned);
+  }
+  int keep = 0, lean = 0;
+  for (const Candidate& c : plan->fitting) {
+    const auto live = static_cast<std::uint64_t>(c.max_live_parameters);
+    if (live >= m->num_params()) {
+      ++keep;
+      EXPECT_GE(live, m->num_params() + largest) << c.label();
+    } else {
+      ++lean;
+      EXPECT_EQ(live, 2 * largest) << c.label();
+    }
+  }
+  EXPECT_GT(keep, 0);
+  EXPECT_GT(lean, 0);
+}
+
 TEST_F(PlanTest, RanksFittingCandidatesAndWritesAConfigThatParses) {
   const PlanRequest r = request(tiny_gpt());
   auto plan = make_plan(r, machine(std::uint64_t{8} << 30));
