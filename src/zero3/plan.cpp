@@ -28,11 +28,10 @@ constexpr double kAdamBytes = 28.0;
 constexpr double kGradBytes = 16.0;
 // Adam's fp32 arrays per element besides the gradient: the master weights and two states.
 constexpr double kOptimizerArrays = 3.0;
-// The drive roofs are 64 MiB requests; the engine's are one partition or one tile's array (4 MiB
-// at sub_group_size 1M). Requests of 4 MiB and less are assumed to run at this share of the roof,
-// log-linear up to 64 MiB (docs/plan.md, "Time", has the runs it comes from).
-constexpr double kSmallRequestShare = 0.65;
-constexpr double kSmallRequest = 4.0 * (1 << 20), kLargeRequest = 64.0 * (1 << 20);
+// The engine's NVMe transfers (the gradient store's, the optimizer's tiles, the parameters')
+// are assumed to run at this share of the drive roofs, whatever the tile size (docs/plan.md,
+// "Time", has the runs it comes from).
+constexpr double kDriveShare = 0.65;
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -113,40 +112,22 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
   return z;
 }
 
-// Log-linear interpolation of (x, y) points (ascending x) at x, flat outside them.
-template <typename X>
-double interpolate(const std::vector<std::pair<X, double>>& points, double x) {
-  if (x <= static_cast<double>(points.front().first)) return points.front().second;
-  for (std::size_t i = 1; i < points.size(); ++i) {
-    const auto [x0, y0] = points[i - 1];
-    const auto [x1, y1] = points[i];
-    if (x <= static_cast<double>(x1)) {
-      return y0 + (y1 - y0) * std::log(x / static_cast<double>(x0)) / std::log(static_cast<double>(x1) / static_cast<double>(x0));
-    }
-  }
-  return points.back().second;
-}
-
 struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
   std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
-  // (request bytes, bytes per second), ascending; empty: read / write at every size.
-  std::vector<std::pair<std::uint64_t, double>> read_by_request, write_by_request;
-
-  double read_at(double request_bytes) const {
-    return read_by_request.empty() ? read * assumed_share(request_bytes) : interpolate(read_by_request, request_bytes);
+  // The rates the engine's transfers reach (the roofs times kDriveShare).
+  double read_at() const { return read * kDriveShare; }
+  double write_at() const { return write * kDriveShare; }
+  double flops_at(double rows) const {
+    if (flops_by_rows.empty()) return flops;
+    if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
+    for (std::size_t i = 1; i < flops_by_rows.size(); ++i) {
+      const auto [r0, f0] = flops_by_rows[i - 1];
+      const auto [r1, f1] = flops_by_rows[i];
+      if (rows <= r1) return f0 + (f1 - f0) * std::log(rows / r0) / std::log(static_cast<double>(r1) / r0);
+    }
+    return flops_by_rows.back().second;
   }
-  double write_at(double request_bytes) const {
-    return write_by_request.empty() ? write * assumed_share(request_bytes)
-                                    : interpolate(write_by_request, request_bytes);
-  }
-  static double assumed_share(double request_bytes) {
-    const std::vector<std::pair<double, double>> share = {{kSmallRequest, kSmallRequestShare}, {kLargeRequest, 1.0}};
-    return interpolate(share, request_bytes);
-  }
-
-  // The matrix rate at `rows` rows: log-linear between the probed row counts, flat outside.
-  double flops_at(double rows) const { return flops_by_rows.empty() ? flops : interpolate(flops_by_rows, rows); }
 };
 
 // Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory
@@ -170,15 +151,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   const double gathers = keep_all ? 1.0 : gas * (c.activation_checkpointing ? 3.0 : 2.0);
   const double P = static_cast<double>(s.params);
   c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
-  // The transfers are one partition (parameters, gradients) or one tile's array (optimizer) a
-  // request: the drive's rate at that size.
-  const double partition = std::max(1.0, static_cast<double>(s.largest_group) / W);
-  const double tile = std::min(shard, static_cast<double>(c.sub_group_size));
   if (c.param_device == OffloadDevice::kNvme) {
     // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
     // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
     // did not hide their reads behind the passes (docs/plan.md, "Time").
-    c.param_io_s = gathers * dsize * shard / roofs.read_at(dsize * partition);
+    c.param_io_s = gathers * dsize * shard / roofs.read_at();
     c.param_io_exposed_s = c.param_io_s;
   }
   c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
@@ -187,14 +164,14 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // The gradients live in the swapper's gradient store (grad_store.cpp), read and written
     // synchronously: each micro-step writes its partitions' sums and, after the first, reads the
     // sums so far; before the step the norm reads them all once more.
-    const double grads = 4.0 * shard, grad_request = 4.0 * std::max(partition, 1048576.0);
-    c.grad_io_s = gas * grads / roofs.write_at(grad_request) + (gas - 1.0) * grads / roofs.read_at(grad_request);
-    const double norm_s = grads / roofs.read_at(grad_request);
+    const double grads = 4.0 * shard;
+    c.grad_io_s = gas * grads / roofs.write_at() + (gas - 1.0) * grads / roofs.read_at();
+    const double norm_s = grads / roofs.read_at();
     // The step's tiles read master, states and gradient, and write master and states (and the
-    // 16-bit copies when the parameters are on NVMe), one tile's array a request.
+    // 16-bit copies when the parameters are on NVMe).
     const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
-    c.optimizer_io_s = (4.0 * kOptimizerArrays * shard + grads) / roofs.read_at(4.0 * tile) +
-                       (4.0 * kOptimizerArrays * shard + copy) / roofs.write_at(4.0 * tile);
+    c.optimizer_io_s =
+        (4.0 * kOptimizerArrays * shard + grads) / roofs.read_at() + (4.0 * kOptimizerArrays * shard + copy) / roofs.write_at();
     // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
     // ahead during the passes, so the ramp is the last tile's write).
     const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
@@ -204,7 +181,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // written, the gradient read (the 16-bit copies are the parameter tier's bytes).
     c.nvme_bytes = (2.0 * gas) * grads + (2.0 * kOptimizerArrays + 1.0) * grads;
   } else if (c.param_device == OffloadDevice::kNvme) {
-    c.optimizer_io_s = dsize * shard / roofs.write_at(dsize * partition);  // the updated 16-bit copies
+    c.optimizer_io_s = dsize * shard / roofs.write_at();  // the updated 16-bit copies
     opt_total += c.optimizer_io_s;
   }
   const Calibration& k = r.calibration;
@@ -232,13 +209,8 @@ Result<Roofs> roofs_of(const Machine& machine) {
     if (!(roof->value > 0)) return Status::invalid_argument(fmt::format("a roof is not positive ({})", roof->source));
   }
   Roofs roofs{machine.matmul_gflops.value * 1e9, machine.memory_gbps.value * 1e9, machine.nvme_read_gbps.value * 1e9,
-              machine.nvme_write_gbps.value * 1e9, {}, {}, {}};
+              machine.nvme_write_gbps.value * 1e9, {}};
   for (const auto& [rows, gflops] : machine.matmul_by_rows) roofs.flops_by_rows.emplace_back(rows, gflops * 1e9);
-  for (const Machine::DriveRate& d : machine.nvme_by_request) {
-    if (!(d.read_gbps > 0) || !(d.write_gbps > 0)) return Status::invalid_argument("a drive rate is not positive");
-    roofs.read_by_request.emplace_back(d.request_bytes, d.read_gbps * 1e9);
-    roofs.write_by_request.emplace_back(d.request_bytes, d.write_gbps * 1e9);
-  }
   return roofs;
 }
 
@@ -533,9 +505,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   plan.calibration = r.calibration.source;
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
-      "{} bytes/parameter of gradient traffic, NVMe requests of 4 MiB at {} of the drive's 64 MiB rate "
+      "{} bytes/parameter of gradient traffic, the engine's NVMe transfers at {} of the drive's rate "
       "(docs/plan.md)",
-      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kSmallRequestShare));
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kDriveShare));
   plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);

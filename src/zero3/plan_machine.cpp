@@ -173,7 +173,6 @@ Status read_aio_summary(const std::string& path, Machine& machine) {
   ZINF_ASSIGN_OR_RETURN(const double write, number("write_gbps"));
   machine.nvme_read_gbps = {read, "from " + path + " (aio_bench)", true};
   machine.nvme_write_gbps = {write, "from " + path + " (aio_bench)", true};
-  machine.nvme_by_request.clear();  // the summary's best, scaled by the assumed request-size share
   if (j.contains("aio") && j["aio"].is_object()) {
     const nlohmann::json& a = j["aio"];
     config::AioSection& s = machine.aio;
@@ -222,7 +221,6 @@ Status probe_drive(Machine& machine, std::uint64_t bytes) {
                                       machine.drives.front().path);
   machine.nvme_read_gbps = {r.value(), src, true};
   machine.nvme_write_gbps = {w.value(), src + " (writes may be absorbed by a host cache)", true};
-  machine.nvme_by_request.clear();
   return Status::ok();
 }
 

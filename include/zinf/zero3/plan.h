@@ -70,14 +70,6 @@ struct Machine {
   Roof memory_gbps;      // a STREAM triad's counted GB/s
   Roof nvme_read_gbps;   // the drive, with the aio block the plan writes
   Roof nvme_write_gbps;
-  // The drive at several request sizes (ascending), when known: a transfer of one request size
-  // takes the rate interpolated here. Empty (the probe's and a summary's case): the roofs above
-  // for requests of 64 MiB and more, and an assumed share of them for smaller ones (docs/plan.md).
-  struct DriveRate {
-    std::uint64_t request_bytes = 0;
-    double read_gbps = 0, write_gbps = 0;
-  };
-  std::vector<DriveRate> nvme_by_request;
   std::uint64_t host_available = 0;  // bytes a plan may use (MemAvailable, or --host-memory)
   std::string host_source;
   int cores = 1;
