@@ -11,7 +11,7 @@
 #      PLAN_AIO_SUMMARY (an aio_bench summary.json; default: plan with --probe-io),
 #      PLAN_SECTIONS (default "cases large hand answer": the small and 25M-parameter cases, the
 #      few-hundred-M all-NVMe case, the hand-written configs, the answer time),
-#      PLAN_ROUNDS (rounds of the hand-written comparison, default 3),
+#      PLAN_ROUNDS (rounds of the hand-written comparison, default 5),
 #      PLAN_QUIET_WAIT_S (before each timed run, wait up to this long for one second in which
 #      the machine's CPUs were at least 90% idle; default 60, 0: no wait).
 # Goals (issue 21): |predicted/measured - 1| <= 15% for step time; peak RSS predicted within
@@ -23,7 +23,7 @@ set -euo pipefail
 zinf=$(realpath "${1:-build/tools/zinf/zinf}")
 steps=${2:-6}
 sections=${PLAN_SECTIONS:-cases large hand answer}
-rounds=${PLAN_ROUNDS:-3}
+rounds=${PLAN_ROUNDS:-5}
 quiet_wait=${PLAN_QUIET_WAIT_S:-60}
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ -n "${PLAN_DIR:-}" ]; then
@@ -168,7 +168,7 @@ fi
 # The winner against the hand-written configs (those that parse and fit; nvme_path pointed at
 # the scratch folder, pin_memory off, "auto" batch from --train-batch), interleaved, the order
 # reversed every other round; each line: the config's median tokens/s over the rounds and its
-# median ratio to the plan's winner of the same round.
+# ratio to the plan's winner's median.
 if has hand; then
   if [ ! -f "$work/in_memory.json" ]; then
     "$zinf" plan "${small[@]}" --nvme-path "$work/nvme" --host-memory 16G --write "$work/in_memory.json" > /dev/null
@@ -216,10 +216,11 @@ for line in open(sys.argv[1]):
     rnd, name, step, rss, tps, passes, opt, other = line.split()
     runs[name][int(rnd)] = float(tps)
     others.append(float(other))
-plan = runs[sys.argv[2]]
+plan = statistics.median(runs[sys.argv[2]].values())
 rows = []
 for name, by in runs.items():
-    ratio = statistics.median(by[r] / plan[r] for r in by if r in plan)
+    # Medians over the rounds: a round where either run met a burst of other work does not decide.
+    ratio = statistics.median(by.values()) / plan
     rows.append((ratio, name, statistics.median(by.values()), by))
 for ratio, name, tps, by in sorted(rows, reverse=True):
     mark = " <- the plan" if name == sys.argv[2] else (" FASTER than the plan" if ratio > 1 else "")
