@@ -170,12 +170,25 @@ fi
 # reversed every other round; each line: the config's median tokens/s over the rounds and its
 # ratio to the plan's winner's median.
 if has hand; then
+  # The plan keeps the user's precision: a hand-written config is compared with the plan made at
+  # its own (bf16: the cases' winner; fp16 and fp32: plans made with --precision).
   if [ ! -f "$work/in_memory.json" ]; then
     "$zinf" plan "${small[@]}" --nvme-path "$work/nvme" --host-memory 16G --write "$work/in_memory.json" > /dev/null
   fi
+  for p in fp16 fp32; do
+    "$zinf" plan "${small[@]}" --precision "$p" --nvme-path "$work/nvme" --host-memory 16G \
+      --write "$work/plan_$p.json" > /dev/null
+  done
   echo
-  echo "hand-written configs vs the plan (${small[*]}; $rounds rounds):"
-  cfgs=("$work/in_memory.json")
+  echo "hand-written configs vs the plan at their precision (${small[*]}; $rounds rounds):"
+  cfgs=("$work/in_memory.json" "$work/plan_fp16.json" "$work/plan_fp32.json")
+  : > "$work/precision.txt"
+  precision_of() {  # the resolved precision of a config: bf16, fp16 or fp32
+    "$zinf" config check "$1" "${small[@]}" 2> /dev/null | python3 -c "
+import json, sys
+t = sys.stdin.read(); j = json.loads(t[t.index('{'):])
+print('fp16' if j['fp16']['enabled'] else 'bf16' if j['bf16']['enabled'] else 'fp32')"
+  }
   for f in "$root"/tests/config/data/*.json "$root"/tests/config/data/real/*.json; do
     out="$work/hand_$(basename "$f")"
     python3 - "$f" "$out" "$work/nvme" <<'PY' || continue
@@ -198,6 +211,7 @@ json.dump(j, open(out, "w"))
 PY
     "$zinf" config check "$out" "${small[@]}" > /dev/null 2>&1 && cfgs+=("$out")
   done
+  for cfg in "${cfgs[@]}"; do echo "$(basename "$cfg") $(precision_of "$cfg")" >> "$work/precision.txt"; done
   : > "$work/hand.txt"
   for ((round = 1; round <= rounds; round++)); do
     order=("${cfgs[@]}")
@@ -208,7 +222,7 @@ PY
       fi
     done
   done
-  python3 - "$work/hand.txt" "$(basename "$work/in_memory.json")" <<'PY'
+  python3 - "$work/hand.txt" "$work/precision.txt" <<'PY'
 import collections, statistics, sys
 runs = collections.defaultdict(dict)
 others = []
@@ -216,15 +230,18 @@ for line in open(sys.argv[1]):
     rnd, name, step, rss, tps, passes, opt, other = line.split()
     runs[name][int(rnd)] = float(tps)
     others.append(float(other))
-plan = statistics.median(runs[sys.argv[2]].values())
+precision = dict(line.split() for line in open(sys.argv[2]))
+plans = {"bf16": "in_memory.json", "fp16": "plan_fp16.json", "fp32": "plan_fp32.json"}
+median = {name: statistics.median(by.values()) for name, by in runs.items()}
 rows = []
 for name, by in runs.items():
     # Medians over the rounds: a round where either run met a burst of other work does not decide.
-    ratio = statistics.median(by.values()) / plan
-    rows.append((ratio, name, statistics.median(by.values()), by))
-for ratio, name, tps, by in sorted(rows, reverse=True):
-    mark = " <- the plan" if name == sys.argv[2] else (" FASTER than the plan" if ratio > 1 else "")
-    print(f"  {name:<48} {tps:8.0f} tok/s  x{ratio:.3f} of the plan ({' '.join(f'{by[r]:.0f}' for r in sorted(by))}){mark}")
+    plan = plans[precision[name]]
+    rows.append((precision[name], -median[name] / median[plan], name, plan, by))
+for p, neg, name, plan, by in sorted(rows):
+    mark = " <- the plan" if name == plan else (" FASTER than the plan" if -neg > 1 else "")
+    print(f"  {p} {name:<48} {median[name]:8.0f} tok/s  x{-neg:.3f} of the plan "
+          f"({' '.join(f'{by[r]:.0f}' for r in sorted(by))}){mark}")
 print(f"  other processes: {statistics.median(others):.2f} cores (median over the runs), at most {max(others):.2f}")
 PY
 fi
