@@ -116,8 +116,8 @@ struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
   std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
   // The rates the engine's transfers reach (the roofs times kDriveShare).
-  double read_at() const { return read * kDriveShare; }
-  double write_at() const { return write * kDriveShare; }
+  double engine_read() const { return read * kDriveShare; }
+  double engine_write() const { return write * kDriveShare; }
   double flops_at(double rows) const {
     if (flops_by_rows.empty()) return flops;
     if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
@@ -155,7 +155,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
     // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
     // did not hide their reads behind the passes (docs/plan.md, "Time").
-    c.param_io_s = gathers * dsize * shard / roofs.read_at();
+    c.param_io_s = gathers * dsize * shard / roofs.engine_read();
     c.param_io_exposed_s = c.param_io_s;
   }
   c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
@@ -165,13 +165,13 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // synchronously: each micro-step writes its partitions' sums and, after the first, reads the
     // sums so far; before the step the norm reads them all once more.
     const double grads = 4.0 * shard;
-    c.grad_io_s = gas * grads / roofs.write_at() + (gas - 1.0) * grads / roofs.read_at();
-    const double norm_s = grads / roofs.read_at();
+    c.grad_io_s = gas * grads / roofs.engine_write() + (gas - 1.0) * grads / roofs.engine_read();
+    const double norm_s = grads / roofs.engine_read();
     // The step's tiles read master, states and gradient, and write master and states (and the
     // 16-bit copies when the parameters are on NVMe).
     const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
-    c.optimizer_io_s =
-        (4.0 * kOptimizerArrays * shard + grads) / roofs.read_at() + (4.0 * kOptimizerArrays * shard + copy) / roofs.write_at();
+    c.optimizer_io_s = (4.0 * kOptimizerArrays * shard + grads) / roofs.engine_read() +
+                       (4.0 * kOptimizerArrays * shard + copy) / roofs.engine_write();
     // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
     // ahead during the passes, so the ramp is the last tile's write).
     const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
@@ -181,7 +181,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // written, the gradient read (the 16-bit copies are the parameter tier's bytes).
     c.nvme_bytes = (2.0 * gas) * grads + (2.0 * kOptimizerArrays + 1.0) * grads;
   } else if (c.param_device == OffloadDevice::kNvme) {
-    c.optimizer_io_s = dsize * shard / roofs.write_at();  // the updated 16-bit copies
+    c.optimizer_io_s = dsize * shard / roofs.engine_write();  // the updated 16-bit copies
     opt_total += c.optimizer_io_s;
   }
   const Calibration& k = r.calibration;
@@ -268,7 +268,7 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   // whole model gathered across micro-steps, with stage3_max_live_parameters at twice the model:
   // the coordinator counts the freed copies it keeps for reuse against the same limit and frees
   // them to make room, so a limit of exactly the model reallocates gathered buffers every step
-  // (docs/plan.md, "The search"). (One rank flushes each gradient as soon as it is complete
+  // (docs/plan.md, "Time", the search). (One rank flushes each gradient as soon as it is complete
   // whatever reduce_bucket_size says, coordinator.cpp: the bucket is no knob there.)
   struct Knobs {
     bool lean, recompute;
