@@ -17,7 +17,7 @@ namespace {
 
 constexpr std::uint64_t kPage = 4096;
 constexpr double kMarginShare = 0.05;
-constexpr std::uint64_t kNvmeParamsUnattributed = std::uint64_t{32} << 20;
+constexpr std::uint64_t kNvmeParamsUnattributed = std::uint64_t{48} << 20;
 std::uint64_t page_up(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 swap::DType run_dtype(const config::DsConfig& ds) {
