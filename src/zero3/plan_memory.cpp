@@ -82,10 +82,6 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     // store, through one pinned buffer; on the disk, one fp32 array per sub-group.
     add("gradient store buffer (fp32; the gradients are on NVMe)", swapped_gradient_buffer_bytes(layout), true);
     for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += page_up(4 * sg.numel);
-  } else {
-    add("fp32 gradient partitions", 4 * shard);  // the engine's memory gradient store
-  }
-  if (opt_nvme) {
     // tier_factory.cpp leaves OptimizerSwapConfig::buffer_size 0: the swapper sizes each buffer
     // as the largest sub-group (OptimizerSwapper::plan_tiles).
     const swap::PoolBudget budget{"offload_optimizer", static_cast<std::size_t>(z.offload_optimizer.buffer_count),
@@ -94,6 +90,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     add(fmt::format("optimizer pinned pool ({} x {} fp32)", budget.buffer_count, budget.buffer_size), pool, true);
     for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += 2 * (1 + states) * page_up(4 * sg.numel);
   } else {
+    add("fp32 gradient partitions", 4 * shard);  // the engine's memory gradient store
     add(fmt::format("optimizer state in memory (master + {} states, fp32)", states), 4 * (1 + states) * shard);
   }
   if (param_nvme) {

@@ -98,8 +98,8 @@ Roof probe_memory_gbps();
 // Reads "best.read_gbps", "best.write_gbps" and the "aio" block of an aio_bench summary.json.
 Status read_aio_summary(const std::string& path, Machine& machine);
 // Writes then reads `bytes` in the first drive with O_DIRECT through the aio handle (the
-// machine's aio block) in 64 MiB requests, and sets the drive roofs from it ("measured: quick
-// probe").
+// machine's aio block) in 64 MiB requests, and sets the drive roofs from the median request's
+// rate ("measured: quick probe").
 Status probe_drive(Machine& machine, std::uint64_t bytes);
 
 // Factors from a measured run (calibrate()): the passes' predicted time (compute, gathers,
