@@ -74,10 +74,8 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
   t.push_back({fmt::format("activations for {} x {}", r.B, r.T),
                r.model.activation_bytes(r.B, r.T) - r.model.weight_copy_bytes(), false});
   if (opt_nvme) {
-    std::uint64_t largest = 0;
-    for (const swap::ParamPartition& p : r.layout.params) largest = std::max(largest, p.numel);
     t.push_back({"the gradient store's buffer (fp32; the gradients are on NVMe)",
-                 4 * up(std::max(largest, kGradStatsChunk), kNormBlock), true});
+                 swapped_gradient_buffer_bytes(r.layout), true});
   } else {
     t.push_back({"fp32 gradient partitions", 4 * shard, false});
     t.push_back({fmt::format("optimizer state in memory (master + {} states, fp32)", r.optimizer_states),
@@ -146,6 +144,12 @@ GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& pla
     }
   }
   return g;
+}
+
+std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout) {
+  std::uint64_t largest = kAlign;
+  for (const swap::ParamPartition& p : layout.params) largest = std::max(largest, p.numel);
+  return 4 * up(std::max(largest, kGradStatsChunk), kNormBlock);
 }
 
 std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {

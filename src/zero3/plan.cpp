@@ -26,6 +26,12 @@ constexpr double kAdamBytes = 28.0;
 // Coordinator traffic per micro-step besides the gathers: the model's gradient writes, the
 // reduce into the fp32 partitions (read, read-modify-write): bytes per parameter.
 constexpr double kGradBytes = 16.0;
+// Adam's fp32 arrays per element besides the gradient: the master weights and two states.
+constexpr double kOptimizerArrays = 3.0;
+// The engine's NVMe transfers (the gradient store's, the optimizer's tiles, the parameters')
+// are assumed to run at this share of the drive roofs, whatever the tile size (docs/plan.md,
+// "Time", has the runs it comes from).
+constexpr double kDriveShare = 0.65;
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -109,8 +115,9 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
 struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
   std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
-
-  // The matrix rate at `rows` rows: log-linear between the probed row counts, flat outside.
+  // The rates the engine's transfers reach (the roofs times kDriveShare).
+  double engine_read() const { return read * kDriveShare; }
+  double engine_write() const { return write * kDriveShare; }
   double flops_at(double rows) const {
     if (flops_by_rows.empty()) return flops;
     if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
@@ -130,7 +137,8 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
                   const PlanRequest& r, const Roofs& roofs) {
   const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
   const double tokens = static_cast<double>(c.micro_batch) * r.seq;
-  const double shard = static_cast<double>(s.params) / W;
+  const double shard = c.memory.shard_elements > 0 ? static_cast<double>(c.memory.shard_elements)
+                                                   : static_cast<double>(s.params) / W;
   const double dsize = ds.bf16.enabled || ds.fp16.enabled ? 2.0 : 4.0;
   const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
   const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
@@ -144,37 +152,52 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   const double P = static_cast<double>(s.params);
   c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
   if (c.param_device == OffloadDevice::kNvme) {
-    c.param_io_s = gathers * dsize * shard / roofs.read;
-    const bool staged = static_cast<double>(c.param_buffer_size) >= static_cast<double>(s.largest_group) / W &&
-                        c.param_buffer_count >= 2;
-    c.param_io_exposed_s = staged ? std::max(0.0, c.param_io_s - (c.compute_s + c.gather_s)) : c.param_io_s;
+    // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
+    // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
+    // did not hide their reads behind the passes (docs/plan.md, "Time").
+    c.param_io_s = gathers * dsize * shard / roofs.engine_read();
+    c.param_io_exposed_s = c.param_io_s;
   }
   c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
   double opt_total = c.optimizer_s;
   if (c.optimizer_device == OffloadDevice::kNvme) {
-    const double rw = 12.0 * shard;  // master + two Adam states, fp32
+    // The gradients live in the swapper's gradient store (grad_store.cpp), read and written
+    // synchronously: each micro-step writes its partitions' sums and, after the first, reads the
+    // sums so far; before the step the norm reads them all once more.
+    const double grads = 4.0 * shard;
+    c.grad_io_s = gas * grads / roofs.engine_write() + (gas - 1.0) * grads / roofs.engine_read();
+    const double norm_s = grads / roofs.engine_read();
+    // The step's tiles read master, states and gradient, and write master and states (and the
+    // 16-bit copies when the parameters are on NVMe).
     const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
-    c.optimizer_io_s = rw / roofs.read + (rw + copy) / roofs.write;
+    c.optimizer_io_s = (4.0 * kOptimizerArrays * shard + grads) / roofs.engine_read() +
+                       (4.0 * kOptimizerArrays * shard + copy) / roofs.engine_write();
     // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
     // ahead during the passes, so the ramp is the last tile's write).
     const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
-    opt_total = std::max(c.optimizer_s, c.optimizer_io_s) + c.optimizer_io_s / tiles / 2.0;
+    opt_total = norm_s + std::max(c.optimizer_s, c.optimizer_io_s) + c.optimizer_io_s / tiles / 2.0;
+    c.optimizer_io_s += norm_s;
+    // The store: gas writes, gas - 1 reads, the norm's read; the step: the arrays read and
+    // written, the gradient read (the 16-bit copies are the parameter tier's bytes).
+    c.nvme_bytes = (2.0 * gas) * grads + (2.0 * kOptimizerArrays + 1.0) * grads;
   } else if (c.param_device == OffloadDevice::kNvme) {
-    c.optimizer_io_s = dsize * shard / roofs.write;  // the updated 16-bit copies
+    c.optimizer_io_s = dsize * shard / roofs.engine_write();  // the updated 16-bit copies
     opt_total += c.optimizer_io_s;
   }
   const Calibration& k = r.calibration;
   c.compute_s *= k.passes;
   c.gather_s *= k.passes;
   c.param_io_exposed_s *= k.passes;
+  c.grad_io_s *= k.passes;
   c.optimizer_s *= k.optimizer;
   opt_total *= k.optimizer;
   c.optimizer_exposed_s = opt_total - c.optimizer_s;
-  c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + opt_total;
+  c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s + opt_total;
   c.tokens_per_s = gas * tokens * W / c.step_s;
   const std::pair<double, const char*> terms[] = {{c.compute_s, "compute (matrix products and activations)"},
                                                   {c.gather_s, "memory bandwidth (gathers, gradients)"},
                                                   {c.param_io_exposed_s, "NVMe parameter reads"},
+                                                  {c.grad_io_s, "NVMe gradient traffic"},
                                                   {c.optimizer_s, "optimizer step (memory bandwidth)"},
                                                   {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
   c.bottleneck = std::max_element(std::begin(terms), std::end(terms))->second;
@@ -241,6 +264,20 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   const auto W = static_cast<std::uint64_t>(r.world_size);
   const auto largest_partition = static_cast<std::int64_t>((s.largest_group + W - 1) / W);
   const auto total = static_cast<std::int64_t>(s.params);
+  // Lean: gather at most two of the largest modules and reduce one at a time; else keep the
+  // whole model gathered across micro-steps, with stage3_max_live_parameters at twice the model:
+  // the coordinator counts the freed copies it keeps for reuse against the same limit and frees
+  // them to make room, so a limit of exactly the model reallocates gathered buffers every step
+  // (docs/plan.md, "Time", the search). (One rank flushes each gradient as soon as it is complete
+  // whatever reduce_bucket_size says, coordinator.cpp: the bucket is no knob there.)
+  struct Knobs {
+    bool lean, recompute;
+  };
+  std::vector<Knobs> knobs;
+  for (bool lean : {false, true}) {
+    for (bool recompute : {false, true}) knobs.push_back({lean, recompute});
+  }
+  const std::int64_t largest = std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group));
   std::vector<Candidate> out;
   for (OffloadDevice pd : devices) {
     for (OffloadDevice od : devices) {
@@ -248,28 +285,23 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
       if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
       for (std::int64_t sg : groups) {
         if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
-        for (bool lean : {false, true}) {
-          for (bool ckpt : {false, true}) {
-            for (std::int64_t b : micros) {
-              Candidate c;
-              c.param_device = pd;
-              c.optimizer_device = od;
-              c.micro_batch = b;
-              c.grad_accum = per_rank_batch / b;
-              c.activation_checkpointing = ckpt;
-              c.sub_group_size = sg;
-              // Lean: gather at most two of the largest modules and reduce one at a time;
-              // else keep the whole model gathered across micro-steps.
-              c.max_live_parameters = lean ? 2 * std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group))
-                                           : std::max<std::int64_t>(total, 1);
-              c.prefetch_bucket_size = std::min<std::int64_t>(c.max_live_parameters / 2 + 1, 50000000);
-              c.reduce_bucket_size = lean ? std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group))
-                                          : std::min<std::int64_t>(total, 500000000);
-              c.param_buffer_count = 5;
-              c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
-              c.optimizer_buffer_count = 4;
-              out.push_back(c);
-            }
+        for (const Knobs& k : knobs) {
+          for (std::int64_t b : micros) {
+            Candidate c;
+            c.param_device = pd;
+            c.optimizer_device = od;
+            c.micro_batch = b;
+            c.grad_accum = per_rank_batch / b;
+            c.activation_checkpointing = k.recompute;
+            c.sub_group_size = sg;
+            const std::int64_t live = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
+            c.max_live_parameters = k.lean ? live : 2 * live;
+            c.prefetch_bucket_size = std::min<std::int64_t>(live / 2 + 1, 50000000);
+            c.reduce_bucket_size = k.lean ? largest : std::min<std::int64_t>(total, 500000000);
+            c.param_buffer_count = 5;
+            c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
+            c.optimizer_buffer_count = 4;
+            out.push_back(c);
           }
         }
       }
@@ -376,10 +408,12 @@ Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine
   c.max_live_parameters = ran.zero.max_live_parameters;
   c.param_buffer_count = ran.zero.offload_param.buffer_count;
   c.param_buffer_size = ran.zero.offload_param.buffer_size;
+  // The padded shard the plan's own candidates are timed with.
+  ZINF_ASSIGN_OR_RETURN(c.memory, predict_memory(*m, ran, static_cast<int>(c.micro_batch), request.seq));
   PlanRequest uncalibrated = request;
   uncalibrated.calibration = {};
   predict_time(c, shape_of(*m), *m, ran, uncalibrated, roofs);
-  const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s;
+  const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s;
   const double optimizer = c.step_s - passes;
   return Calibration{passes_s / passes, optimizer_s / optimizer,
                      fmt::format("calibrated from {}: passes x{:.2f}, optimizer x{:.2f}", source, passes_s / passes,
@@ -471,8 +505,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   plan.calibration = r.calibration.source;
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
-      "{} bytes/parameter of gradient traffic (docs/plan.md)",
-      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes));
+      "{} bytes/parameter of gradient traffic, the engine's NVMe transfers at {} of the drive's rate "
+      "(docs/plan.md)",
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kDriveShare));
   plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);

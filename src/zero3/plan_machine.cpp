@@ -204,21 +204,26 @@ Status probe_drive(Machine& machine, std::uint64_t bytes) {
   ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer buf, aio::PinnedBuffer::allocate(chunk));
   std::fill(buf.bytes(), buf.bytes() + chunk, std::byte{1});  // faulted in before timing (docs/measuring.md)
   const std::uint64_t total = std::max<std::uint64_t>(chunk, bytes / chunk * chunk);
+  // The median of the chunks' rates: one chunk that met a stall (the file's first allocation, a
+  // burst on a shared disk) does not set the figure, as it would set a total's.
   auto pass = [&](bool write) -> Result<double> {
-    const auto t0 = Clock::now();
+    std::vector<double> rates;
     for (std::uint64_t off = 0; off < total; off += chunk) {
+      const auto t0 = Clock::now();
       Status s = write ? h->sync_pwrite(buf.bytes(), chunk, file, off) : h->sync_pread(buf.bytes(), chunk, file, off);
       if (!s.is_ok()) return s;
+      rates.push_back(static_cast<double>(chunk) / since(t0) / 1e9);
     }
-    return static_cast<double>(total) / since(t0) / 1e9;
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
   };
   Result<double> w = pass(true);
   Result<double> r = w.is_ok() ? pass(false) : w;
   std::remove(file.c_str());
   if (!w.is_ok()) return w.status().with_context("--probe-io write");
   if (!r.is_ok()) return r.status().with_context("--probe-io read");
-  const std::string src = fmt::format("measured: quick probe, {} MiB O_DIRECT in {}", total >> 20,
-                                      machine.drives.front().path);
+  const std::string src = fmt::format("measured: quick probe, {} MiB O_DIRECT in {}, the median 64 MiB request",
+                                      total >> 20, machine.drives.front().path);
   machine.nvme_read_gbps = {r.value(), src, true};
   machine.nvme_write_gbps = {w.value(), src + " (writes may be absorbed by a host cache)", true};
   return Status::ok();

@@ -17,6 +17,7 @@ namespace {
 
 constexpr std::uint64_t kPage = 4096;
 constexpr double kMarginShare = 0.05;
+constexpr std::uint64_t kNvmeParamsUnattributed = std::uint64_t{48} << 20;
 std::uint64_t page_up(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 swap::DType run_dtype(const config::DsConfig& ds) {
@@ -67,27 +68,29 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   const std::uint64_t largest_sg = std::max(layout.largest_subgroup(), swap::PartitionLayout::kAlign);
 
   MemoryPrediction m;
+  m.shard_elements = shard;
   auto add = [&m](std::string name, std::uint64_t bytes, bool pinned = false) {
     m.host.push_back({std::move(name), bytes, pinned});
   };
   add("process base (program, libraries, corpus)", kProcessBaseBytes);
-  add("fp32 gradient partitions", 4 * shard);  // the engine's grad_acc
 
   const config::ZeroSection& z = ds.zero;
   const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
   const bool param_nvme = z.offload_param.device == config::OffloadDevice::kNvme;
   if (opt_nvme) {
+    // tier_factory.cpp: with the optimizer on NVMe the gradients go to the swapper's gradient
+    // store, through one pinned buffer; on the disk, one fp32 array per sub-group.
+    add("gradient store buffer (fp32; the gradients are on NVMe)", swapped_gradient_buffer_bytes(layout), true);
+    for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += page_up(4 * sg.numel);
     // tier_factory.cpp leaves OptimizerSwapConfig::buffer_size 0: the swapper sizes each buffer
     // as the largest sub-group (OptimizerSwapper::plan_tiles).
     const swap::PoolBudget budget{"offload_optimizer", static_cast<std::size_t>(z.offload_optimizer.buffer_count),
                                   static_cast<std::size_t>(largest_sg), 4};
     ZINF_ASSIGN_OR_RETURN(const std::size_t pool, pool_bytes(budget));
     add(fmt::format("optimizer pinned pool ({} x {} fp32)", budget.buffer_count, budget.buffer_size), pool, true);
-    // Runs with the optimizer on NVMe peaked up to 2.5 bytes per shard element above the named
-    // terms, from code not yet attributed (docs/plan.md, "Memory"): counted, not guessed away.
-    add("NVMe optimizer, unattributed (calibrated: 2.5 bytes per element)", shard * 5 / 2);
     for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += 2 * (1 + states) * page_up(4 * sg.numel);
   } else {
+    add("fp32 gradient partitions", 4 * shard);  // the engine's memory gradient store
     add(fmt::format("optimizer state in memory (master + {} states, fp32)", states), 4 * (1 + states) * shard);
   }
   if (param_nvme) {
@@ -100,6 +103,10 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     const std::uint64_t in_cpu = std::min<std::uint64_t>(static_cast<std::uint64_t>(z.offload_param.max_in_cpu), shard);
     if (in_cpu > 0) add("parameters kept in CPU (max_in_cpu)", in_cpu * dsize);
     for (const swap::ParamPartition& p : layout.params) m.disk_params += page_up(p.numel * dsize);
+    // Runs with the parameters on NVMe peaked above the named terms by a few tens of MiB, from
+    // code not yet attributed, not growing with the model (docs/plan.md, "Memory"): counted,
+    // not guessed away.
+    add("NVMe parameters, unattributed (calibrated)", kNvmeParamsUnattributed);
     // A memory optimizer tier converts each sub-group's copy in a staging array first.
     if (!opt_nvme) add("16-bit copy staging (one sub-group)", 4 * largest_sg);
   } else if (!(dtype == swap::DType::kF32 && !opt_nvme)) {

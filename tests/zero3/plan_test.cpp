@@ -84,14 +84,21 @@ TEST_F(PlanTest, MemoryUsesTheSwapLayersPoolSizing) {
   EXPECT_EQ(term(*mem, "parameter pinned pool"), param_pool.bytes());
   EXPECT_GT(term(*mem, "optimizer pinned pool"), 0u);
   EXPECT_EQ(term(*mem, "optimizer state in memory"), 0u);
-  EXPECT_GT(mem->disk_optimizer, 12 * m->num_params());  // two slots of master + two states
+  // Two slots of master + two states, and the gradients (the engine keeps them on NVMe with the
+  // optimizer there: no fp32 gradient partitions in memory, one pinned store buffer).
+  EXPECT_GT(mem->disk_optimizer, (2 * 12 + 4) * m->num_params());
   EXPECT_GE(mem->disk_params, 2 * m->num_params());
-  EXPECT_EQ(mem->pinned_bytes(), term(*mem, "parameter pinned pool") + term(*mem, "optimizer pinned pool"));
+  EXPECT_EQ(term(*mem, "fp32 gradient partitions"), 0u);
+  EXPECT_GT(term(*mem, "gradient store buffer"), 0u);
+  EXPECT_LT(term(*mem, "gradient store buffer"), 4 * mem->shard_elements + (std::uint64_t{4} << 20) + 1);
+  EXPECT_EQ(mem->pinned_bytes(), term(*mem, "parameter pinned pool") + term(*mem, "optimizer pinned pool") +
+                                     term(*mem, "gradient store buffer"));
 
   const config::DsConfig in_memory = testing::ds_config("cpu", dir_.string());
   auto cpu = predict_memory(*m, in_memory, testing::kB, testing::kT);
   ASSERT_TRUE(cpu.is_ok());
   EXPECT_EQ(cpu->disk_bytes(), 0u);
+  EXPECT_EQ(term(*cpu, "fp32 gradient partitions"), 4 * cpu->shard_elements);
   EXPECT_GE(term(*cpu, "optimizer state in memory"), 12 * m->num_params());
   EXPECT_EQ(term(*cpu, "activations"), m->activation_bytes(testing::kB, testing::kT));
 }
@@ -124,6 +131,92 @@ TEST_F(PlanTest, PredictionCoversARealRunsHighWater) {
   }
 }
 
+// The time model's NVMe bytes are the engine's: for every optimizer-on-NVMe candidate's config,
+// a real engine's bytes per step (optimizer tier and gradient store) equal the planner's count.
+TEST_F(PlanTest, NvmeTrafficIsTheEnginesBytesPerStep) {
+  PlanRequest r = request(tiny_gpt());
+  r.micro_batch = testing::kB;  // the harness's two micro-batches of kB rows
+  r.train_batch = 2 * testing::kB;
+  auto plan = make_plan(r, machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  int checked = 0;
+  for (const Candidate& c : plan->fitting) {
+    if (c.optimizer_device != config::OffloadDevice::kNvme || c.activation_checkpointing) continue;
+    SCOPED_TRACE(c.label());
+    auto ds = config::parse_ds_config(c.ds_config, "planned", config::AutoContext{});
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    auto comm = make_local_communicator();
+    EngineOptions eo;
+    eo.ds = ds.value();
+    auto engine = Engine::create(make_gpt(tiny_gpt(), false), eo, *comm);
+    ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+    ASSERT_TRUE(testing::train(**engine, 0, 2, 64).is_ok());
+    const std::uint64_t before = (*engine)->bytes_moved();
+    ASSERT_TRUE(testing::train(**engine, 2, 3, 64).is_ok());
+    EXPECT_DOUBLE_EQ(static_cast<double>((*engine)->bytes_moved() - before), c.nvme_bytes);
+    EXPECT_GT(c.grad_io_s, 0);
+    if (++checked == 2) break;  // a keep-everything and a lean one are enough
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+// NVMe time is the engine's bytes over the drive's rate: halving the drive's roofs doubles every
+// candidate's NVMe terms and leaves the rest as they were.
+TEST_F(PlanTest, NvmeTimeScalesWithTheDrivesRate) {
+  const PlanRequest r = request(tiny_gpt());
+  const Machine fast = machine(std::uint64_t{8} << 30);
+  Machine slow = fast;
+  slow.nvme_read_gbps.value /= 2;
+  slow.nvme_write_gbps.value /= 2;
+  auto a = make_plan(r, fast);
+  auto b = make_plan(r, slow);
+  ASSERT_TRUE(a.is_ok() && b.is_ok());
+  ASSERT_EQ(a->fitting.size(), b->fitting.size());
+  int nvme = 0;
+  for (const Candidate& c : a->fitting) {
+    const Candidate* d = nullptr;
+    for (const Candidate& e : b->fitting) d = e.label() == c.label() ? &e : d;
+    ASSERT_NE(d, nullptr) << c.label();
+    EXPECT_DOUBLE_EQ(d->compute_s, c.compute_s);
+    EXPECT_NEAR(d->grad_io_s, 2 * c.grad_io_s, 1e-12);
+    EXPECT_NEAR(d->optimizer_io_s, 2 * c.optimizer_io_s, 1e-12);
+    EXPECT_NEAR(d->param_io_s, 2 * c.param_io_s, 1e-12);
+    if (c.optimizer_device == config::OffloadDevice::kNvme) {
+      ++nvme;
+      EXPECT_GT(c.grad_io_s, 0) << c.label();
+    }
+  }
+  EXPECT_GT(nvme, 0);
+}
+
+TEST_F(PlanTest, KeepEverythingLeavesRoomForTheSpareCopies) {
+  auto plan = make_plan(request(tiny_gpt()), machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  auto m = make_gpt(tiny_gpt(), false);
+  std::uint64_t largest = 0;
+  for (const model::ModuleSpec& mod : m->modules()) {
+    std::uint64_t owned = 0;
+    for (int p : mod.params) {
+      const model::ParamSpec& ps = m->params()[static_cast<std::size_t>(p)];
+      if (&m->modules()[static_cast<std::size_t>(ps.module)] == &mod) owned += ps.numel;
+    }
+    largest = std::max(largest, owned);
+  }
+  int keep = 0, lean = 0;
+  for (const Candidate& c : plan->fitting) {
+    const auto live = static_cast<std::uint64_t>(c.max_live_parameters);
+    if (live >= m->num_params()) {
+      ++keep;
+      EXPECT_GE(live, m->num_params() + largest) << c.label();
+    } else {
+      ++lean;
+      EXPECT_EQ(live, 2 * largest) << c.label();
+    }
+  }
+  EXPECT_GT(keep, 0);
+  EXPECT_GT(lean, 0);
+}
+
 TEST_F(PlanTest, RanksFittingCandidatesAndWritesAConfigThatParses) {
   const PlanRequest r = request(tiny_gpt());
   auto plan = make_plan(r, machine(std::uint64_t{8} << 30));
@@ -154,7 +247,7 @@ TEST_F(PlanTest, CalibrationScalesTheWinnersPrediction) {
   const Candidate w = plan->fitting.front();
   auto ran = config::parse_ds_config(w.ds_config, "ran", config::AutoContext{});
   ASSERT_TRUE(ran.is_ok());
-  const double passes = w.compute_s + w.gather_s + w.param_io_exposed_s;
+  const double passes = w.compute_s + w.gather_s + w.param_io_exposed_s + w.grad_io_s;
   auto k = calibrate(r, m, *ran, 2 * passes, 2 * (w.step_s - passes), "run.jsonl");
   ASSERT_TRUE(k.is_ok()) << k.status().to_string();
   EXPECT_NEAR(k->passes, 2.0, 1e-9);

@@ -38,6 +38,7 @@ struct MemoryPrediction {
   std::uint64_t disk_optimizer = 0;  // the optimizer's swap files (offload_optimizer.nvme_path)
   std::uint64_t disk_params = 0;     // the parameters' swap files (offload_param.nvme_path)
   std::uint64_t gpu = 0;         // 0: the CPU engine computes on the host
+  std::uint64_t shard_elements = 0;  // this rank's sub-groups' elements, padded as the layout pads them
   std::uint64_t host_bytes() const;
   std::uint64_t pinned_bytes() const;
   std::uint64_t disk_bytes() const { return disk_optimizer + disk_params; }
@@ -97,7 +98,8 @@ Roof probe_memory_gbps();
 // Reads "best.read_gbps", "best.write_gbps" and the "aio" block of an aio_bench summary.json.
 Status read_aio_summary(const std::string& path, Machine& machine);
 // Writes then reads `bytes` in the first drive with O_DIRECT through the aio handle (the
-// machine's aio block), and sets the drive roofs from it ("measured: quick probe").
+// machine's aio block) in 64 MiB requests, and sets the drive roofs from the median request's
+// rate ("measured: quick probe").
 Status probe_drive(Machine& machine, std::uint64_t bytes);
 
 // Factors from a measured run (calibrate()): the passes' predicted time (compute, gathers,
@@ -137,9 +139,13 @@ struct Candidate {
   std::string ds_config;  // the JSON written and parsed (the nvme_path of the first drive)
   MemoryPrediction memory;
   // Time per optimizer step and its terms (seconds).
-  double compute_s = 0, gather_s = 0, param_io_s = 0, param_io_exposed_s = 0, optimizer_s = 0, optimizer_io_s = 0,
-         optimizer_exposed_s = 0, step_s = 0;
+  // grad_io_s: the NVMe gradient store's reads and writes during the passes (optimizer on NVMe).
+  double compute_s = 0, gather_s = 0, param_io_s = 0, param_io_exposed_s = 0, grad_io_s = 0, optimizer_s = 0,
+         optimizer_io_s = 0, optimizer_exposed_s = 0, step_s = 0;
   double tokens_per_s = 0;
+  // NVMe bytes per step the time model moves through the optimizer tier and the gradient store
+  // (what Engine::bytes_moved counts; the parameter tier's transfers are not in it).
+  double nvme_bytes = 0;
   std::string bottleneck;  // "compute", "memory bandwidth", "NVMe reads", ...
   bool fits = false;
   std::string why_not;     // empty when it fits
