@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -93,6 +94,17 @@ class MemoryGradStore final : public GradStore {
   const swap::PartitionLayout& layout_;
   std::vector<model::FloatBuffer> acc_;  // per sub-group, padded layout
 };
+
+// The norm blocks [first, last) of a sub-group of n elements that lie inside [start, start +
+// padded): blocks of grad_stats' length, the last one ending at n.
+std::pair<std::uint64_t, std::uint64_t> norm_blocks_inside(std::uint64_t n, std::uint64_t start,
+                                                           std::uint64_t padded) {
+  constexpr std::uint64_t kBlock = optim::kGradStatsBlock;
+  const std::uint64_t end = std::min(n, start + padded);
+  const std::uint64_t first = (start + kBlock - 1) / kBlock;
+  const std::uint64_t last = end == n ? (n + kBlock - 1) / kBlock : end / kBlock;
+  return {first, std::max(first, last)};
+}
 
 class SwappedGradStore final : public GradStore {
  public:
@@ -200,10 +212,7 @@ class SwappedGradStore final : public GradStore {
   // norm need not read them back.
   Status note_block_sums(std::size_t sg, std::uint64_t start, std::uint64_t padded, const float* acc) {
     const std::uint64_t n = layout_.subgroups[sg].numel;
-    const std::uint64_t end = std::min(n, start + padded);
-    const std::uint64_t first = (start + kNormBlock - 1) / kNormBlock;  // the first block starting inside
-    // Blocks end at multiples of kNormBlock, or at n.
-    const std::uint64_t last = end == n ? (n + kNormBlock - 1) / kNormBlock : end / kNormBlock;
+    const auto [first, last] = norm_blocks_inside(n, start, padded);
     if (last <= first) return Status::ok();
     const std::uint64_t count = std::min(n, last * kNormBlock) - first * kNormBlock;
     ZINF_RETURN_IF_ERROR(optim::grad_block_sums(
@@ -236,6 +245,24 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
   auto store = std::make_unique<MemoryGradStore>(layout);
   ZINF_RETURN_IF_ERROR(store->allocate());
   return std::unique_ptr<GradStore>(std::move(store));
+}
+
+std::uint64_t swapped_norm_read_elements(const swap::PartitionLayout& layout) {
+  std::uint64_t total = 0;
+  for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+    const std::uint64_t n = layout.subgroups[sg].numel;
+    std::vector<char> inside((n + optim::kGradStatsBlock - 1) / optim::kGradStatsBlock, 0);
+    for (std::size_t p = 0; p < layout.params.size(); ++p) {
+      if (layout.subgroup_of[p] != sg) continue;
+      const auto [first, last] = norm_blocks_inside(
+          n, layout.offset_in_subgroup[p], swap::align_up(layout.params[p].numel, swap::PartitionLayout::kAlign));
+      std::fill(inside.begin() + first, inside.begin() + last, 1);
+    }
+    for (std::uint64_t j = 0; j < inside.size(); ++j) {
+      if (!inside[j]) total += std::min(n, (j + 1) * optim::kGradStatsBlock) - j * optim::kGradStatsBlock;
+    }
+  }
+  return total;
 }
 
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,

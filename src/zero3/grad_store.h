@@ -53,5 +53,9 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
 // step's first for that partition), adds, and writes it back. `swapper` must outlive the store.
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
                                                            swap::OptimizerSwapper& swapper);
+// The elements the swapped store's stats() reads back in a step where every partition was
+// accumulated: its norm blocks that no one partition's padded range holds (the others' sums are
+// taken as they are accumulated).
+std::uint64_t swapped_norm_read_elements(const swap::PartitionLayout& layout);
 
 }  // namespace zinf::zero3

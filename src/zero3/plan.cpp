@@ -163,10 +163,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   if (c.optimizer_device == OffloadDevice::kNvme) {
     // The gradients live in the swapper's gradient store (grad_store.cpp), read and written
     // synchronously: each micro-step writes its partitions' sums and, after the first, reads the
-    // sums so far; before the step the norm reads them all once more.
+    // sums so far; before the step the norm reads back the blocks two partitions share.
     const double grads = 4.0 * shard;
     c.grad_io_s = gas * grads / roofs.engine_write() + (gas - 1.0) * grads / roofs.engine_read();
-    const double norm_s = grads / roofs.engine_read();
+    const double norm_bytes = 4.0 * static_cast<double>(c.memory.norm_read_elements);
+    const double norm_s = norm_bytes / roofs.engine_read();
     // The step's tiles read master, states and gradient, and write master and states (and the
     // 16-bit copies when the parameters are on NVMe).
     const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
@@ -177,9 +178,9 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
     opt_total = norm_s + std::max(c.optimizer_s, c.optimizer_io_s) + c.optimizer_io_s / tiles / 2.0;
     c.optimizer_io_s += norm_s;
-    // The store: gas writes, gas - 1 reads, the norm's read; the step: the arrays read and
+    // The store: gas writes, gas - 1 reads, the norm's read-back; the step: the arrays read and
     // written, the gradient read (the 16-bit copies are the parameter tier's bytes).
-    c.nvme_bytes = (2.0 * gas) * grads + (2.0 * kOptimizerArrays + 1.0) * grads;
+    c.nvme_bytes = (2.0 * gas - 1.0) * grads + norm_bytes + (2.0 * kOptimizerArrays + 1.0) * grads;
   } else if (c.param_device == OffloadDevice::kNvme) {
     c.optimizer_io_s = dsize * shard / roofs.engine_write();  // the updated 16-bit copies
     opt_total += c.optimizer_io_s;

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "zero3/grad_store.h"
 #include "zero3/host_budget.h"
 #include "zero3/model_partition.h"
 #include "zinf/optim/optimizer.h"
@@ -81,6 +82,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     // tier_factory.cpp: with the optimizer on NVMe the gradients go to the swapper's gradient
     // store, through one pinned buffer; on the disk, one fp32 array per sub-group.
     add("gradient store buffer (fp32; the gradients are on NVMe)", swapped_gradient_buffer_bytes(layout), true);
+    m.norm_read_elements = swapped_norm_read_elements(layout);
     for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += page_up(4 * sg.numel);
     // tier_factory.cpp leaves OptimizerSwapConfig::buffer_size 0: the swapper sizes each buffer
     // as the largest sub-group (OptimizerSwapper::plan_tiles).

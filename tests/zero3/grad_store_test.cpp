@@ -115,6 +115,7 @@ TEST(GradStore, TheNormReadsBackOnlyTheBlocksThatPartitionsShare) {
   EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
   EXPECT_EQ(a->elements, b->elements);
   EXPECT_EQ(swapped.value()->bytes_moved() - before, 8192u * sizeof(float));
+  EXPECT_EQ(swapped_norm_read_elements(layout), 8192u);  // what zinf plan counts
 }
 
 // A partition large enough to be added by the thread pool in chunks (add_into): every element the

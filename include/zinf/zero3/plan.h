@@ -39,6 +39,8 @@ struct MemoryPrediction {
   std::uint64_t disk_params = 0;     // the parameters' swap files (offload_param.nvme_path)
   std::uint64_t gpu = 0;         // 0: the CPU engine computes on the host
   std::uint64_t shard_elements = 0;  // this rank's sub-groups' elements, padded as the layout pads them
+  // With the optimizer on NVMe: the gradient elements the norm reads back each step.
+  std::uint64_t norm_read_elements = 0;
   std::uint64_t host_bytes() const;
   std::uint64_t pinned_bytes() const;
   std::uint64_t disk_bytes() const { return disk_optimizer + disk_params; }
