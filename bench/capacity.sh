@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Capacity (issue 23): GPT shapes trained a few steps with parameters, gradients and optimizer
+# Capacity (issue 23): GPT and Llama shapes trained a few steps with parameters, gradients and optimizer
 # state on NVMe in DIR, after `aio_bench --quick` on DIR. Prints one table row per size:
 # parameters, bytes on disk per parameter (the swap folder's peak, sampled every second), peak
 # RSS, the last step's time and breakdown, NVMe bytes per step, and I/O efficiency of the
@@ -8,6 +8,10 @@
 # exp_avg_sq read and written, fp32 gradients read, the 16-bit copy written: 30 bytes), not a
 # measurement. Without --sizes: the largest preset whose state fits 0.8 of DIR's free space.
 #
+# Sizes: zinf train's GPT presets, or a Llama shape of bench/make_llama_folder.py (llama-1b,
+# tinyllama, llama-7b, llama-mini), optionally with a layer count after a colon (tinyllama:30):
+# its folder (config.json, bf16 weights drawn afresh) is written under DIR for the run and
+# trained with --model-dir; DeepSpeed's peer takes GPT presets only.
 # Usage: bench/capacity.sh DIR [--sizes "small gpt2 gpt2-medium"] [--steps 3] [--seq 256]
 #                             [--zinf build/tools/zinf/zinf] [--no-aio-bench] [--live N]
 #                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
@@ -100,7 +104,15 @@ engine engine
 printf '%-12s %14s %10s %12s %9s %8s %8s %8s %8s %12s %8s %s\n' size params disk_B/p peak_RSS_MiB step_s fwd_s bwd_s optim_s io_s nvme_MB/step io_eff losses
 for s in $sizes; do
   rm -rf "$work/nvme"; mkdir -p "$work/nvme"; : > "$work/log.jsonl"
-  "$zinf" train --config "$work/ds.json" --model "$s" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" "${budget[@]}" "${extra[@]}" \
+  model=(--model "$s"); llama=""
+  case $s in
+    llama*|tinyllama*)
+      llama=$work/model-$s; shape=${s%%:*}; layers=""
+      [ "$shape" != "$s" ] && layers=${s#*:}
+      python3 "$(dirname "$0")/make_llama_folder.py" "$llama" "$shape" --seq "$seq" ${layers:+--layers "$layers"} > /dev/null
+      model=(--model-dir "$llama") ;;
+  esac
+  "$zinf" train --config "$work/ds.json" "${model[@]}" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" "${budget[@]}" "${extra[@]}" \
     > "$work/out.txt" 2>&1 &
   pid=$!
   peak_disk=0; start=$SECONDS; stopped=""
@@ -132,7 +144,9 @@ PY
   else
     engine zinf; echo "$s: zinf train failed${stopped:+ ($stopped)}:"; tail -5 "$work/out.txt"
   fi
+  [ -n "$llama" ] && rm -rf "$llama"
   [ "$deepspeed" = 1 ] || continue
+  if [ -n "$llama" ]; then engine deepspeed; echo "$s: not run (the DeepSpeed peer builds GPT presets only)"; continue; fi
   rm -rf "$work/nvme"; mkdir -p "$work/nvme"
   if ! DS_ACCELERATOR=cpu PYTHONWARNINGS=ignore OMP_NUM_THREADS=$(nproc) \
       "$venv/bin/python" "$here/capacity_deepspeed.py" "$s" --label deepspeed --config "$work/ds.json" \
