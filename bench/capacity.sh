@@ -33,15 +33,17 @@
 # --no-pipeline: offload_optimizer pipeline_read and pipeline_write false (both engines).
 # --param-buffers N: offload_param buffer_count (both engines; the reference's default is 5).
 # --zero MEMBERS: more zero_optimization members for both engines, as JSON text.
-# --lr LR: AdamW's learning rate, constant (default 1e-6). Adam's first steps move every weight by
-# about lr whatever its gradient's scale (m / sqrt(v) is about +-1), so from random weights a larger
-# rate overshoots: at 1e-4 the loss rose at the second step at every size, in both engines.
+# --lr LR: AdamW's learning rate, constant (default 1e-6 for GPT presets, 3e-5 for Llama shapes).
+# Adam's first steps move every weight by about lr whatever its gradient's scale (m / sqrt(v) is
+# about +-1): from the GPT presets' initial weights 1e-4 overshot (the loss rose at the second
+# step at every size, in both engines), and 1e-6 gives a falling loss from 0.3B to 1.2B; the
+# Llama shapes (pre-RMSNorm) learn nothing visible at 1e-6 and fall steadily at 3e-5 and 1e-4.
 # --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; lr=1e-6; zero_more=""; pipeline=true; param_buffers=""
+deepspeed=0; ds_cap=(); timeout=1800; lr=""; zero_more=""; pipeline=true; param_buffers=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -92,26 +94,31 @@ if [ "$aio" = 1 ]; then
   wbw=$(sed -n 's/^Best write: *\([0-9.]*\) GB\/s.*/\1/p' "$work/aio.txt")
   echo "aio_bench --quick on $dir: best read $rbw GB/s, best write $wbw GB/s"
 fi
-cat > "$work/ds.json" <<JSON
+# write_config LR: the ds.json both engines read.
+write_config() {
+  cat > "$work/ds.json" <<JSON
 {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},
- "optimizer": {"type": "AdamW", "params": {"lr": $lr}},
+ "optimizer": {"type": "AdamW", "params": {"lr": $1}},
  "zero_optimization": {"stage": 3$live$zero_more,
    "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
    "offload_optimizer": {"device": "nvme", "nvme_path": "$work/nvme", "pipeline_read": $pipeline, "pipeline_write": $pipeline}}}
 JSON
+}
 engine() { [ "$deepspeed" = 1 ] && printf '%-10s ' "$1"; return 0; }
 engine engine
 printf '%-12s %14s %10s %12s %9s %8s %8s %8s %8s %12s %8s %s\n' size params disk_B/p peak_RSS_MiB step_s fwd_s bwd_s optim_s io_s nvme_MB/step io_eff losses
 for s in $sizes; do
   rm -rf "$work/nvme"; mkdir -p "$work/nvme"; : > "$work/log.jsonl"
-  model=(--model "$s"); llama=""
+  model=(--model "$s"); llama=""; size_lr=${lr:-1e-6}
   case $s in
     llama*|tinyllama*)
+      size_lr=${lr:-3e-5}
       llama=$work/model-$s; shape=${s%%:*}; layers=""
       [ "$shape" != "$s" ] && layers=${s#*:}
       python3 "$(dirname "$0")/make_llama_folder.py" "$llama" "$shape" --seq "$seq" ${layers:+--layers "$layers"} > /dev/null
       model=(--model-dir "$llama") ;;
   esac
+  write_config "$size_lr"
   "$zinf" train --config "$work/ds.json" "${model[@]}" --seq "$seq" --steps "$steps" --json-log "$work/log.jsonl" "${budget[@]}" "${extra[@]}" \
     > "$work/out.txt" 2>&1 &
   pid=$!
