@@ -24,25 +24,42 @@ float value(std::size_t p, std::size_t i, int micro) {
          1e-3f;
 }
 
-TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
+// The in-memory store and a swapped one over an AdamW swapper in a temporary folder.
+struct BothStores {
   TempDir nvme;
+  std::unique_ptr<aio::Handle> handle;
+  Result<std::unique_ptr<swap::OptimizerSwapper>> swapper = Status::internal("not made");
+  Result<std::unique_ptr<GradStore>> memory = Status::internal("not made");
+  Result<std::unique_ptr<GradStore>> swapped = Status::internal("not made");
+
+  void make(const std::vector<swap::ParamPartition>& parts, const swap::PartitionLayout& layout) {
+    auto h = aio::Handle::create(aio::AioConfig{});
+    ASSERT_TRUE(h.is_ok()) << h.status().to_string();
+    handle = std::move(h).value();
+    swap::OptimizerSwapConfig sc;
+    sc.store.nvme_paths = {nvme.path()};
+    sc.sub_group_size = layout.sub_group_size;
+    sc.swap_gradients = true;
+    auto opt = optim::OptimizerConfig::parse("AdamW", {});
+    ASSERT_TRUE(opt.is_ok());
+    swapper = swap::OptimizerSwapper::create(sc, parts, optim::Optimizer(opt.value()), *handle);
+    ASSERT_TRUE(swapper.is_ok()) << swapper.status().to_string();
+    memory = make_memory_grad_store(layout);
+    swapped = make_swapped_grad_store(layout, *swapper.value());
+    ASSERT_TRUE(memory.is_ok() && swapped.is_ok());
+  }
+};
+
+TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
   // Partitions of odd sizes over two sub-groups; the last one never gets a gradient.
   std::vector<swap::ParamPartition> parts = {{"a", 5000}, {"b", 1}, {"c", 9000}, {"d", 30000}, {"e", 700}};
   const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 16000);
   ASSERT_GE(layout.subgroups.size(), 2u);
-  auto handle = aio::Handle::create(aio::AioConfig{});
-  ASSERT_TRUE(handle.is_ok()) << handle.status().to_string();
-  swap::OptimizerSwapConfig sc;
-  sc.store.nvme_paths = {nvme.path()};
-  sc.sub_group_size = layout.sub_group_size;
-  sc.swap_gradients = true;
-  auto opt = optim::OptimizerConfig::parse("AdamW", {});
-  ASSERT_TRUE(opt.is_ok());
-  auto swapper = swap::OptimizerSwapper::create(sc, parts, optim::Optimizer(opt.value()), *handle.value());
-  ASSERT_TRUE(swapper.is_ok()) << swapper.status().to_string();
-  auto memory = make_memory_grad_store(layout);
-  auto swapped = make_swapped_grad_store(layout, *swapper.value());
-  ASSERT_TRUE(memory.is_ok() && swapped.is_ok());
+  BothStores stores;
+  ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout));
+  auto& memory = stores.memory;
+  auto& swapped = stores.swapped;
+  auto& swapper = stores.swapper;
   for (int step = 0; step < 2; ++step) {
     for (GradStore* s : {memory.value().get(), swapped.value().get()}) {
       ASSERT_TRUE(s->begin_step().is_ok());
@@ -78,26 +95,16 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
 // and reads back only the block that two partitions share: 8192 elements of the 47104 here,
 // with the in-memory store's bits.
 TEST(GradStore, TheNormReadsBackOnlyTheBlocksThatPartitionsShare) {
-  TempDir nvme;
   // Offsets 0, 24576, 30720; 47104 in all (kAlign 2048): norm blocks of 8192 are 0-2 in "a",
   // 3 across "b" and "c", 4 and the short 5 in "c".
   std::vector<swap::ParamPartition> parts = {{"a", 3 * 8192}, {"b", 5000}, {"c", 2 * 8192}};
   const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1 << 20);
   ASSERT_EQ(layout.subgroups.size(), 1u);
   ASSERT_EQ(layout.subgroups[0].numel, 47104u);
-  auto handle = aio::Handle::create(aio::AioConfig{});
-  ASSERT_TRUE(handle.is_ok()) << handle.status().to_string();
-  swap::OptimizerSwapConfig sc;
-  sc.store.nvme_paths = {nvme.path()};
-  sc.sub_group_size = layout.sub_group_size;
-  sc.swap_gradients = true;
-  auto opt = optim::OptimizerConfig::parse("AdamW", {});
-  ASSERT_TRUE(opt.is_ok());
-  auto swapper = swap::OptimizerSwapper::create(sc, parts, optim::Optimizer(opt.value()), *handle.value());
-  ASSERT_TRUE(swapper.is_ok()) << swapper.status().to_string();
-  auto memory = make_memory_grad_store(layout);
-  auto swapped = make_swapped_grad_store(layout, *swapper.value());
-  ASSERT_TRUE(memory.is_ok() && swapped.is_ok());
+  BothStores stores;
+  ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout));
+  auto& memory = stores.memory;
+  auto& swapped = stores.swapped;
   for (GradStore* s : {memory.value().get(), swapped.value().get()}) {
     ASSERT_TRUE(s->begin_step().is_ok());
     for (int micro = 0; micro < 2; ++micro) {
