@@ -52,6 +52,9 @@ struct TensorEntry {
   bool staged_valid = false;  // guarded
   int views = 0;              // guarded
   bool release_pending = false;        // guarded: give `staged` back when views reach 0
+  // guarded: why the last prefetch's read failed, until acquire() reports it (a read that
+  // failed is an I/O error to report, not one to hide behind the next read's success)
+  Status prefetch_failed;
   std::deque<std::unique_ptr<Op>> ops;  // guarded: queued operations, the head one runs
 };
 

@@ -318,8 +318,12 @@ SwapTicket TensorSwapper::prefetch(const std::string& key) {
   }
   auto run = [this](TensorEntry& e, Op& op) -> Status {
     if (!op.block) return Status::ok();  // resident already
-    ZINF_RETURN_IF_ERROR(store_->read(e.key, 0, op.block.data(), e.nbytes));
+    Status read = store_->read(e.key, 0, op.block.data(), e.nbytes);
     std::lock_guard lock(scheduler_->mutex);
+    if (!read.is_ok()) {
+      e.prefetch_failed = read;
+      return read;
+    }
     e.staged = std::move(op.block);
     e.staged_valid = true;
     return Status::ok();
@@ -344,7 +348,21 @@ SwapTicket TensorSwapper::release(const std::string& key) {
 }
 
 Result<TensorView> TensorSwapper::acquire(const std::string& key) {
-  ZINF_RETURN_IF_ERROR(prefetch(key).wait());
+  // Stages the tensor; fails with this read's error, or with an earlier prefetch's (one whose
+  // ticket nobody waited for): a read that failed is an I/O error to report, even when the
+  // read after it succeeded.
+  auto stage = [&]() -> Status {
+    Status st = prefetch(key).wait();
+    Status earlier;
+    {
+      std::lock_guard lock(scheduler_->mutex);
+      auto it = scheduler_->entries.find(key);
+      if (it != scheduler_->entries.end()) earlier = std::exchange(it->second->prefetch_failed, Status::ok());
+    }
+    if (!st.is_ok()) return st;
+    return earlier.is_ok() ? earlier : earlier.with_context(fmt::format("acquire '{}': an earlier read ahead of it failed", key));
+  };
+  ZINF_RETURN_IF_ERROR(stage());
   // Pin under the lock; a release queued after our prefetch may have run, so stage again if so.
   for (int attempt = 0; attempt < 3; ++attempt) {
     {
@@ -362,7 +380,7 @@ Result<TensorView> TensorSwapper::acquire(const std::string& key) {
         return view;
       }
     }
-    ZINF_RETURN_IF_ERROR(prefetch(key).wait());
+    ZINF_RETURN_IF_ERROR(stage());
   }
   return Status::aborted(fmt::format("acquire '{}': released by another thread each time it was staged", key));
 }

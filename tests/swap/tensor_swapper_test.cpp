@@ -250,6 +250,25 @@ TEST(TensorSwapper, IoErrorFailsTheOperationNotTheSwapper) {
   EXPECT_EQ(sw.swap_in("unknown", out.data()).wait().code(), ErrorCode::kNotFound);
 }
 
+// A prefetch whose ticket nobody waits for (a read ahead) fails with EIO: the acquire that
+// follows reports it, even though its own read succeeds, and the one after that is clean.
+TEST(TensorSwapper, AFailedReadAheadIsReportedByTheNextAcquire) {
+  Rig rig;
+  TensorSwapper& sw = *rig.swapper;
+  ASSERT_TRUE(sw.declare("w", DType::kBF16, 30000).is_ok());
+  const std::vector<std::byte> data = testing::pattern(60000, 10);
+  ASSERT_TRUE(sw.swap_out("w", data.data()).wait().is_ok());
+  rig.faults->add(testing::fail_reads(0, 1));  // the next read fails, the ones after it succeed
+  (void)sw.prefetch("w");  // dropped, as the parameter tier's read ahead drops its tickets
+  Result<TensorView> v = sw.acquire("w");
+  ASSERT_FALSE(v.is_ok());
+  EXPECT_EQ(v.status().sys_errno(), 5) << v.status().to_string();
+  EXPECT_NE(v.status().message().find("an earlier read ahead"), std::string::npos) << v.status().to_string();
+  v = sw.acquire("w");
+  ASSERT_TRUE(v.is_ok()) << v.status().to_string();
+  EXPECT_TRUE(std::memcmp(v->data(), data.data(), data.size()) == 0);
+}
+
 TEST(TensorSwapper, ReopenedStoreKeepsContentsAcrossSwappers) {
   TempDir dir;
   auto handle = testing::make_handle();

@@ -150,7 +150,8 @@ class TensorSwapper {
   // Gives the staged copy back to the pool once no view uses it (no-op for the CPU tier).
   // Nothing is written back: the store's copy is authoritative.
   SwapTicket release(const std::string& key);
-  // Prefetches, waits, and returns a view that keeps the copy resident.
+  // Prefetches, waits, and returns a view that keeps the copy resident. Fails when an earlier
+  // prefetch of the tensor failed (once: the error is then reported), even if this read succeeds.
   Result<TensorView> acquire(const std::string& key);
 
   Result<TensorInfo> info(const std::string& key) const;
