@@ -366,6 +366,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
     coordinator->set_hold_gradients(&mb != &micro_batches.back());
+    grads->set_last_micro_batch(&mb == &micro_batches.back());
     if (early && &mb == &micro_batches.back()) {
       // The last micro-batch's additions are final: each sub-group may step as soon as its are.
       early->begin(step_inputs(1.0 / scale));

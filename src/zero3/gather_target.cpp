@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "zero3/grad_store.h"
+
 namespace zinf::zero3 {
 namespace {
 
@@ -53,9 +55,7 @@ Status GatherTarget::add(GatherBlock& acc, const GatherBlock& in) {
   if (in.size() < acc.size()) {
     return Status::internal(fmt::format("{} gather target: adding {} elements into {}", name(), in.size(), acc.size()));
   }
-  float* a = acc.data();
-  const float* b = in.data();
-  for (std::size_t i = 0; i < acc.size(); ++i) a[i] += b[i];
+  add_into(acc.data(), std::span<const float>(in.data(), acc.size()));
   return Status::ok();
 }
 

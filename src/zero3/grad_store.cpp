@@ -12,12 +12,9 @@
 #include "zinf/thread_pool.h"
 
 namespace zinf::zero3 {
-namespace {
 
-// The one accumulation loop both stores run, so their sums are the same floats. Large partitions
-// are split over the default thread pool (element-wise: the same floats whatever the split); the
-// driving thread adds every downloaded gradient of a device-resident pass, and while it adds it
-// does not launch the next kernels.
+// The driving thread adds every downloaded gradient of a device-resident pass, and while it adds
+// it does not launch the next kernels: hence the split.
 void add_into(float* acc, std::span<const float> in) {
   constexpr std::size_t kChunk = std::size_t{1} << 18;
   const float* src = in.data();
@@ -31,6 +28,8 @@ void add_into(float* acc, std::span<const float> in) {
     for (std::size_t i = c * kChunk; i < end; ++i) acc[i] += src[i];
   });
 }
+
+namespace {
 
 Status check_partition(const swap::PartitionLayout& layout, std::size_t p, std::size_t n) {
   if (p >= layout.params.size() || n != layout.params[p].numel) {
@@ -112,10 +111,8 @@ class SwappedGradStore final : public GradStore {
       : layout_(layout), swapper_(swapper), touched_(layout.params.size(), false) {}
 
   Status allocate() {
-    std::uint64_t largest = swap::PartitionLayout::kAlign;
-    for (const swap::ParamPartition& p : layout_.params) largest = std::max(largest, p.numel);
-    // A multiple of the norm's 8192-element blocks, so stats() reads whole blocks at a time.
-    chunk_ = swap::align_up(std::max<std::uint64_t>(largest, kStatsChunk), kNormBlock);
+    // A multiple of the norm's blocks, so stats() reads whole blocks at a time.
+    chunk_ = swapped_gradient_buffer_bytes(layout_) / sizeof(float);
     ZINF_ASSIGN_OR_RETURN(buffer_, aio::PinnedBuffer::allocate(chunk_ * sizeof(float), swap::kSwapAlignment));
     for (const swap::SubGroup& sg : layout_.subgroups) {
       const std::uint64_t blocks = (sg.numel + kNormBlock - 1) / kNormBlock;
@@ -131,6 +128,9 @@ class SwappedGradStore final : public GradStore {
     return Status::ok();
   }
 
+  // A micro-batch before the last would have its block sums replaced by the last one's.
+  void set_last_micro_batch(bool last) override { last_micro_batch_ = last; }
+
   Status accumulate(std::size_t p, std::span<const float> in) override {
     ZINF_RETURN_IF_ERROR(check_partition(layout_, p, in.size()));
     const std::size_t sg = layout_.subgroup_of[p];
@@ -145,7 +145,7 @@ class SwappedGradStore final : public GradStore {
       std::memset(acc, 0, padded * sizeof(float));
     }
     add_into(acc, in);
-    ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
+    if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
     ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(sg, start, in.size(), acc));
     bytes_ += padded * sizeof(float);
     touched_[p] = true;
@@ -201,9 +201,7 @@ class SwappedGradStore final : public GradStore {
   std::uint64_t bytes_moved() const override { return bytes_; }
 
  private:
-  // grad_stats' block, and the read size of stats() when the partitions are smaller.
   static constexpr std::uint64_t kNormBlock = optim::kGradStatsBlock;
-  static constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;
 
   float* buf() const { return static_cast<float*>(buffer_.data()); }
 
@@ -232,6 +230,7 @@ class SwappedGradStore final : public GradStore {
   // gradients as they stand (note_block_sums).
   std::vector<std::vector<double>> block_sums_;
   std::vector<std::vector<char>> block_current_;
+  bool last_micro_batch_ = true;
 };
 
 }  // namespace
@@ -245,6 +244,13 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
   auto store = std::make_unique<MemoryGradStore>(layout);
   ZINF_RETURN_IF_ERROR(store->allocate());
   return std::unique_ptr<GradStore>(std::move(store));
+}
+
+std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout) {
+  constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;  // stats()' least read, in elements
+  std::uint64_t largest = swap::PartitionLayout::kAlign;
+  for (const swap::ParamPartition& p : layout.params) largest = std::max(largest, p.numel);
+  return sizeof(float) * swap::align_up(std::max(largest, kStatsChunk), optim::kGradStatsBlock);
 }
 
 std::uint64_t swapped_norm_read_elements(const swap::PartitionLayout& layout) {

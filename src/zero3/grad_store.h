@@ -27,6 +27,10 @@ class GradStore {
   // its numel. Once per partition and micro-batch, in any order. The sums are the same floats,
   // added in the same order, wherever the store keeps them: results do not depend on it.
   virtual Status accumulate(std::size_t partition, std::span<const float> in) = 0;
+  // Whether the accumulations until the next call are the step's last for their partitions (the
+  // engine says so before each micro-batch). A store may take what the norm needs from them then,
+  // instead of reading the sums back; stats() is the same either way. Default: every one may be.
+  virtual void set_last_micro_batch(bool) {}
   // After the last micro-batch: grad_stats over each sub-group's whole padded array, folded in
   // sub-group order (the norm every store gives bit for bit alike).
   virtual Result<optim::GradStats> stats() = 0;
@@ -53,6 +57,13 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
 // step's first for that partition), adds, and writes it back. `swapper` must outlive the store.
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
                                                            swap::OptimizerSwapper& swapper);
+// Bytes of the swapped store's one pinned buffer: the largest partition, at least the norm's read
+// chunk, in whole norm blocks. With the optimizer on NVMe this is all of the gradients the host
+// holds (the host-memory budget and zinf plan count it).
+std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout);
+// acc[i] += in[i]: the accumulation loop both stores run, so their sums are the same floats. Large
+// spans are split over the default thread pool (element-wise: the same floats whatever the split).
+void add_into(float* acc, std::span<const float> in);
 // The elements the swapped store's stats() reads back in a step where every partition was
 // accumulated: its norm blocks that no one partition's padded range holds (the others' sums are
 // taken as they are accumulated).

@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "zero3/grad_store.h"
 #include "zinf/swap/pinned_pool.h"
 #include "zinf/swap/types.h"
 #include "zinf/zero3/disk_space.h"
@@ -26,7 +27,6 @@ constexpr double kMarginShare = 0.05;
 constexpr std::uint64_t kLibraryScratch = std::uint64_t{64} << 20;
 // The swapped gradient store's buffer: at least this many elements, in whole norm blocks
 // (grad_store.cpp).
-constexpr std::uint64_t kGradStatsChunk = std::uint64_t{1} << 20, kNormBlock = 8192;
 // The least a parameter staging buffer is made (a partition smaller than it: the partition).
 constexpr std::uint64_t kLeastParamBuffer = std::uint64_t{1} << 20;
 
@@ -144,12 +144,6 @@ GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& pla
     }
   }
   return g;
-}
-
-std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout) {
-  std::uint64_t largest = kAlign;
-  for (const swap::ParamPartition& p : layout.params) largest = std::max(largest, p.numel);
-  return 4 * up(std::max(largest, kGradStatsChunk), kNormBlock);
 }
 
 std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {

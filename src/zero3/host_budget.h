@@ -32,10 +32,6 @@ GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& pla
 // Bytes of the coordinator's gathered-size gradient buffers (in use or kept for reuse) and, with
 // several ranks, its reduce-scatter buffers, with reduce_bucket_size `bucket` elements.
 std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world);
-// Bytes of the swapped gradient store's one pinned buffer (grad_store.cpp: the largest
-// partition, at least its stats chunk, in whole norm blocks): with the optimizer on NVMe the
-// gradients live on NVMe and this is all of them the host holds.
-std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout);
 
 struct HostBudgetRequest {
   const model::Model& model;
