@@ -1,13 +1,14 @@
-// Internal: causal attention as FlashAttention-2-style fused kernels on tensor cores (WMMA, bf16
-// products with fp32 accumulation), for GPT (packed qkv) and Llama (grouped-query). Same
-// tensors, layouts and lse contract as flash_attention.h; no (T, T) matrix anywhere. The nets
-// reach these through gemm_attention.h's calls, which take this path first when
+// Internal: causal attention as FlashAttention-2-style fused kernels on tensor cores (mma.sync
+// m16n8k16, bf16 products with fp32 accumulation), for GPT (packed qkv) and Llama (grouped-query).
+// Same tensors, layouts and lse contract as flash_attention.h; no (T, T) matrix anywhere. The
+// nets reach these through gemm_attention.h's calls, which take this path first when
 // tc_attention_supports() (see attention_path_for() below); docs/gpu-kernels.md "Tensor-core
 // attention".
 //
-// How (tile arithmetic: tc_attention_tiles.h): blocks of 4 warps, tiles of 64 query rows and 64
-// keys, each warp 16 rows (or keys); per product one WMMA 16x16x16 fragment at a time, its fp32
-// result staged in shared memory where the softmax and the score gradient are computed by lanes.
+// How (tile arithmetic: tc_attention_tiles.h; instructions: mma_sm80.cuh): blocks of 4 warps,
+// tiles of 64 query rows and 64 keys, each warp 16 rows (or keys); the scores, P and dS stay in
+// the products' accumulator registers, where the softmax and the score gradient are computed,
+// and go on, packed to bf16, as the next product's operand; shared memory holds the input tiles.
 //  - forward: one block per (query tile, b, query head) walks the key tiles up to the diagonal
 //    with the online softmax (running max and sum per row, O rescaled in its accumulators);
 //    out = O / l, lse = m + log l.

@@ -1,18 +1,20 @@
 // Internal: the tensor-core attention's kernels (tc_attention.h), device code only, included by
 // tc_attention.cu. A header so that tests/gpu/tc_attention_emulation_test.cpp can run the same
 // source on a host emulation of the CUDA features it uses (ZINF_TC_EMULATION: threads, barriers,
-// shuffles and a WMMA stand-in from tests/gpu/cuda_emulation.h instead of <mma.h>). Products are
-// WMMA bf16 16x16x16 with fp32 accumulators, each product's fragment staged in shared memory for
-// the softmax and the score gradient, which lanes compute with tc_attention_tiles.h's formulas.
+// shuffles, and mma_sm80.cuh's ldmatrix and mma with their exact register layouts, from
+// tests/gpu/cuda_emulation.h). Products are mma.sync m16n8k16 bf16 with fp32 accumulators; the
+// scores, P and dS stay in the accumulators' registers (tc_attention_tiles.h's acc_row/acc_col
+// say which elements a lane holds), where the softmax and the score gradient are computed and from
+// which P and dS, packed to bf16, are the next product's A operand. Shared memory holds only the
+// q, k, v, dout tiles, read by ldmatrix.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #if !defined(ZINF_TC_EMULATION)
-#include <mma.h>
-
 #include "gpu/kernel_util.cuh"
+#include "gpu/mma_sm80.cuh"
 #endif
 #include "gpu/tc_attention.h"
 #include "gpu/tc_attention_tiles.h"
@@ -25,31 +27,23 @@
 namespace zinf::gpu {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using detail::kFullMask;
-using detail::to_bf16;
 using detail::to_f32;
+using mma::ldmatrix_x4;
+using mma::ldmatrix_x4_trans;
+using mma::mma_bf16_16816;
+using mma::pack_bf16x2;
 using tc::kFrag;
-using tc::kLdChunk;
-using tc::kLdProbs;
-using tc::kLdScores;
 using tc::kTile;
 using tc::kTileFrags;
 using tc::SmemLayout;
 
-// The WMMA API with bf16 fragments needs sm_80; zinf builds sm_80 and sm_90 (meson.build), and the
+// ldmatrix and mma.sync with bf16 need sm_80; zinf builds sm_80 and sm_90 (meson.build), and the
 // host side refuses devices below 8.0 (tc_attention_supports), so below it the kernels are empty.
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define ZINF_TC_KERNEL_BODY 1
 #else
 #define ZINF_TC_KERNEL_BODY 0
-#endif
-#if ZINF_TC_KERNEL_BODY
-using FragA = wmma::fragment<wmma::matrix_a, kFrag, kFrag, kFrag, __nv_bfloat16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __nv_bfloat16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, kFrag, kFrag, kFrag, __nv_bfloat16, wmma::col_major>;
-using FragAcc = wmma::fragment<wmma::accumulator, kFrag, kFrag, kFrag, float>;
-constexpr int kAccElems = FragAcc::num_elements;
 #endif
 
 template <typename T>
@@ -83,71 +77,86 @@ __device__ void load_row_values(float* dst, const float* src, long long bh, int 
   }
 }
 
-#if ZINF_TC_KERNEL_BODY
-// rows[i]: the row (0..15) of element i of this lane's accumulator fragments. WMMA leaves the
-// element-to-register mapping unspecified but fixed per fragment type, so it is read back by
-// loading a matrix whose elements are their row numbers. `staging`: the warp's (16, ld) floats.
-__device__ void fragment_rows(int (&rows)[kAccElems], float* staging, int ld, int lane) {
-  for (int e = lane; e < kFrag * kFrag; e += 32) staging[(e / kFrag) * ld + e % kFrag] = static_cast<float>(e / kFrag);
-  __syncwarp();
-  FragAcc f;
-  wmma::load_matrix_sync(f, staging, ld, wmma::mem_row_major);
-#pragma unroll
-  for (int i = 0; i < kAccElems; i++) rows[i] = static_cast<int>(f.x[i]);
-  __syncwarp();
-}
-
-// acc (16 x 16) * mul into the warp's staging, then rows row0 + r < T of `dst` (rows `pitch`
-// apart, columns col0 ..) as bf16.
-__device__ void store_rows(bf16* dst, std::size_t pitch, int col0, const FragAcc& acc, float* staging, int row0,
-                           int T, int lane) {
-  wmma::store_matrix_sync(staging, acc, kLdChunk, wmma::mem_row_major);
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < tc::kChunkPerLane; i++) {
-    const int r = tc::chunk_row(lane, i);
-    const int c = tc::chunk_col(lane, i);
-    const int t = row0 + r;
-    if (t < T) dst[static_cast<std::size_t>(t) * pitch + col0 + c] = to_bf16(staging[r * kLdChunk + c]);
-  }
-  __syncwarp();
-}
-
-// d (16 x 16) = X (16 x HS; rows of `x`, ld) @ Y^T, Y (16 x HS; rows of `y`, ld): a score fragment.
+// The A operand of the 16 rows at `rows` (a (kTile, HS + 8) tile's row, its first) over head
+// columns 16 kk .. 16 kk + 15.
 template <int HS>
-__device__ __forceinline__ void scores_fragment(FragAcc& d, const bf16* x, const bf16* y) {
-  constexpr int kLd = HS + 8;
-  wmma::fill_fragment(d, 0.0f);
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16* rows, int kk, int lane) {
+  ldmatrix_x4(a, rows + tc::ldm_row_a(lane) * (HS + 8) + kk * kFrag + tc::ldm_col_a(lane));
+}
+// B operands of two n8 tiles from 16 rows of a tile holding B transposed ((n, k): k, q or dout
+// rows against head columns 16 kk ..): registers 0, 1 the first 8 rows, 2, 3 the next 8.
+template <int HS>
+__device__ __forceinline__ void load_b_rows(uint32_t (&b)[4], const bf16* rows, int kk, int lane) {
+  ldmatrix_x4(b, rows + tc::ldm_row_bn(lane) * (HS + 8) + kk * kFrag + tc::ldm_col_bn(lane));
+}
+// B operands of two n8 tiles (head columns 16 nn .. 16 nn + 15) from 16 rows of a tile holding B
+// as (k, n): v, dout, q or k rows against head columns.
+template <int HS>
+__device__ __forceinline__ void load_b_cols(uint32_t (&b)[4], const bf16* rows, int nn, int lane) {
+  ldmatrix_x4_trans(b, rows + tc::ldm_row_a(lane) * (HS + 8) + nn * kFrag + tc::ldm_col_a(lane));
+}
+
+// acc (16 x 16 per warp: two n8 tiles) += A (16 x HS, held) B^T, B the 16 rows at `rows`.
+template <int HS>
+__device__ __forceinline__ void scores16(float (&acc)[2][4], const uint32_t (&a)[HS / kFrag][4], const bf16* rows,
+                                         int lane) {
 #pragma unroll
   for (int kk = 0; kk < HS / kFrag; kk++) {
-    FragA xa;
-    FragBCol yb;
-    wmma::load_matrix_sync(xa, x + kk * kFrag, kLd);
-    wmma::load_matrix_sync(yb, y + kk * kFrag, kLd);
-    wmma::mma_sync(d, xa, yb, d);
+    uint32_t b[4];
+    load_b_rows<HS>(b, rows, kk, lane);
+    mma_bf16_16816(acc[0], a[kk], b[0], b[1]);
+    mma_bf16_16816(acc[1], a[kk], b[2], b[3]);
   }
 }
 
-// The same with X held in fragments (the forward's and dQ's own rows, loaded once per block).
+// acc (16 x HS, HS / 8 n8 tiles) += P (16 x 16, bf16 A operand) X, X the 16 rows at `rows`.
 template <int HS>
-__device__ __forceinline__ void scores_fragment(FragAcc& d, const FragA (&x)[HS / kFrag], const bf16* y) {
-  constexpr int kLd = HS + 8;
-  wmma::fill_fragment(d, 0.0f);
+__device__ __forceinline__ void accumulate_rows(float (&acc)[HS / 8][4], const uint32_t (&p)[4], const bf16* rows,
+                                                int lane) {
 #pragma unroll
-  for (int kk = 0; kk < HS / kFrag; kk++) {
-    FragBCol yb;
-    wmma::load_matrix_sync(yb, y + kk * kFrag, kLd);
-    wmma::mma_sync(d, x[kk], yb, d);
+  for (int nn = 0; nn < HS / kFrag; nn++) {
+    uint32_t b[4];
+    load_b_cols<HS>(b, rows, nn, lane);
+    mma_bf16_16816(acc[2 * nn], p, b[0], b[1]);
+    mma_bf16_16816(acc[2 * nn + 1], p, b[2], b[3]);
   }
 }
 
-// The warp's 16 rows of a staged (kTile, HS + 8) tile, `rows` its first, as HS/16 fragments.
-template <int HS>
-__device__ __forceinline__ void load_row_fragments(FragA (&f)[HS / kFrag], const bf16* rows) {
-#pragma unroll
-  for (int kk = 0; kk < HS / kFrag; kk++) wmma::load_matrix_sync(f[kk], rows + kk * kFrag, HS + 8);
+// Two n8 accumulator tiles (16 x 16) packed to bf16 as an A operand over their 16 columns.
+__device__ __forceinline__ void pack_a(uint32_t (&a)[4], const float (&lo)[4], const float (&hi)[4]) {
+  a[0] = pack_bf16x2(lo[0], lo[1]);
+  a[1] = pack_bf16x2(lo[2], lo[3]);
+  a[2] = pack_bf16x2(hi[0], hi[1]);
+  a[3] = pack_bf16x2(hi[2], hi[3]);
 }
-#endif
+
+// Rows row0 + acc_row < T of `dst` (rows `pitch` apart): acc (16 x HS) * mul[row half] as bf16
+// pairs (4-byte stores: dst and pitch are 16-byte aligned).
+template <int HS>
+__device__ __forceinline__ void store_rows(bf16* dst, std::size_t pitch, const float (&acc)[HS / 8][4],
+                                           const float (&mul)[2], int row0, int T, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; half++) {
+    const int t = row0 + tc::acc_row(lane, 2 * half);
+    if (t >= T) continue;
+    bf16* row = dst + static_cast<std::size_t>(t) * pitch + tc::acc_col(lane, 0);
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+      *reinterpret_cast<uint32_t*>(row + 8 * n) =
+          pack_bf16x2(acc[n][2 * half] * mul[half], acc[n][2 * half + 1] * mul[half]);
+    }
+  }
+}
+
+// The lane group's sum or max over its 4 lanes (every lane ends with the same bits).
+__device__ __forceinline__ float group_sum(float v) {
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
+}
+__device__ __forceinline__ float group_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
+}
 
 struct Heads {
   const bf16* q;   // (b, t = 0) of query head h
@@ -164,13 +173,14 @@ __device__ __forceinline__ Heads heads_of(const TcAttentionTensors& a, int b, in
 }
 
 // Forward. Grid (tiles(T), B*NH); block x takes query tile tiles - 1 - x (the longest first).
-// Warp w owns rows r0 = q0 + 16 w ..; lanes 2r, 2r + 1 keep row r's running max m and sum l.
+// Warp w owns rows r0 = q0 + 16 w ..; each lane rows r0 + g and r0 + g + 8 (acc_row), whose
+// running max m it keeps (the same in the group's 4 lanes) and a partial sum l of its columns.
 template <int HS>
 __global__ void __launch_bounds__(tc::kThreads)
     tc_forward_kernel(bf16* out, float* lse, TcAttentionTensors a, float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
-  constexpr int kHeadFrags = HS / kFrag;
+  constexpr int kHeadK = HS / kFrag;
   ZINF_TC_DYNAMIC_SMEM(smem);
   const SmemLayout L = tc::smem_layout(tc::Kernel::kForward, HS);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -184,95 +194,95 @@ __global__ void __launch_bounds__(tc::kThreads)
   const Heads x = heads_of(a, b, h, HS);
   bf16* ks = region<bf16>(smem, L.t0);  // (kTile, kLd)
   bf16* vs = region<bf16>(smem, L.t1);
-  float* sw = region<float>(smem, L.scores + warp * L.scores_warp);  // (16, kLdScores) this warp's S
-  bf16* pw = region<bf16>(smem, L.probs + warp * L.probs_warp);      // (16, kLdProbs) this warp's P
-  float* row_stat = region<float>(smem, L.row_stats) + warp * kFrag;  // per row: alpha, then 1 / l
-  // The query tile, staged in the k tile, into the warps' fragments (reused for every key tile).
+  // The query tile, staged in the k tile, into the warp's A operands (kept for every key tile).
   load_tile<HS>(ks, x.q, a.q_ld, q0, T);
   __syncthreads();
-  FragA q_w[kHeadFrags];
-  load_row_fragments<HS>(q_w, ks + warp * kFrag * kLd);
-  int frow[kAccElems];
-  fragment_rows(frow, sw, kLdScores, lane);
-
-  FragAcc o[kHeadFrags];
+  uint32_t qa[kHeadK][4];
 #pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) wmma::fill_fragment(o[n], 0.0f);
+  for (int kk = 0; kk < kHeadK; kk++) load_a<HS>(qa[kk], ks + warp * kFrag * kLd, kk, lane);
+
+  float o[HS / 8][4];
+#pragma unroll
+  for (int n = 0; n < HS / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   const int r0 = q0 + warp * kFrag;
-  const int r = tc::stats_row(lane);
-  const int half = tc::stats_half(lane);
-  const int row = r0 + r;
-  float m = -INFINITY;
-  float l = 0.0f;
+  const int rows[2] = {r0 + tc::acc_row(lane, 0), r0 + tc::acc_row(lane, 2)};
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
   for (int kt = 0; kt < tc::key_tiles_for_query_tile(qt); kt++) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's (or the staged q's) readers are done
     load_tile<HS>(ks, x.k, a.kv_ld, k0, T);
     load_tile<HS>(vs, x.v, a.kv_ld, k0, T);
     __syncthreads();
-    // S = Q_w K^T, one 16-key fragment at a time; fragments past the diagonal are not computed
-    // (nothing reads them: the mask below is by index).
+    // S = Q_w K^T, 16 keys (two n8 tiles) at a time; chunks past the diagonal are not computed.
+    float s[kTileFrags][2][4];
 #pragma unroll
     for (int j = 0; j < kTileFrags; j++) {
-      if (tc::fragment_masked(r0, k0 + j * kFrag)) continue;
-      FragAcc s;
-      scores_fragment<HS>(s, q_w, ks + j * kFrag * kLd);
-      wmma::store_matrix_sync(sw + j * kFrag, s, kLdScores, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // The online softmax of row r over this tile: its lane pair's halves, merged by one shuffle.
-    const float* srow = sw + r * kLdScores + half * tc::kHalfTile;
-    bf16* prow = pw + r * kLdProbs + half * tc::kHalfTile;
-    const int key_a = k0 + half * tc::kHalfTile;
-    float tile_max = -INFINITY;
-    for (int c = 0; c < tc::kHalfTile; c++) {
-      if (tc::visible(row, key_a + c, T)) tile_max = fmaxf(tile_max, srow[c] * scale);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(kFullMask, tile_max, 1));
-    const tc::RowUpdate u = tc::row_update(m, tile_max);
-    float sum = 0.0f;
-    for (int c = 0; c < tc::kHalfTile; c++) {
-      const float p = tc::visible(row, key_a + c, T) ? exp_f(srow[c] * scale - u.m) : 0.0f;
-      prow[c] = to_bf16(p);
-      sum += p;
-    }
-    sum += __shfl_xor_sync(kFullMask, sum, 1);  // a + b in one lane, b + a in the other: equal
-    l = l * u.alpha + sum;
-    m = u.m;
-    if (half == 0) row_stat[r] = u.alpha;
-    __syncwarp();
-    // O = O * alpha + P V
 #pragma unroll
-    for (int n = 0; n < kHeadFrags; n++) {
-#pragma unroll
-      for (int i = 0; i < kAccElems; i++) o[n].x[i] *= row_stat[frow[i]];
+      for (int n = 0; n < 2; n++) s[j][n][0] = s[j][n][1] = s[j][n][2] = s[j][n][3] = 0.0f;
+      if (!tc::fragment_masked(r0, k0 + j * kFrag)) scores16<HS>(s[j], qa, ks + j * kFrag * kLd, lane);
     }
+    // The online softmax of the lane's two rows over this tile; masked scores become -inf.
+    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int kk = 0; kk < kTileFrags; kk++) {
-      if (tc::fragment_masked(r0, k0 + kk * kFrag)) continue;  // P is 0 there
-      FragA pa;
-      wmma::load_matrix_sync(pa, pw + kk * kFrag, kLdProbs);
+    for (int j = 0; j < kTileFrags; j++) {
 #pragma unroll
-      for (int n = 0; n < kHeadFrags; n++) {
-        FragBRow vb;
-        wmma::load_matrix_sync(vb, vs + kk * kFrag * kLd + n * kFrag, kLd);
-        wmma::mma_sync(o[n], pa, vb, o[n]);
+      for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + j * kFrag + n * 8 + tc::acc_col(lane, i);
+          const float v = tc::visible(rows[i >> 1], key, T) ? s[j][n][i] * scale : -INFINITY;
+          s[j][n][i] = v;
+          tile_max[i >> 1] = fmaxf(tile_max[i >> 1], v);
+        }
       }
     }
-    __syncwarp();  // row_stat and P are rewritten next tile
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const tc::RowUpdate u = tc::row_update(m[r], group_max(tile_max[r]));
+      alpha[r] = u.alpha;
+      m[r] = u.m;
+    }
+    float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kTileFrags; j++) {
+#pragma unroll
+      for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const float v = s[j][n][i];
+          const float p = v == -INFINITY ? 0.0f : exp_f(v - m[i >> 1]);
+          s[j][n][i] = p;
+          sum[i >> 1] += p;
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+    // O = O * alpha + P V
+#pragma unroll
+    for (int n = 0; n < HS / 8; n++) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) o[n][i] *= alpha[i >> 1];
+    }
+#pragma unroll
+    for (int j = 0; j < kTileFrags; j++) {
+      if (tc::fragment_masked(r0, k0 + j * kFrag)) continue;  // P is 0 there
+      uint32_t pa[4];
+      pack_a(pa, s[j][0], s[j][1]);
+      accumulate_rows<HS>(o, pa, vs + j * kFrag * kLd, lane);
+    }
   }
   // out = O / l; lse = m + log l. Rows past T (no visible key: l = 0) are not written.
-  if (half == 0) {
-    row_stat[r] = l > 0.0f ? 1.0f / l : 0.0f;
-    if (row < T) lse[static_cast<std::size_t>(bh) * T + row] = m + logf(l);
-  }
-  __syncwarp();
+  float inv[2];
 #pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) {
-#pragma unroll
-    for (int i = 0; i < kAccElems; i++) o[n].x[i] *= row_stat[frow[i]];
-    store_rows(out + x.o0, a.o_ld, n * kFrag, o[n], sw, r0, T, lane);
+  for (int r = 0; r < 2; r++) {
+    const float lr = group_sum(l[r]);
+    inv[r] = lr > 0.0f ? 1.0f / lr : 0.0f;
+    if ((lane & 3) == 0 && rows[r] < T) lse[static_cast<std::size_t>(bh) * T + rows[r]] = m[r] + logf(lr);
   }
+  store_rows<HS>(out + x.o0, a.o_ld, o, inv, r0, T, lane);
 #endif
 }
 
@@ -294,14 +304,15 @@ __global__ void __launch_bounds__(tc::kThreads)
 }
 
 // dQ. Grid (tiles(T), B*NH), block x takes query tile tiles - 1 - x. Warp w owns rows
-// r0 = q0 + 16 w ..; per key tile: S, dP fragment by fragment, dS (bf16) into the warp's
-// (16, kTile) matrix, then dQ_w += dS K. dq = scale * dQ.
+// r0 = q0 + 16 w .. (q and dout held as A operands, each lane's two rows' lse and D in
+// registers); per 16 keys: S and dP, dS = P (dP - D) in the registers, then dQ_w += dS K.
+// dq = scale * dQ.
 template <int HS>
 __global__ void __launch_bounds__(tc::kThreads)
     tc_dq_kernel(bf16* dq, const bf16* dout, const float* lse, const float* dsum, TcAttentionTensors a, float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
-  constexpr int kHeadFrags = HS / kFrag;
+  constexpr int kHeadK = HS / kFrag;
   ZINF_TC_DYNAMIC_SMEM(smem);
   const SmemLayout L = tc::smem_layout(tc::Kernel::kDq, HS);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -315,26 +326,30 @@ __global__ void __launch_bounds__(tc::kThreads)
   const Heads x = heads_of(a, b, h, HS);
   bf16* ks = region<bf16>(smem, L.t0);
   bf16* vs = region<bf16>(smem, L.t1);
-  float* cs = region<float>(smem, L.chunk_s + warp * L.chunk_warp);    // (16, kLdChunk) S
-  float* cdp = region<float>(smem, L.chunk_dp + warp * L.chunk_warp);  // (16, kLdChunk) dP
-  bf16* dsw = region<bf16>(smem, L.probs + warp * L.probs_warp);      // (16, kLdProbs) dS
-  float* lse_s = region<float>(smem, L.lse);
-  float* d_s = region<float>(smem, L.dsum);
-  // The query and dout tiles, staged in the k and v tiles, into the warps' fragments.
+  // The query and dout tiles, staged in the k and v tiles, into the warp's A operands.
   load_tile<HS>(ks, x.q, a.q_ld, q0, T);
   load_tile<HS>(vs, dout + x.o0, a.o_ld, q0, T);
-  load_row_values(lse_s, lse, bh, q0, T);
-  load_row_values(d_s, dsum, bh, q0, T);
   __syncthreads();
-  FragA q_w[kHeadFrags];
-  FragA do_w[kHeadFrags];
-  load_row_fragments<HS>(q_w, ks + warp * kFrag * kLd);
-  load_row_fragments<HS>(do_w, vs + warp * kFrag * kLd);
-
-  FragAcc acc[kHeadFrags];
+  uint32_t qa[kHeadK][4];
+  uint32_t doa[kHeadK][4];
 #pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) wmma::fill_fragment(acc[n], 0.0f);
+  for (int kk = 0; kk < kHeadK; kk++) {
+    load_a<HS>(qa[kk], ks + warp * kFrag * kLd, kk, lane);
+    load_a<HS>(doa[kk], vs + warp * kFrag * kLd, kk, lane);
+  }
   const int r0 = q0 + warp * kFrag;
+  const int rows[2] = {r0 + tc::acc_row(lane, 0), r0 + tc::acc_row(lane, 2)};
+  float row_lse[2], row_d[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const bool in = rows[r] < T;
+    row_lse[r] = in ? lse[static_cast<std::size_t>(bh) * T + rows[r]] : 0.0f;
+    row_d[r] = in ? dsum[static_cast<std::size_t>(bh) * T + rows[r]] : 0.0f;
+  }
+
+  float acc[HS / 8][4];
+#pragma unroll
+  for (int n = 0; n < HS / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   for (int kt = 0; kt < tc::key_tiles_for_query_tile(qt); kt++) {
     const int k0 = kt * kTile;
     __syncthreads();  // the previous tile's (or the staged q's, dout's) readers are done
@@ -344,68 +359,44 @@ __global__ void __launch_bounds__(tc::kThreads)
 #pragma unroll
     for (int j = 0; j < kTileFrags; j++) {
       const int kj = k0 + j * kFrag;
-      if (tc::fragment_masked(r0, kj)) {
+      if (tc::fragment_masked(r0, kj)) continue;  // dS is 0 there
+      float s[2][4] = {};
+      float dp[2][4] = {};
+      scores16<HS>(s, qa, ks + j * kFrag * kLd, lane);
+      scores16<HS>(dp, doa, vs + j * kFrag * kLd, lane);
 #pragma unroll
-        for (int i = 0; i < tc::kChunkPerLane; i++) {
-          dsw[tc::chunk_row(lane, i) * kLdProbs + j * kFrag + tc::chunk_col(lane, i)] = to_bf16(0.0f);
+      for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int r = i >> 1;
+          float ds = 0.0f;
+          if (tc::visible(rows[r], kj + n * 8 + tc::acc_col(lane, i), T)) {
+            ds = tc::score_grad(tc::prob(s[n][i], scale, row_lse[r]), dp[n][i], row_d[r]);
+          }
+          s[n][i] = ds;
         }
-        continue;
       }
-      FragAcc s;
-      FragAcc dp;
-      scores_fragment<HS>(s, q_w, ks + j * kFrag * kLd);
-      scores_fragment<HS>(dp, do_w, vs + j * kFrag * kLd);
-      wmma::store_matrix_sync(cs, s, kLdChunk, wmma::mem_row_major);
-      wmma::store_matrix_sync(cdp, dp, kLdChunk, wmma::mem_row_major);
-      __syncwarp();
-#pragma unroll
-      for (int i = 0; i < tc::kChunkPerLane; i++) {
-        const int rr = tc::chunk_row(lane, i);
-        const int cc = tc::chunk_col(lane, i);
-        float ds = 0.0f;
-        if (tc::visible(r0 + rr, kj + cc, T)) {
-          const int rl = warp * kFrag + rr;
-          const float p = tc::prob(cs[rr * kLdChunk + cc], scale, lse_s[rl]);
-          ds = tc::score_grad(p, cdp[rr * kLdChunk + cc], d_s[rl]);
-        }
-        dsw[rr * kLdProbs + j * kFrag + cc] = to_bf16(ds);
-      }
-      __syncwarp();
+      uint32_t da[4];
+      pack_a(da, s[0], s[1]);
+      accumulate_rows<HS>(acc, da, ks + j * kFrag * kLd, lane);
     }
-#pragma unroll
-    for (int kk = 0; kk < kTileFrags; kk++) {
-      if (tc::fragment_masked(r0, k0 + kk * kFrag)) continue;  // dS is 0 there
-      FragA da;
-      wmma::load_matrix_sync(da, dsw + kk * kFrag, kLdProbs);
-#pragma unroll
-      for (int n = 0; n < kHeadFrags; n++) {
-        FragBRow kb;
-        wmma::load_matrix_sync(kb, ks + kk * kFrag * kLd + n * kFrag, kLd);
-        wmma::mma_sync(acc[n], da, kb, acc[n]);
-      }
-    }
-    __syncwarp();
   }
-#pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) {
-#pragma unroll
-    for (int i = 0; i < kAccElems; i++) acc[n].x[i] *= scale;
-    store_rows(dq + (x.q - a.q), a.q_ld, n * kFrag, acc[n], cs, r0, T, lane);
-  }
+  const float mul[2] = {scale, scale};
+  store_rows<HS>(dq + (x.q - a.q), a.q_ld, acc, mul, r0, T, lane);
 #endif
 }
 
 // dK, dV. Grid (tiles(T), B*NKV): the block of key tile x and kv head g. Warp w owns keys
 // c0 = key0 + 16 w ..; for each query head of g in head order and each query tile from the
-// diagonal down: S^T, dP^T fragment by fragment, P^T and dS^T (bf16) into the warp's two
-// (16, kTile) matrices, then dV_w += P^T dO, dK_w += dS^T Q. dk = scale * dK.
+// diagonal down, per 16 queries: S^T = K_w Q^T and dP^T = V_w dO^T, P^T and dS^T in the
+// registers, then dV_w += P^T dO and dK_w += dS^T Q. dk = scale * dK.
 template <int HS>
 __global__ void __launch_bounds__(tc::kThreads)
     tc_dkv_kernel(TcAttentionGrads grads, const bf16* dout, const float* lse, const float* dsum, TcAttentionTensors a,
                   float scale) {
 #if ZINF_TC_KERNEL_BODY
   constexpr int kLd = HS + 8;
-  constexpr int kHeadFrags = HS / kFrag;
+  constexpr int kHeadK = HS / kFrag;
   ZINF_TC_DYNAMIC_SMEM(smem);
   const SmemLayout L = tc::smem_layout(tc::Kernel::kDkv, HS);
   const int warp = static_cast<int>(threadIdx.x / 32);
@@ -421,24 +412,21 @@ __global__ void __launch_bounds__(tc::kThreads)
   bf16* vs = region<bf16>(smem, L.t1);
   bf16* qs = region<bf16>(smem, L.t2);
   bf16* dos = region<bf16>(smem, L.t3);
-  float* cs = region<float>(smem, L.chunk_s + warp * L.chunk_warp);
-  float* cdp = region<float>(smem, L.chunk_dp + warp * L.chunk_warp);
-  bf16* ptw = region<bf16>(smem, L.probs + warp * L.probs_warp);                          // (16, kLdProbs) P^T
-  bf16* dstw = region<bf16>(smem, L.probs + warp * L.probs_warp + tc::dkv_ds_offset());  // dS^T
   float* lse_s = region<float>(smem, L.lse);
   float* d_s = region<float>(smem, L.dsum);
   const Heads kv = heads_of(a, b, g * group, HS);  // kv head g
   load_tile<HS>(ks, kv.k, a.kv_ld, key0, T);
   load_tile<HS>(vs, kv.v, a.kv_ld, key0, T);
 
-  FragAcc dk[kHeadFrags];
-  FragAcc dv[kHeadFrags];
+  float dk[HS / 8][4];
+  float dv[HS / 8][4];
 #pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) {
-    wmma::fill_fragment(dk[n], 0.0f);
-    wmma::fill_fragment(dv[n], 0.0f);
+  for (int n = 0; n < HS / 8; n++) {
+    dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.0f;
+    dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.0f;
   }
   const int c0 = key0 + warp * kFrag;
+  const int keys[2] = {c0 + tc::acc_row(lane, 0), c0 + tc::acc_row(lane, 2)};
   const bf16* k_w = ks + warp * kFrag * kLd;
   const bf16* v_w = vs + warp * kFrag * kLd;
   for (int h = g * group; h < (g + 1) * group; h++) {
@@ -455,66 +443,49 @@ __global__ void __launch_bounds__(tc::kThreads)
 #pragma unroll
       for (int j = 0; j < kTileFrags; j++) {
         const int qj = q0 + j * kFrag;
-        if (tc::fragment_masked(qj, c0)) {  // every query of the fragment is before every key
+        if (tc::fragment_masked(qj, c0)) continue;  // every query of the chunk is before every key
+        float st[2][4] = {};
+        float dpt[2][4] = {};
 #pragma unroll
-          for (int i = 0; i < tc::kChunkPerLane; i++) {
-            const int at = tc::chunk_row(lane, i) * kLdProbs + j * kFrag + tc::chunk_col(lane, i);
-            ptw[at] = to_bf16(0.0f);
-            dstw[at] = to_bf16(0.0f);
+        for (int kk = 0; kk < kHeadK; kk++) {
+          uint32_t ka[4], va[4], qb[4], dob[4];
+          load_a<HS>(ka, k_w, kk, lane);
+          load_a<HS>(va, v_w, kk, lane);
+          load_b_rows<HS>(qb, qs + j * kFrag * kLd, kk, lane);
+          load_b_rows<HS>(dob, dos + j * kFrag * kLd, kk, lane);
+          mma_bf16_16816(st[0], ka, qb[0], qb[1]);  // S^T: keys x queries
+          mma_bf16_16816(st[1], ka, qb[2], qb[3]);
+          mma_bf16_16816(dpt[0], va, dob[0], dob[1]);  // dP^T
+          mma_bf16_16816(dpt[1], va, dob[2], dob[3]);
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int ql = j * kFrag + n * 8 + tc::acc_col(lane, i);  // query q0 + ql
+            float p = 0.0f;
+            float ds = 0.0f;
+            if (tc::visible(q0 + ql, keys[i >> 1], T)) {
+              p = tc::prob(st[n][i], scale, lse_s[ql]);
+              ds = tc::score_grad(p, dpt[n][i], d_s[ql]);
+            }
+            st[n][i] = p;
+            dpt[n][i] = ds;
           }
-          continue;
         }
-        FragAcc st;
-        FragAcc dpt;
-        scores_fragment<HS>(st, k_w, qs + j * kFrag * kLd);    // S^T: keys x queries
-        scores_fragment<HS>(dpt, v_w, dos + j * kFrag * kLd);  // dP^T
-        wmma::store_matrix_sync(cs, st, kLdChunk, wmma::mem_row_major);
-        wmma::store_matrix_sync(cdp, dpt, kLdChunk, wmma::mem_row_major);
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < tc::kChunkPerLane; i++) {
-          const int rr = tc::chunk_row(lane, i);  // key c0 + rr
-          const int cc = tc::chunk_col(lane, i);  // query qj + cc
-          float p = 0.0f;
-          float ds = 0.0f;
-          if (tc::visible(qj + cc, c0 + rr, T)) {
-            const int ql = j * kFrag + cc;
-            p = tc::prob(cs[rr * kLdChunk + cc], scale, lse_s[ql]);
-            ds = tc::score_grad(p, cdp[rr * kLdChunk + cc], d_s[ql]);
-          }
-          ptw[rr * kLdProbs + j * kFrag + cc] = to_bf16(p);
-          dstw[rr * kLdProbs + j * kFrag + cc] = to_bf16(ds);
-        }
-        __syncwarp();
+        uint32_t pa[4], dsa[4];
+        pack_a(pa, st[0], st[1]);
+        pack_a(dsa, dpt[0], dpt[1]);
+        accumulate_rows<HS>(dv, pa, dos + j * kFrag * kLd, lane);
+        accumulate_rows<HS>(dk, dsa, qs + j * kFrag * kLd, lane);
       }
-#pragma unroll
-      for (int kk = 0; kk < kTileFrags; kk++) {
-        if (tc::fragment_masked(q0 + kk * kFrag, c0)) continue;  // P^T, dS^T are 0 there
-        FragA pa;
-        FragA dsa;
-        wmma::load_matrix_sync(pa, ptw + kk * kFrag, kLdProbs);
-        wmma::load_matrix_sync(dsa, dstw + kk * kFrag, kLdProbs);
-#pragma unroll
-        for (int n = 0; n < kHeadFrags; n++) {
-          FragBRow dob;
-          wmma::load_matrix_sync(dob, dos + kk * kFrag * kLd + n * kFrag, kLd);
-          wmma::mma_sync(dv[n], pa, dob, dv[n]);
-          FragBRow qb;
-          wmma::load_matrix_sync(qb, qs + kk * kFrag * kLd + n * kFrag, kLd);
-          wmma::mma_sync(dk[n], dsa, qb, dk[n]);
-        }
-      }
-      __syncwarp();
     }
   }
   const std::size_t kv_off = static_cast<std::size_t>(kv.k - a.k);
-#pragma unroll
-  for (int n = 0; n < kHeadFrags; n++) {
-#pragma unroll
-    for (int i = 0; i < kAccElems; i++) dk[n].x[i] *= scale;
-    store_rows(grads.dk + kv_off, a.kv_ld, n * kFrag, dk[n], cs, c0, T, lane);
-    store_rows(grads.dv + kv_off, a.kv_ld, n * kFrag, dv[n], cs, c0, T, lane);
-  }
+  const float k_mul[2] = {scale, scale};
+  const float v_mul[2] = {1.0f, 1.0f};
+  store_rows<HS>(grads.dk + kv_off, a.kv_ld, dk, k_mul, c0, T, lane);
+  store_rows<HS>(grads.dv + kv_off, a.kv_ld, dv, v_mul, c0, T, lane);
 #endif
 }
 

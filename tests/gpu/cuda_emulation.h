@@ -1,11 +1,12 @@
 // A host emulation of the CUDA features the tensor-core attention's kernels use
 // (src/gpu/tc_attention_kernels.cuh), so that their source runs on machines without a GPU: one
 // std::thread per CUDA thread, std::barrier for __syncthreads and __syncwarp, a warp exchange for
-// __shfl_xor_sync, and nvcuda::wmma with bf16 16x16x16 fragments. The fragments' element-to-lane
-// mapping is deliberately scrambled (CUDA leaves it unspecified, and the kernels must not depend
-// on it), loads and stores check WMMA's pointer alignment and ldm rules and abort on a violation,
-// and every block's shared memory starts filled with NaN patterns. Blocks run one at a time; a
-// kernel whose lanes diverge around a collective deadlocks here, as it would misbehave on a GPU.
+// __shfl_xor_sync, and src/gpu/mma_sm80.cuh's ldmatrix_x4(_trans) and mma m16n8k16 with the
+// register layouts PTX defines (stated in mma_sm80.cuh): a warp collective gathers the lanes'
+// registers into matrices and hands each lane its elements back. ldmatrix checks that every row
+// address is 16-byte aligned and inside the block's shared memory and aborts otherwise, and every
+// block's shared memory starts filled with NaN patterns. Blocks run one at a time; a kernel whose
+// lanes diverge around a collective deadlocks here, as it would misbehave on a GPU.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -51,10 +52,12 @@ struct Block {
   std::barrier<>* all = nullptr;
   std::vector<std::barrier<>*> warps;
   unsigned char* smem = nullptr;
+  std::size_t smem_bytes = 0;  // what the launch asked for
 };
 inline Block g_block;
 inline float g_exchange[kMaxWarps][32];
-inline float g_a[kMaxWarps][16][16], g_b[kMaxWarps][16][16], g_c[kMaxWarps][16][16];
+inline const void* g_rows[kMaxWarps][32];
+inline float g_a[kMaxWarps][16][16], g_b[kMaxWarps][16][8], g_c[kMaxWarps][16][8];
 
 inline unsigned char* block_smem() { return g_block.smem; }
 inline int lane() { return static_cast<int>(threadIdx.x % 32); }
@@ -85,7 +88,7 @@ void launch(unsigned gx, unsigned gy, int threads, std::size_t smem_bytes, Body&
     warps.push_back(std::make_unique<std::barrier<>>(32));
     warp_ptrs.push_back(warps.back().get());
   }
-  g_block = Block{&all, warp_ptrs, smem.get()};
+  g_block = Block{&all, warp_ptrs, smem.get(), smem_bytes};
   std::vector<std::thread> team;
   for (int t = 0; t < threads; t++) {
     team.emplace_back([&, t] {
@@ -130,97 +133,74 @@ inline float warp_sum(float v) {
 }
 }  // namespace zinf::gpu::detail
 
-namespace nvcuda::wmma {
+namespace zinf::gpu::mma {  // as src/gpu/mma_sm80.cuh
 
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  enum { num_elements = 8 };
-  T x[num_elements];
-};
-
-// Scrambled bijections (lane, i) -> (row, column), one for operands, another for accumulators.
-inline void operand_at(int lane, int i, int& r, int& c) {
-  const int e = (lane * 8 + i) * 37 % 256;
-  r = e / 16;
-  c = e % 16;
+inline uint32_t bits16(bf16 v) {
+  uint16_t u;
+  std::memcpy(&u, &v, sizeof u);
+  return u;
 }
-inline void accumulator_at(int lane, int i, int& r, int& c) {
-  const int e = ((lane * 8 + i) * 101 + 3) % 256;
-  r = e / 16;
-  c = e % 16;
-}
-inline void check_pointer(const void* p, unsigned ldm, std::size_t element) {
-  cuda_emulation::require(reinterpret_cast<std::uintptr_t>(p) % 32 == 0, "WMMA pointer not 256-bit aligned");
-  cuda_emulation::require(ldm * element % 16 == 0, "WMMA ldm not a multiple of 16 bytes");
+inline float lo_f32(uint32_t r) { return f32_from_bits(r << 16); }
+inline float hi_f32(uint32_t r) { return f32_from_bits(r & 0xffff0000u); }
+
+inline uint32_t pack_bf16x2(float lo, float hi) {
+  return bits16(__float2bfloat16_rn(lo)) | (bits16(__float2bfloat16_rn(hi)) << 16);
 }
 
-template <typename Use, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, 16, 16, 16, T, Layout>& f, const T* p, unsigned ldm) {
-  __syncwarp();
-  check_pointer(p, ldm, sizeof(T));
-  for (int i = 0; i < 8; i++) {
-    int r = 0, c = 0;
-    operand_at(cuda_emulation::lane(), i, r, c);
-    f.x[i] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
-  }
-  __syncwarp();
-}
-inline void load_matrix_sync(fragment<accumulator, 16, 16, 16, float>& f, const float* p, unsigned ldm, layout_t l) {
-  __syncwarp();
-  check_pointer(p, ldm, 4);
-  for (int i = 0; i < 8; i++) {
-    int r = 0, c = 0;
-    accumulator_at(cuda_emulation::lane(), i, r, c);
-    f.x[i] = l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-  }
-  __syncwarp();
-}
-inline void store_matrix_sync(float* p, const fragment<accumulator, 16, 16, 16, float>& f, unsigned ldm, layout_t l) {
-  __syncwarp();
-  check_pointer(p, ldm, 4);
-  for (int i = 0; i < 8; i++) {
-    int r = 0, c = 0;
-    accumulator_at(cuda_emulation::lane(), i, r, c);
-    (l == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[i];
-  }
-  __syncwarp();
-}
-template <typename Fragment>
-void fill_fragment(Fragment& f, float v) {
-  for (auto& x : f.x) x = v;
-}
-// d = a b + c in fp32 (the sum in k order; the hardware's order differs, within rounding).
-template <typename LayoutA, typename LayoutB>
-void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, __nv_bfloat16, LayoutA>& a,
-              const fragment<matrix_b, 16, 16, 16, __nv_bfloat16, LayoutB>& b,
-              const fragment<accumulator, 16, 16, 16, float>& c) {
+inline void ldmatrix(uint32_t (&r)[4], const bf16* row, bool trans) {
   const int w = cuda_emulation::warp();
-  const int lane = cuda_emulation::lane();
+  const int l = cuda_emulation::lane();
+  const auto* at = reinterpret_cast<const unsigned char*>(row);
+  const unsigned char* smem = cuda_emulation::g_block.smem;
+  cuda_emulation::require(reinterpret_cast<std::uintptr_t>(row) % 16 == 0, "ldmatrix row not 16-byte aligned");
+  cuda_emulation::require(at >= smem && at + 16 <= smem + cuda_emulation::g_block.smem_bytes,
+                          "ldmatrix row outside the block's shared memory");
   __syncwarp();
-  for (int i = 0; i < 8; i++) {
-    int r = 0, col = 0;
-    operand_at(lane, i, r, col);
-    cuda_emulation::g_a[w][r][col] = __bfloat162float(a.x[i]);
-    cuda_emulation::g_b[w][r][col] = __bfloat162float(b.x[i]);
-    accumulator_at(lane, i, r, col);
-    cuda_emulation::g_c[w][r][col] = c.x[i];
+  cuda_emulation::g_rows[w][l] = row;
+  __syncwarp();
+  for (int i = 0; i < 4; i++) {
+    const bf16* const* rows = reinterpret_cast<const bf16* const*>(&cuda_emulation::g_rows[w][8 * i]);
+    const int g = l / 4;
+    const int t = l % 4;
+    const bf16 lo = trans ? rows[2 * t][g] : rows[g][2 * t];
+    const bf16 hi = trans ? rows[2 * t + 1][g] : rows[g][2 * t + 1];
+    r[i] = bits16(lo) | (bits16(hi) << 16);
   }
   __syncwarp();
-  for (int i = 0; i < 8; i++) {
-    int r = 0, col = 0;
-    accumulator_at(lane, i, r, col);
-    float s = cuda_emulation::g_c[w][r][col];
-    for (int k = 0; k < 16; k++) s += cuda_emulation::g_a[w][r][k] * cuda_emulation::g_b[w][k][col];
-    d.x[i] = s;
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const bf16* row) { ldmatrix(r, row, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* row) { ldmatrix(r, row, true); }
+
+// d = a b + d in fp32 (the sum in k order; the hardware's order differs, within rounding).
+inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  using cuda_emulation::g_a;
+  using cuda_emulation::g_b;
+  using cuda_emulation::g_c;
+  const int w = cuda_emulation::warp();
+  const int l = cuda_emulation::lane();
+  const int g = l / 4;
+  const int t = l % 4;
+  __syncwarp();
+  for (int j = 0; j < 4; j++) {
+    const int row = g + 8 * (j & 1);
+    const int col = 2 * t + 8 * (j >> 1);
+    g_a[w][row][col] = lo_f32(a[j]);
+    g_a[w][row][col + 1] = hi_f32(a[j]);
+  }
+  g_b[w][2 * t][g] = lo_f32(b0);
+  g_b[w][2 * t + 1][g] = hi_f32(b0);
+  g_b[w][2 * t + 8][g] = lo_f32(b1);
+  g_b[w][2 * t + 9][g] = hi_f32(b1);
+  for (int i = 0; i < 4; i++) g_c[w][g + 8 * (i >> 1)][2 * t + (i & 1)] = d[i];
+  __syncwarp();
+  for (int i = 0; i < 4; i++) {
+    const int row = g + 8 * (i >> 1);
+    const int col = 2 * t + (i & 1);
+    float s = g_c[w][row][col];
+    for (int k = 0; k < 16; k++) s += g_a[w][row][k] * g_b[w][k][col];
+    d[i] = s;
   }
   __syncwarp();
 }
 
-}  // namespace nvcuda::wmma
+}  // namespace zinf::gpu::mma

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <utility>
 #include <cmath>
 #include <optional>
 #include <string>
@@ -58,15 +60,17 @@ TEST(TcAttentionTiles, ForwardAndDqVisitEveryCausalPairOnce) {
               continue;
             }
             std::vector<int> hit(kFrag * kFrag, 0);
-            for (int lane = 0; lane < 32; lane++) {
-              for (int i = 0; i < kChunkPerLane; i++) {
-                const int rr = chunk_row(lane, i);
-                const int cc = chunk_col(lane, i);
-                hit[static_cast<std::size_t>(rr * kFrag + cc)]++;
-                if (visible(r0 + rr, k0 + cc, T)) {
-                  ASSERT_LT(r0 + rr, T);
-                  ASSERT_LT(k0 + cc, T);
-                  seen[static_cast<std::size_t>(r0 + rr) * T + (k0 + cc)]++;
+            for (int lane = 0; lane < 32; lane++) {  // two n8 accumulator tiles of 4 elements
+              for (int n = 0; n < 2; n++) {
+                for (int i = 0; i < 4; i++) {
+                  const int rr = acc_row(lane, i);
+                  const int cc = n * 8 + acc_col(lane, i);
+                  hit[static_cast<std::size_t>(rr * kFrag + cc)]++;
+                  if (visible(r0 + rr, k0 + cc, T)) {
+                    ASSERT_LT(r0 + rr, T);
+                    ASSERT_LT(k0 + cc, T);
+                    seen[static_cast<std::size_t>(r0 + rr) * T + (k0 + cc)]++;
+                  }
                 }
               }
             }
@@ -84,15 +88,51 @@ TEST(TcAttentionTiles, ForwardAndDqVisitEveryCausalPairOnce) {
   }
 }
 
-// The forward's row statistics: lane pairs cover each (row, column) of a warp's (16, kTile)
-// scores once.
-TEST(TcAttentionTiles, StatsLanesCoverTheWarpsScores) {
+// ldmatrix as PTX defines it (lanes 8i .. 8i+7 address matrix i's rows; lane l receives (row
+// l / 4, columns 2(l % 4), +1), or that transposed) pointed by the ldm_* functions at a 16x16
+// block gives the mma m16n8k16 operand layouts mma_sm80.cuh states: A (row g + 8 (j & 1),
+// column 2t + 8 (j >> 1)); B of two n8 tiles from (n, k) rows without trans or from (k, n) rows
+// with trans (k 2t + 8 (j & 1), n g + 8 (j >> 1)). Elements are coded 100 * row + column.
+TEST(TcAttentionTiles, LdmatrixAddressesGiveTheMmaOperandLayouts) {
   using namespace tc;
-  std::vector<int> hit(kFrag * kTile, 0);
-  for (int lane = 0; lane < 32; lane++) {
-    for (int c = 0; c < kHalfTile; c++) {
-      hit[static_cast<std::size_t>(stats_row(lane) * kTile + stats_half(lane) * kHalfTile + c)]++;
+  auto element = [](int r, int c) { return 100 * r + c; };
+  // reg[lane][i]: the pair register i of `lane` as (low, high) codes.
+  auto ldmatrix = [&](auto row_of, auto col_of, bool trans) {
+    std::vector<std::array<std::pair<int, int>, 4>> reg(32);
+    for (int l = 0; l < 32; l++) {
+      for (int i = 0; i < 4; i++) {
+        const int g = l / 4, t = l % 4;
+        auto at = [&](int addr_lane, int c) { return element(row_of(addr_lane), col_of(addr_lane) + c); };
+        reg[static_cast<std::size_t>(l)][static_cast<std::size_t>(i)] =
+            trans ? std::pair{at(8 * i + 2 * t, g), at(8 * i + 2 * t + 1, g)}
+                  : std::pair{at(8 * i + g, 2 * t), at(8 * i + g, 2 * t + 1)};
+      }
     }
+    return reg;
+  };
+  const auto a = ldmatrix(ldm_row_a, ldm_col_a, false);
+  const auto bn = ldmatrix(ldm_row_bn, ldm_col_bn, false);
+  const auto bt = ldmatrix(ldm_row_a, ldm_col_a, true);
+  for (int l = 0; l < 32; l++) {
+    const int g = l / 4, t = l % 4;
+    for (int j = 0; j < 4; j++) {
+      const auto& ra = a[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)];
+      const int row = g + 8 * (j & 1), col = 2 * t + 8 * (j >> 1);
+      EXPECT_EQ(ra, std::pair(element(row, col), element(row, col + 1))) << "A lane " << l << " reg " << j;
+      // B: k = 2t + 8 (j & 1) (and + 1), n = g + 8 (j >> 1); stored (n, k) or (k, n).
+      const int k = 2 * t + 8 * (j & 1), n = g + 8 * (j >> 1);
+      EXPECT_EQ(bn[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)],
+                std::pair(element(n, k), element(n, k + 1)))
+          << "B (n, k) lane " << l << " reg " << j;
+      EXPECT_EQ(bt[static_cast<std::size_t>(l)][static_cast<std::size_t>(j)],
+                std::pair(element(k, n), element(k + 1, n)))
+          << "B (k, n) lane " << l << " reg " << j;
+    }
+  }
+  // The accumulator: each of a 16x8 tile's elements in exactly one (lane, i).
+  std::vector<int> hit(16 * 8, 0);
+  for (int l = 0; l < 32; l++) {
+    for (int i = 0; i < 4; i++) hit[static_cast<std::size_t>(acc_row(l, i) * 8 + acc_col(l, i))]++;
   }
   for (int n : hit) EXPECT_EQ(n, 1);
 }
@@ -116,11 +156,13 @@ TEST(TcAttentionTiles, DkvVisitsEveryCausalPairOnce) {
               }
               continue;
             }
-            for (int lane = 0; lane < 32; lane++) {
-              for (int i = 0; i < kChunkPerLane; i++) {
-                const int key = c0 + chunk_row(lane, i);
-                const int row = qj + chunk_col(lane, i);
-                if (visible(row, key, T)) seen[static_cast<std::size_t>(row) * T + key]++;
+            for (int lane = 0; lane < 32; lane++) {  // S^T: keys are rows, queries columns
+              for (int n = 0; n < 2; n++) {
+                for (int i = 0; i < 4; i++) {
+                  const int key = c0 + acc_row(lane, i);
+                  const int row = qj + n * 8 + acc_col(lane, i);
+                  if (visible(row, key, T)) seen[static_cast<std::size_t>(row) * T + key]++;
+                }
               }
             }
           }
@@ -144,9 +186,11 @@ TEST(TcAttentionTiles, SharedMemoryLayoutsFitAndAreAligned) {
   using namespace tc;
   for (int hs = kFrag; hs <= kMaxHeadSize; hs += kFrag) {
     ASSERT_TRUE(head_size_supported(hs));
-    // 16 rows of any tile start 256-bit aligned; 16-byte vector stores into every row.
-    EXPECT_EQ(static_cast<std::size_t>(kFrag) * ld_head(hs) * 2 % 32, 0u);
+    // Every row 16-byte aligned (ldmatrix's rows, the 16-byte vector stores), and a row's 16-byte
+    // segment an odd number of segments after the previous row's: ldmatrix's 8 rows of 16 bytes
+    // then fall in 8 distinct groups of 4 banks.
     EXPECT_EQ(static_cast<std::size_t>(ld_head(hs)) * 2 % 16, 0u);
+    EXPECT_EQ(static_cast<std::size_t>(ld_head(hs)) * 2 / 16 % 2, 1u);
     for (Kernel k : {Kernel::kForward, Kernel::kDq, Kernel::kDkv}) {
       SCOPED_TRACE("hs " + std::to_string(hs) + " kernel " + std::to_string(static_cast<int>(k)));
       const SmemLayout s = smem_layout(k, hs);
@@ -155,27 +199,12 @@ TEST(TcAttentionTiles, SharedMemoryLayoutsFitAndAreAligned) {
       struct Region {
         std::size_t at, size;
       };
-      std::vector<Region> r = {{s.t0, s.tile_bytes}, {s.t1, s.tile_bytes}, {s.probs, kWarps * s.probs_warp}};
+      std::vector<Region> r = {{s.t0, s.tile_bytes}, {s.t1, s.tile_bytes}};
       if (k == Kernel::kDkv) {
         r.push_back({s.t2, s.tile_bytes});
         r.push_back({s.t3, s.tile_bytes});
-      }
-      if (k == Kernel::kForward) {
-        r.push_back({s.scores, kWarps * s.scores_warp});
-        r.push_back({s.row_stats, static_cast<std::size_t>(kWarps) * kFrag * 4});
-        EXPECT_GE(s.scores_warp, static_cast<std::size_t>(kFrag) * kLdScores * 4);
-        EXPECT_GE(s.probs_warp, static_cast<std::size_t>(kFrag) * kLdProbs * 2);
-      } else {
-        r.push_back({s.chunk_s, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
-        r.push_back({s.chunk_dp, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
-        for (int w = 1; w < kWarps; w++) {
-          r.push_back({s.chunk_s + w * s.chunk_warp, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
-          r.push_back({s.chunk_dp + w * s.chunk_warp, static_cast<std::size_t>(kFrag) * kLdChunk * 4});
-        }
         r.push_back({s.lse, kTile * 4});
         r.push_back({s.dsum, kTile * 4});
-        const std::size_t need = (k == Kernel::kDkv ? dkv_ds_offset() : 0) + kFrag * kLdProbs * 2;
-        EXPECT_GE(s.probs_warp, need);
       }
       for (std::size_t i = 0; i < r.size(); i++) {
         EXPECT_EQ(r[i].at % 128, 0u) << "region " << i;
@@ -184,9 +213,6 @@ TEST(TcAttentionTiles, SharedMemoryLayoutsFitAndAreAligned) {
           EXPECT_TRUE(r[i].at + r[i].size <= r[j].at || r[j].at + r[j].size <= r[i].at) << i << " and " << j;
         }
       }
-      EXPECT_EQ(s.scores_warp % 128, 0u);
-      EXPECT_EQ(s.chunk_warp % 128, 0u);
-      EXPECT_EQ(s.probs_warp % 128, 0u);
     }
   }
   EXPECT_FALSE(head_size_supported(0));
