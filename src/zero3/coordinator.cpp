@@ -164,6 +164,12 @@ std::uint64_t Coordinator::next_use_distance(int g) const {
   for (std::size_t i = boundary; i < t.groups.size(); ++i) {
     if (t.groups[i] == g) return t.traffic[i] - t.traffic[boundary];
   }
+  if (!next_pass_reuses_) return kFar;
+  // The next pass replays the trace from its start on the same values.
+  const std::uint64_t rest_of_pass = t.traffic.back() - t.traffic[boundary];
+  for (std::size_t i = 0; i < boundary; ++i) {
+    if (t.groups[i] == g) return rest_of_pass + t.traffic[i];
+  }
   return kFar;
 }
 

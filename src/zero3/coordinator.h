@@ -133,6 +133,13 @@ class Coordinator final : public model::ParamAccess {
   void set_hold_gradients(bool hold) { hold_ = hold; }
   // Drops every held sum (a step that failed, or the start of a step).
   void drop_held_gradients();
+  // For the passes until the next call: whether the next pass of the same mode runs on the same
+  // values (another micro-batch before the optimizer step). Then a copy whose trace has no further
+  // use in this pass is measured against max_reuse_distance to its first use in the next pass
+  // (the rest of this pass's traffic plus the next's up to it) instead of being freed at once, so
+  // that with room in the live budget a step gathers each group once, not once per micro-batch.
+  // The values read are the same bits either way; the engine drops every copy after the step.
+  void set_next_pass_reuses_values(bool reuses) { next_pass_reuses_ = reuses; }
   std::uint64_t live_elements() const { return live_; }
 
   Status acquire(int module, model::Phase phase, std::span<const float*> values) override;
@@ -220,6 +227,7 @@ class Coordinator final : public model::ParamAccess {
   std::vector<GatherBlock> held_;  // per group: its gradients summed over this step's held passes
   std::uint64_t held_elements_ = 0;
   bool hold_ = false;
+  bool next_pass_reuses_ = false;  // set_next_pass_reuses_values
   bool direct_bf16_ = false;  // acquire_bf16 has served a module: gathers ahead skip such groups
   std::uint64_t grad_live_ = 0;  // elements of the gradient buffers in grads_
   std::uint64_t live_ = 0;

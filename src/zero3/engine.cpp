@@ -366,6 +366,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
     coordinator->set_hold_gradients(&mb != &micro_batches.back());
+    coordinator->set_next_pass_reuses_values(&mb != &micro_batches.back());
     grads->set_last_micro_batch(&mb == &micro_batches.back());
     if (early && &mb == &micro_batches.back()) {
       // The last micro-batch's additions are final: each sub-group may step as soon as its are.
@@ -378,6 +379,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     coordinator->set_on_gradient_added(nullptr);
     if (!ended.is_ok()) {
       coordinator->set_hold_gradients(false);
+      coordinator->set_next_pass_reuses_values(false);
       coordinator->drop_held_gradients();
       // Early steps taken under this pass are rolled back: the step did not happen.
       if (early) {

@@ -214,6 +214,45 @@ TEST(CoordinatorTest, MaxReuseDistanceDecidesWhatAReleasedCopyKeeps) {
   }
 }
 
+// Between the micro-batches of a step the values do not change. Told that the next pass reuses
+// them, the coordinator measures a copy with no further use in this pass to its first use in the
+// next one; with room in the live budget the step's later passes then read nothing, and the
+// step's last pass frees what it holds at its end, as every pass does without the hint.
+TEST(CoordinatorTest, TheNextPassOfAStepReusesCopiesWithinTheReuseDistance) {
+  CoordinatorOptions o = options();
+  o.max_reuse_distance = 1000000000;
+  o.prefetch_bucket_size = 0;
+  Harness h(10, o);
+  h.pass();  // records the trace
+  h.pass();
+  EXPECT_EQ(h.tier->reads.size(), 11u) << "without the hint every pass reads p0..p10";
+  h.coordinator->set_next_pass_reuses_values(true);
+  h.pass();
+  EXPECT_EQ(h.tier->reads.size(), 11u);
+  h.pass();
+  EXPECT_EQ(h.tier->reads.size(), 0u) << "the step's second micro-batch gathered again";
+  h.coordinator->set_next_pass_reuses_values(false);  // the step's last micro-batch
+  h.pass();
+  EXPECT_EQ(h.tier->reads.size(), 0u);
+  h.pass();
+  EXPECT_EQ(h.tier->reads.size(), 11u) << "the last pass kept its copies past its end";
+
+  // The distance counts the rest of this pass and the next pass's traffic up to the first use.
+  // m_k's backward is followed by m_{k-1} .. m1 and embed (k acquires of 100 elements), and its
+  // p_k is first used after embed .. m_{k-1} (k more): 200 k. At 1000, p1..p5 (and p0, used last
+  // and first by embed) are kept past the pass, p6..p10 freed, so the next forward reads
+  // p6..p10. Within the pass nothing changes: from m_k's forward to its backward come
+  // m_{k+1} .. m10, head, head's backward and m10 .. m_{k+1}, 2 (10 - k) + 2 acquires, within
+  // 1000 for k >= 6 only, so backward reads p5 .. p1 again.
+  o.max_reuse_distance = 1000;
+  Harness d(10, o);
+  d.pass();
+  d.coordinator->set_next_pass_reuses_values(true);
+  d.pass();
+  d.pass();
+  EXPECT_EQ(d.tier->reads, (std::vector<std::size_t>{6, 7, 8, 9, 10, 5, 4, 3, 2, 1}));
+}
+
 TEST(CoordinatorTest, LeavingTheTraceStopsPrefetchingAndRecordsAgain) {
   Harness h(6, options());
   h.pass();
