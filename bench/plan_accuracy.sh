@@ -10,7 +10,8 @@
 # Env: PLAN_DIR (scratch and NVMe folder, kept afterwards; default a temporary folder),
 #      PLAN_AIO_SUMMARY (an aio_bench summary.json; default: plan with --probe-io),
 #      PLAN_SECTIONS (default "cases large hand answer": the small and 25M-parameter cases, the
-#      few-hundred-M all-NVMe case, the hand-written configs, the answer time),
+#      few-hundred-M all-NVMe case, the hand-written configs, the answer time; "largest" adds the
+#      largest model the scratch folder's disk holds, all on NVMe),
 #      PLAN_ROUNDS (rounds of the hand-written comparison, default 5),
 #      PLAN_QUIET_WAIT_S (before each timed run, wait up to this long for one second in which
 #      the machine's CPUs were at least 90% idle; default 60, 0: no wait).
@@ -163,6 +164,27 @@ if has large; then
   steps=${PLAN_LARGE_STEPS:-3}
   plan_budgeted huge_nvme all_nvme "${huge[@]}"
   steps=$steps_before
+fi
+# The largest model the disk holds (section "largest", not in the default): the 1.3b preset's
+# width with as many layers as fit 0.8 of the scratch folder's free space at about 30 bytes a
+# parameter (bench/capacity.sh's count), everything on NVMe. Slow: tens of seconds a step.
+if has largest; then
+  free=$(df --output=avail -B1 "$work" | tail -1)
+  layers=0
+  for l in 48 40 36 32 30 28 26 24 20 16 12 8; do
+    n=$("$zinf" estimate --model 1.3b --layers "$l" --vocab 256 2>/dev/null |
+        sed -n 's/.*Model with \([0-9.]*\)\([MB]\) total params.*/\1 \2/p' | awk '{ printf "%.0f", $1 * ($2 == "B" ? 1e9 : 1e6) }')
+    if [ -n "$n" ] && [ $(( n * 30 )) -le $(( free * 8 / 10 )) ]; then layers=$l; break; fi
+  done
+  if [ "$layers" = 0 ]; then
+    echo "largest: not even 8 layers of the 1.3b preset fit 0.8 of $((free / 1000000000)) GB free in $work"
+  else
+    echo "largest: 1.3b with $layers layers ($((n / 1000000))M parameters, $((n * 30 / 1000000000)) GB of NVMe state) in $((free / 1000000000)) GB free"
+    steps_before=$steps
+    steps=${PLAN_LARGE_STEPS:-3}
+    plan_budgeted largest all_nvme --model 1.3b --layers "$layers" --seq 128 --vocab 256 --train-batch 2
+    steps=$steps_before
+  fi
 fi
 
 # The winner against the hand-written configs (those that parse and fit; nvme_path pointed at
