@@ -19,6 +19,15 @@ for want in "phase 1 (budget 300s)" "phase 2 (budget 480s)" "gpu_memory_test --g
   grep -qF -- "$want" "$tmp/dry.out" || { cat "$tmp/dry.out"; fail "--dry-run does not list '$want'"; }
 done
 [ ! -e "$tmp/dry" ] || fail "--dry-run created its output folder"
+# (b) with the parameters resident; --with-c: aio_bench on the scratch folder, then (c) on the
+# largest preset whose NVMe state fits (a preset name, never empty).
+"$script" -C "$build" --phase 2 --with-c --dry-run > "$tmp/dry_c.out" 2>&1 || { cat "$tmp/dry_c.out"; fail "--with-c --dry-run failed"; }
+grep -qF "b_1p3b_offload_cpu_resident.json" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no b_1p3b_resident step"; }
+grep -n "aio_bench_c, bench\|c_nvme_offload, figure" "$tmp/dry_c.out" | cut -d: -f1 | tr '\n' ' ' > "$tmp/order"
+[ "$(wc -w < "$tmp/order")" -eq 2 ] && [ "$(cut -d' ' -f1 "$tmp/order")" -lt "$(cut -d' ' -f2 "$tmp/order")" ] ||
+  { cat "$tmp/dry_c.out"; fail "aio_bench_c must come just before c_nvme_offload"; }
+grep -E "c_nvme_offload, figure.*--model (6\.7b|2\.7b|gpt2-xl|1\.3b) " "$tmp/dry_c.out" > /dev/null ||
+  { cat "$tmp/dry_c.out"; fail "c_nvme_offload names no preset"; }
 
 rc=0; "$script" -C "$build" --phase 3 > "$tmp/bad.out" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && grep -q "phase must be 1, 2 or 1,2, not '3'" "$tmp/bad.out" || { cat "$tmp/bad.out"; fail "--phase 3: exit $rc"; }
