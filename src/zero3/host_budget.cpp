@@ -25,8 +25,6 @@ constexpr double kMarginShare = 0.05;
 // The math libraries' per-thread work buffers, faulted in by the first products (after the engine
 // is made, so not in the RSS it measures): part of the planner's calibrated process base.
 constexpr std::uint64_t kLibraryScratch = std::uint64_t{64} << 20;
-// The swapped gradient store's buffer: at least this many elements, in whole norm blocks
-// (grad_store.cpp).
 // The least a parameter staging buffer is made (a partition smaller than it: the partition).
 constexpr std::uint64_t kLeastParamBuffer = std::uint64_t{1} << 20;
 

@@ -126,7 +126,6 @@ namespace zinf::gpu::detail {  // as kernel_util.cuh
 inline constexpr unsigned kFullMask = 0xffffffffu;
 inline float to_f32(float x) { return x; }
 inline float to_f32(bf16 x) { return __bfloat162float(x); }
-inline bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
 inline float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
   return v;
