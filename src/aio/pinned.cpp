@@ -15,6 +15,15 @@
 
 namespace zinf::aio {
 
+std::size_t io_buffer_alignment(std::size_t bytes, std::size_t alignment) {
+  return bytes >= kHugePageBytes && alignment < kHugePageBytes ? kHugePageBytes : alignment;
+}
+
+void advise_huge_pages(void* p, std::size_t bytes) {
+  // Also fewer TLB misses when the CPU streams the buffer.
+  if (bytes >= kHugePageBytes) (void)madvise(p, bytes, MADV_HUGEPAGE);
+}
+
 Result<PinnedBuffer> PinnedBuffer::allocate(std::size_t bytes, std::size_t alignment) {
   if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0) {
     return Status::invalid_argument(
@@ -23,9 +32,10 @@ Result<PinnedBuffer> PinnedBuffer::allocate(std::size_t bytes, std::size_t align
   PinnedBuffer buffer;
   if (bytes == 0) return buffer;
   void* ptr = nullptr;
-  // Round the allocation up to whole alignment units so O_DIRECT tails stay inside it.
+  // Round the allocation up to whole alignment units so O_DIRECT tails stay inside it (the start
+  // may be aligned further, for huge pages; the size is not rounded to them).
   const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
-  const int rc = posix_memalign(&ptr, alignment, rounded);
+  const int rc = posix_memalign(&ptr, io_buffer_alignment(rounded, alignment), rounded);
   if (rc != 0) {
     return Status(ErrorCode::kResourceExhausted,
                   fmt::format("posix_memalign of {} bytes (alignment {}) failed: {}", rounded, alignment,
@@ -34,9 +44,7 @@ Result<PinnedBuffer> PinnedBuffer::allocate(std::size_t bytes, std::size_t align
   }
   buffer.data_ = ptr;
   buffer.size_ = bytes;
-  // Ask for transparent huge pages (a no-op where THP is off): fewer, larger segments per
-  // O_DIRECT request and fewer TLB misses when the device or the CPU streams the buffer.
-  if (rounded >= (std::size_t{2} << 20)) (void)madvise(ptr, rounded, MADV_HUGEPAGE);
+  advise_huge_pages(ptr, rounded);
   // Pre-fault: touch every page now so timed I/O never pays for first-touch faults.
   std::memset(ptr, 0, rounded);
   if (mlock(ptr, rounded) == 0) {

@@ -5,6 +5,7 @@
 
 #include <cassert>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -23,12 +24,13 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin) {
     return buffer;
   }
   void* ptr = nullptr;
-  const int rc = posix_memalign(&ptr, kSwapAlignment, buffer.size_);
+  const int rc = posix_memalign(&ptr, aio::io_buffer_alignment(buffer.size_, kSwapAlignment), buffer.size_);
   if (rc != 0) {
     return Status(ErrorCode::kResourceExhausted,
                   fmt::format("allocating {} bytes of host memory failed: {}", buffer.size_, std::strerror(rc)),
                   rc);
   }
+  aio::advise_huge_pages(ptr, buffer.size_);
   // Pre-fault now so that timed I/O never pays for first-touch page faults.
   std::memset(ptr, 0, buffer.size_);
   buffer.plain_.reset(static_cast<std::byte*>(ptr));
@@ -40,13 +42,23 @@ Result<HostBuffer> HostBuffer::reserve(std::size_t bytes) {
   buffer.size_ = static_cast<std::size_t>(align_up(bytes, kSwapAlignment));
   if (buffer.size_ == 0) return buffer;
   // MAP_NORESERVE: the budget is a ceiling, not a commitment; pages exist once committed.
-  void* p = ::mmap(nullptr, buffer.size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  // From 2 MiB up the range starts on a huge page (aio::io_buffer_alignment): reserve the slack,
+  // then unmap what lies outside.
+  const std::size_t align = aio::io_buffer_alignment(buffer.size_, kSwapAlignment);
+  const std::size_t span = buffer.size_ + (align - kSwapAlignment);
+  void* p = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) {
     return Status(ErrorCode::kResourceExhausted,
                   fmt::format("reserving {} bytes of address space failed: {}", buffer.size_, std::strerror(errno)),
                   errno);
   }
-  buffer.reserved_ = std::unique_ptr<std::byte, UnmapDeleter>(static_cast<std::byte*>(p), UnmapDeleter{buffer.size_});
+  auto* base = static_cast<std::byte*>(p);
+  const std::size_t head = (align - reinterpret_cast<std::uintptr_t>(base) % align) % align;
+  std::byte* start = base + head;
+  if (head > 0) ::munmap(base, head);
+  if (span > head + buffer.size_) ::munmap(start + buffer.size_, span - head - buffer.size_);
+  aio::advise_huge_pages(start, buffer.size_);
+  buffer.reserved_ = std::unique_ptr<std::byte, UnmapDeleter>(start, UnmapDeleter{buffer.size_});
   return buffer;
 }
 

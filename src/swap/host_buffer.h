@@ -11,8 +11,9 @@
 namespace zinf::swap::detail {
 
 // Move-only. data() is aligned to 4 KiB and size() is rounded up to 4 KiB, so padded O_DIRECT
-// transfers fit. With pin = true the pages are mlock'ed (see aio::PinnedBuffer; a refused lock
-// leaves them pageable with a notice).
+// transfers fit; from 2 MiB up it is aligned to a huge page and asks for huge pages, pinned or
+// not (aio::io_buffer_alignment). With pin = true the pages are mlock'ed (see aio::PinnedBuffer;
+// a refused lock leaves them pageable with a notice).
 class HostBuffer {
  public:
   HostBuffer() = default;

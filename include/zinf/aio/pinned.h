@@ -8,7 +8,8 @@
 namespace zinf::aio {
 
 // Move-only owner of one aligned allocation (posix_memalign + mlock; also
-// cudaHostRegister when zinf is built with CUDA and a GPU is present). Memory is
+// cudaHostRegister when zinf is built with CUDA and a GPU is present), with huge pages from
+// 2 MiB up (io_buffer_alignment below). Memory is
 // pre-faulted (touched) on allocation so first I/O does not pay for page faults.
 // If mlock is refused (RLIMIT_MEMLOCK), the buffer stays usable, unlocked, and a
 // one-time notice says so; locked() reports which.
@@ -36,6 +37,18 @@ class PinnedBuffer {
   bool locked_ = false;
   bool cuda_registered_ = false;
 };
+
+// Host memory that O_DIRECT transfers use. From 2 MiB up, a buffer is 2 MiB aligned and asks for
+// transparent huge pages (MADV_HUGEPAGE; a no-op where THP is off), so that a request's memory
+// is a few large segments: a 1 MiB request on 4 KiB pages is 256 segments, more than a virtio
+// disk takes in one request (254), so the kernel splits it. What that costs: docs/aio.md,
+// "Huge pages".
+inline constexpr std::size_t kHugePageBytes = std::size_t{2} << 20;
+// The alignment to allocate `bytes` with: `alignment`, raised to kHugePageBytes from that size up.
+std::size_t io_buffer_alignment(std::size_t bytes, std::size_t alignment);
+// Asks for huge pages over [p, p + bytes) when bytes >= kHugePageBytes; call it before the
+// pages are first touched. Best effort: a refusal leaves the memory as it was.
+void advise_huge_pages(void* p, std::size_t bytes);
 
 // Whether this build can register host memory with CUDA (true only when built with CUDA).
 bool pinned_cuda_support();
