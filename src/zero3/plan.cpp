@@ -28,10 +28,12 @@ constexpr double kAdamBytes = 28.0;
 constexpr double kGradBytes = 16.0;
 // Adam's fp32 arrays per element besides the gradient: the master weights and two states.
 constexpr double kOptimizerArrays = 3.0;
-// The engine's NVMe transfers (the gradient store's, the optimizer's tiles, the parameters')
-// are assumed to run at this share of the drive roofs, whatever the tile size (docs/plan.md,
-// "Time", has the runs it comes from).
+// The engine's NVMe transfers are assumed to run at these shares of the drive roofs, whatever
+// the tile size (docs/plan.md, "Time", has the runs they come from): the synchronous ones (the
+// gradient store's, the parameters' reads in the passes, the norm's read-back), and the
+// optimizer step's pipelined tiles, whose reads and writes overlap.
 constexpr double kDriveShare = 0.65;
+constexpr double kTileDriveShare = 1.1;
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -115,9 +117,12 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
 struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
   std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
-  // The rates the engine's transfers reach (the roofs times kDriveShare).
+  // The rates the engine's transfers reach (the roofs times kDriveShare, or kTileDriveShare for
+  // the optimizer step's tiles).
   double engine_read() const { return read * kDriveShare; }
   double engine_write() const { return write * kDriveShare; }
+  double tile_read() const { return read * kTileDriveShare; }
+  double tile_write() const { return write * kTileDriveShare; }
   double flops_at(double rows) const {
     if (flops_by_rows.empty()) return flops;
     if (rows <= flops_by_rows.front().first) return flops_by_rows.front().second;
@@ -171,8 +176,8 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
     // The step's tiles read master, states and gradient, and write master and states (and the
     // 16-bit copies when the parameters are on NVMe).
     const double copy = c.param_device == OffloadDevice::kNvme ? dsize * shard : 0.0;
-    c.optimizer_io_s = (4.0 * kOptimizerArrays * shard + grads) / roofs.engine_read() +
-                       (4.0 * kOptimizerArrays * shard + copy) / roofs.engine_write();
+    c.optimizer_io_s = (4.0 * kOptimizerArrays * shard + grads) / roofs.tile_read() +
+                       (4.0 * kOptimizerArrays * shard + copy) / roofs.tile_write();
     // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
     // ahead during the passes, so the ramp is the last tile's write).
     const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
@@ -507,8 +512,8 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
       "{} bytes/parameter of gradient traffic, the engine's NVMe transfers at {} of the drive's rate "
-      "(docs/plan.md)",
-      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kDriveShare));
+      "({} in the optimizer step's pipelined tiles; docs/plan.md)",
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kDriveShare, kTileDriveShare));
   plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);
