@@ -55,7 +55,8 @@ void block_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alph
 void block_gemm_bf16_reference(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
                                const float* B, int ldb, bool accumulate, float* C, int ldc);
 
-// Whether the CPU has AVX512-BF16 (and AVX-512F), so block_gemm_bf16 runs the VDPBF16PS kernel.
+// Whether the CPU has AVX512-BF16 (and AVX-512F and BW, as every such CPU has), so block_gemm_bf16
+// runs the VDPBF16PS kernel.
 // Read once.
 bool block_gemm_bf16_supported();
 

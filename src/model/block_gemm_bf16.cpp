@@ -78,20 +78,27 @@ namespace {
 // The packed operands are dwords of bf16 pairs: (element 2p) in the low half, (element 2p + 1)
 // in the high half, as VDPBF16PS reads them.
 
-// Each lane: to_bf16 of the float (bf16.h's formula), in the upper 16 bits; the lower 16 zero.
+// Each lane: to_bf16 of the float (bf16.h's formula) in the upper 16 bits; the lower 16 are
+// left over from the rounding.
 __attribute__((target("avx512f"))) inline __m512i round_to_bf16_high(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
   const __mmask16 nan =
       _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
-  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));  // quiet: bf16 bit 6
-  return _mm512_and_si512(r, _mm512_set1_epi32(static_cast<int>(0xffff0000u)));
+  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));  // quiet: bf16 bit 6
+}
+
+// The upper halves of lo's 16 lanes, then of hi's, as 32 16-bit values in order.
+__attribute__((target("avx512f,avx512bw"))) inline __m512i upper_halves(__m512i lo, __m512i hi) {
+  static constexpr uint16_t kOdd[32] = {1,  3,  5,  7,  9,  11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+                                        33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+  return _mm512_permutex2var_epi16(lo, _mm512_loadu_si512(kOdd), hi);
 }
 
 // dst (pairs, ldd) with dst[p][j] = (src[2p][j], src[2p + 1][j]) for src K rows of ld, `cols`
 // columns; the missing row of an odd K and the columns [cols, ldd) are zero. ldd: a multiple of 16.
-__attribute__((target("avx512f"))) void pack_row_pairs(const float* src, size_t ld, int K, int cols, uint32_t* dst,
+__attribute__((target("avx512f,avx512bw"))) void pack_row_pairs(const float* src, size_t ld, int K, int cols, uint32_t* dst,
                                                         size_t ldd) {
   for (int k = 0; k < K; k += 2) {
     const float* r0 = src + k * ld;
@@ -100,28 +107,27 @@ __attribute__((target("avx512f"))) void pack_row_pairs(const float* src, size_t 
     for (size_t j0 = 0; j0 < ldd; j0 += 16) {
       const int n = cols - static_cast<int>(j0);
       const __mmask16 m = n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-      const __m512i lo = round_to_bf16_high(_mm512_maskz_loadu_ps(m, r0 + j0));
+      const __m512i lo = _mm512_srli_epi32(round_to_bf16_high(_mm512_maskz_loadu_ps(m, r0 + j0)), 16);
       const __m512i hi = r1 == nullptr ? _mm512_setzero_si512() : round_to_bf16_high(_mm512_maskz_loadu_ps(m, r1 + j0));
-      _mm512_storeu_si512(out + j0, _mm512_or_si512(hi, _mm512_srli_epi32(lo, 16)));
+      _mm512_storeu_si512(out + j0, _mm512_mask_blend_epi16(0xaaaaaaaau, lo, hi));  // hi's upper halves
     }
   }
 }
 
 // dst (rows, width dwords of ldd) with dst[i][p] = (src[i][2p], src[i][2p + 1]) for src rows of
 // ld, K columns; pairs past K are zero. width: a multiple of 16, at least (K + 1) / 2.
-__attribute__((target("avx512f"))) void pack_column_pairs(const float* src, size_t ld, int rows, int K, int width,
+__attribute__((target("avx512f,avx512bw"))) void pack_column_pairs(const float* src, size_t ld, int rows, int K, int width,
                                                            uint32_t* dst, size_t ldd) {
   for (int i = 0; i < rows; i++) {
     const float* row = src + i * ld;
     for (int k0 = 0; k0 < 2 * width; k0 += 32) {
-      __m256i half[2];
+      __m512i r[2];
       for (int h = 0; h < 2; h++) {
         const int n = K - (k0 + 16 * h);
         const __mmask16 m = n >= 16 ? __mmask16(0xffff) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
-        const __m512i r = round_to_bf16_high(_mm512_maskz_loadu_ps(m, row + k0 + 16 * h));
-        half[h] = _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));  // 16 bf16 in order
+        r[h] = round_to_bf16_high(_mm512_maskz_loadu_ps(m, row + k0 + 16 * h));
       }
-      _mm512_storeu_si512(dst + i * ldd + k0 / 2, _mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1));
+      _mm512_storeu_si512(dst + i * ldd + k0 / 2, upper_halves(r[0], r[1]));  // 32 bf16 in order
     }
   }
 }
@@ -129,7 +135,7 @@ __attribute__((target("avx512f"))) void pack_column_pairs(const float* src, size
 // dst (pairs, ldd) with dst[p][j] = (src[j][2p], src[j][2p + 1]) for src N rows of ld, K
 // columns: the rows packed into tmp, then transposed 16 x 16 in registers. dst must hold
 // round_up_16(pairs) rows; columns [N, ldd) are zero. ldd: round_up_16(N).
-__attribute__((target("avx512f"))) void pack_transposed_pairs(const float* src, size_t ld, int N, int K,
+__attribute__((target("avx512f,avx512bw"))) void pack_transposed_pairs(const float* src, size_t ld, int N, int K,
                                                                uint32_t* dst, size_t ldd,
                                                                std::vector<uint32_t>& tmp) {
   const int width = ((K + 1) / 2 + 15) / 16 * 16;
@@ -196,7 +202,7 @@ constexpr TileFn kRowTiles[4] = {tile<R, 1>, tile<R, 2>, tile<R, 3>, tile<R, 4>}
 constexpr const TileFn* kTiles[kTileRows] = {kRowTiles<1>, kRowTiles<2>, kRowTiles<3>,
                                              kRowTiles<4>, kRowTiles<5>, kRowTiles<6>};
 
-__attribute__((target("avx512f,avx512bf16"))) void block_gemm_bf16_avx512(bool trans_a, bool trans_b, int M, int N,
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) void block_gemm_bf16_avx512(bool trans_a, bool trans_b, int M, int N,
                                                                           int K, float alpha, const float* A, int lda,
                                                                           const float* B, int ldb, bool accumulate,
                                                                           float* C, int ldc) {
@@ -248,7 +254,8 @@ bool block_gemm_bf16_supported() {
 #ifdef ZINF_BLOCK_GEMM_BF16_X86
   static const bool on = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512bf16");
   }();
   return on;
 #else
