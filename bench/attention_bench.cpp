@@ -1,6 +1,7 @@
-// Causal attention forward+backward: the blocked kernels (block products on block_gemm, and on
-// OpenBLAS sgemm as before) against the full (T,T) path they replaced, on GPT `small`'s heads
-// (6 x 64), with the ratios measured interleaved in one run.
+// Causal attention forward+backward: the blocked kernels (block products on block_gemm, on
+// OpenBLAS sgemm as before, and with bf16 operands on block_gemm_bf16) against the full (T,T)
+// path they replaced, on GPT `small`'s heads (6 x 64), with the ratios measured interleaved in
+// one run.
 //
 //   build/bench/attention_bench [--attn_rounds=7 (0: none)] [--attn_batch=1] [google benchmark flags]
 //
@@ -51,12 +52,13 @@ struct Problem {
     std::fill(scratch.begin(), scratch.end(), 0.0f);
   }
 
-  // The blocked path with its block products on OpenBLAS (blas) or block_gemm.
-  void blocked(bool blas = false) {
+  // The blocked path with its block products on OpenBLAS (blas), block_gemm, or block_gemm_bf16
+  // (products kBf16; on a CPU without AVX512-BF16 that is the slow scalar reference).
+  void blocked(bool blas = false, k::AttentionProducts products = k::AttentionProducts::kFp32) {
     k::detail::set_attention_blas(blas);
-    k::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, kC, kHeads);
+    k::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, kC, kHeads, nullptr, products);
     k::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, kC,
-                          kHeads);
+                          kHeads, nullptr, products);
     benchmark::ClobberMemory();
   }
 
@@ -70,11 +72,20 @@ struct Problem {
   double causal_flops() const { return 7.0 * T * T * kHeadSize * B * kHeads; }
 };
 
-enum class Path { kFull, kBlockedBlas, kBlocked };
+enum class Path { kFull, kBlockedBlas, kBlocked, kBlockedBf16 };
+
+void run_path(Problem& p, Path path) {
+  if (path == Path::kFull) {
+    p.full();
+  } else {
+    p.blocked(path == Path::kBlockedBlas,
+              path == Path::kBlockedBf16 ? k::AttentionProducts::kBf16 : k::AttentionProducts::kFp32);
+  }
+}
 
 void BM_Attention(benchmark::State& state, int batch, Path path) {
   Problem p(batch, static_cast<int>(state.range(0)));
-  for (auto _ : state) path == Path::kFull ? p.full() : p.blocked(path == Path::kBlockedBlas);
+  for (auto _ : state) run_path(p, path);
   state.counters["causal_GFLOP/s"] =
       benchmark::Counter(p.causal_flops() * static_cast<double>(state.iterations()) / 1e9, benchmark::Counter::kIsRate);
 }
@@ -116,7 +127,8 @@ int main(int argc, char** argv) {
               isa, openblas_get_corename(), zinf::default_thread_pool().threads());
   const std::pair<const char*, Path> paths[] = {{"attention_fwd_bwd/full", Path::kFull},
                                                 {"attention_fwd_bwd/blocked_openblas", Path::kBlockedBlas},
-                                                {"attention_fwd_bwd/blocked", Path::kBlocked}};
+                                                {"attention_fwd_bwd/blocked", Path::kBlocked},
+                                                {"attention_fwd_bwd/blocked_bf16", Path::kBlockedBf16}};
   for (const auto& [name, path] : paths) {
     auto* b = benchmark::RegisterBenchmark(name, BM_Attention, batch, path);
     for (int T : kTs) b->Arg(T);
@@ -126,21 +138,22 @@ int main(int argc, char** argv) {
 
   for (int T : rounds > 0 ? std::vector<int>(std::begin(kTs), std::end(kTs)) : std::vector<int>{}) {
     Problem p(batch, T);
-    p.blocked(true);  // warm-up, every path
-    p.blocked(false);
-    p.full();
-    std::vector<double> times[3];  // full, blocked on OpenBLAS, blocked on block_gemm
+    constexpr Path kOrder[4] = {Path::kFull, Path::kBlockedBlas, Path::kBlocked, Path::kBlockedBf16};
+    for (Path path : kOrder) run_path(p, path);  // warm-up, every path
+    std::vector<double> times[4];  // in kOrder's order
     for (int r = 0; r < rounds; r++) {
-      for (int i = 0; i < 3; i++) {
-        const int which = (r + i) % 3;
-        times[which].push_back(best_of_3([&] { which == 0 ? p.full() : p.blocked(which == 1); }));
+      for (int i = 0; i < 4; i++) {
+        const int which = (r + i) % 4;
+        times[which].push_back(best_of_3([&] { run_path(p, kOrder[which]); }));
       }
     }
-    const double f = median(times[0]), o = median(times[1]), b = median(times[2]);
+    const double f = median(times[0]), o = median(times[1]), b = median(times[2]), h = median(times[3]);
     const auto rate = [&](double s) { return p.causal_flops() / s / 1e9; };
     std::printf("T=%d interleaved medians, %d rounds: full %.2f ms (%.1f causal GFLOP/s) | blocked on OpenBLAS %.2f ms "
-                "(%.1f) | blocked on block_gemm %.2f ms (%.1f) | block_gemm vs OpenBLAS %.2fx, vs full %.2fx\n",
-                T, rounds, f * 1e3, rate(f), o * 1e3, rate(o), b * 1e3, rate(b), o / b, f / b);
+                "(%.1f) | blocked on block_gemm %.2f ms (%.1f) | bf16 products %.2f ms (%.1f) | block_gemm vs "
+                "OpenBLAS %.2fx, vs full %.2fx; bf16 vs block_gemm %.2fx\n",
+                T, rounds, f * 1e3, rate(f), o * 1e3, rate(o), b * 1e3, rate(b), h * 1e3, rate(h), o / b, f / b,
+                b / h);
   }
   k::detail::set_attention_blas(false);
   benchmark::Shutdown();

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/attention_core.h"
+#include "model/block_gemm.h"
 #include "model/kernels.h"
 #include "model/parallel.h"
 
@@ -31,7 +32,8 @@ size_t o_offset(int b, int h, int T, int C, int NH) {
 namespace detail {
 
 void attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                          int C, int NH, uint16_t* out_bf16) {
+                          int C, int NH, uint16_t* out_bf16, AttentionProducts products) {
+  count_attention_pass(false, products);
   const int hs = C / NH;
   const int blocks = (T + attention_block(hs) - 1) / attention_block(hs);
   // One task per (b, h, query block), costliest (last) query blocks first.
@@ -42,13 +44,15 @@ void attention_forward_on(ThreadPool& pool, float* out, float* lse, const float*
     const int b = bh / NH, h = bh % NH;
     const size_t oo = o_offset(b, h, T, C, NH);
     attention_forward_block(gpt_head(qkv, b, h, T, C, NH), out + oo, lse + static_cast<size_t>(bh) * T, T, hs, qb,
-                            scratch + lane * kAttnLaneFloats);
+                            scratch + lane * kAttnLaneFloats, products);
     if (out_bf16 != nullptr) round_query_block(out_bf16 + oo, out + oo, T, hs, qb, C);
   });
 }
 
 void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv, const float* out,
-                           const float* lse, float* scratch, int B, int T, int C, int NH, uint16_t* dqkv_bf16) {
+                           const float* lse, float* scratch, int B, int T, int C, int NH, uint16_t* dqkv_bf16,
+                           AttentionProducts products) {
+  count_attention_pass(true, products);
   const int hs = C / NH;
   // One task per (b, h): it owns the head's dq, dk and dv columns of dqkv.
   run_lanes(pool, static_cast<size_t>(B) * NH, attention_worth_threads(B, NH, T, hs), [&](size_t lane, size_t i) {
@@ -61,7 +65,7 @@ void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, con
     }
     const size_t o_at = o_offset(b, h, T, C, NH);
     attention_backward_head(hr, out + o_at, dout + o_at, lse + i * T, dq, dq + C, dq + 2 * C, T, hs,
-                            scratch + lane * kAttnLaneFloats);
+                            scratch + lane * kAttnLaneFloats, products);
     if (dqkv_bf16 != nullptr) {  // the head's q, k and v columns, finished
       for (int part = 0; part < 3; part++) {
         const size_t at = static_cast<size_t>(dq - dqkv) + static_cast<size_t>(part) * C;
@@ -73,16 +77,22 @@ void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, con
 
 }  // namespace detail
 
+AttentionProducts attention_products_for(MatmulKind matmul) {
+  return matmul == MatmulKind::kBf16 && detail::block_gemm_bf16_supported() ? AttentionProducts::kBf16
+                                                                             : AttentionProducts::kFp32;
+}
+
 size_t attention_scratch_floats() { return default_thread_pool().threads() * detail::kAttnLaneFloats; }
 
 void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T, int C, int NH,
-                       uint16_t* out_bf16) {
-  detail::attention_forward_on(default_thread_pool(), out, lse, qkv, scratch, B, T, C, NH, out_bf16);
+                       uint16_t* out_bf16, AttentionProducts products) {
+  detail::attention_forward_on(default_thread_pool(), out, lse, qkv, scratch, B, T, C, NH, out_bf16, products);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                        float* scratch, int B, int T, int C, int NH, uint16_t* dqkv_bf16) {
-  detail::attention_backward_on(default_thread_pool(), dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, dqkv_bf16);
+                        float* scratch, int B, int T, int C, int NH, uint16_t* dqkv_bf16, AttentionProducts products) {
+  detail::attention_backward_on(default_thread_pool(), dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, dqkv_bf16,
+                                products);
 }
 
 void attention_backward_reference(float* dqkv, const float* dout, const float* qkv, int B, int T, int C, int NH) {

@@ -40,11 +40,14 @@ std::atomic<bool>& blas_products() {
 }
 
 // C (M, N) = alpha op(A) op(B) (+ C when accumulate), row-major: one block product.
-void product(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B, int ldb,
-             bool accumulate, float* C, int ldc) {
-  // Without AVX2 + FMA block_gemm is the scalar reference (std::fma a call each), far slower than
-  // OpenBLAS: such CPUs keep OpenBLAS.
-  if (blas_products().load(std::memory_order_relaxed) || block_gemm_isa() == BlockGemmIsa::kReference) {
+void product(AttentionProducts products, bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+             const float* B, int ldb, bool accumulate, float* C, int ldc) {
+  const bool blas = blas_products().load(std::memory_order_relaxed);
+  if (products == AttentionProducts::kBf16 && !blas) {
+    block_gemm_bf16(ta, tb, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc);
+  } else if (blas || block_gemm_isa() == BlockGemmIsa::kReference) {
+    // Without AVX2 + FMA block_gemm is the scalar reference (std::fma a call each), far slower
+    // than OpenBLAS: such CPUs keep OpenBLAS.
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
                 lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
   } else {
@@ -53,8 +56,9 @@ void product(bool ta, bool tb, int M, int N, int K, float alpha, const float* A,
 }
 
 // s (rows, kLd) = scale * Q_rows K_cols^T: the block's scores.
-void block_scores(float* s, const HeadRows& h, int r0, int br, int c0, int bc, int hs, float scale) {
-  product(false, true, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld, h.q_ld,
+void block_scores(AttentionProducts products, float* s, const HeadRows& h, int r0, int br, int c0, int bc, int hs,
+                  float scale) {
+  product(products, false, true, br, bc, hs, scale, h.q + static_cast<size_t>(r0) * h.q_ld, h.q_ld,
           h.k + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, false, s, kLd);
 }
 
@@ -64,10 +68,27 @@ inline int visible(int qb, int kb, int r, int bc) { return kb == qb ? r + 1 : bc
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> pass_counts[2][2];
+}  // namespace
+
+void count_attention_pass(bool backward, AttentionProducts products) {
+  pass_counts[backward][products == AttentionProducts::kBf16].fetch_add(1, std::memory_order_relaxed);
+}
+
+AttentionPassCounts attention_pass_counts() {
+  AttentionPassCounts c;
+  for (int d = 0; d < 2; d++) {
+    for (int p = 0; p < 2; p++) c.passes[d][p] = pass_counts[d][p].load(std::memory_order_relaxed);
+  }
+  return c;
+}
+
 void set_attention_blas(bool on) { blas_products().store(on, std::memory_order_relaxed); }
 bool attention_blas() { return blas_products().load(std::memory_order_relaxed); }
 
-void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane) {
+void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane,
+                             AttentionProducts products) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int block = attention_block(hs);
   const int r0 = qb * block;
@@ -79,7 +100,7 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
   for (int kb = 0; kb <= qb; kb++) {  // blocks above the diagonal (kb > qb) are all masked
     const int c0 = kb * block;
     const int bc = std::min(block, T - c0);
-    block_scores(s, h, r0, br, c0, bc, hs, scale);
+    block_scores(products, s, h, r0, br, c0, bc, hs, scale);
     for (int r = 0; r < br; r++) {
       float* row = s + static_cast<size_t>(r) * kLd;
       const int n = visible(qb, kb, r, bc);
@@ -100,8 +121,8 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
       l[r] += lane_sum(row, n);
     }
     // o rows (br, hs) (+)= P (br, bc) @ V_kb (bc, hs)
-    product(false, false, br, hs, bc, 1.0f, s, kLd, h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld, kb != 0, ob,
-            h.o_ld);
+    product(products, false, false, br, hs, bc, 1.0f, s, kLd, h.v + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld,
+            kb != 0, ob, h.o_ld);
   }
   for (int r = 0; r < br; r++) {
     float* orow = ob + static_cast<size_t>(r) * h.o_ld;
@@ -111,7 +132,7 @@ void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int
 }
 
 void attention_backward_head(const HeadRows& h, const float* o, const float* dout, const float* lse, float* dq,
-                             float* dk, float* dv, int T, int hs, float* lane) {
+                             float* dk, float* dv, int T, int hs, float* lane, AttentionProducts products) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int block = attention_block(hs);
   float* p = lane;                  // (br, kLd) probabilities
@@ -132,7 +153,7 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
       const int bc = std::min(block, T - c0);
       const float* k_j = h.k + static_cast<size_t>(c0) * h.kv_ld;
       const float* v_j = h.v + static_cast<size_t>(c0) * h.kv_ld;
-      block_scores(p, h, r0, br, c0, bc, hs, scale);
+      block_scores(products, p, h, r0, br, c0, bc, hs, scale);
       for (int r = 0; r < br; r++) {
         float* row = p + static_cast<size_t>(r) * kLd;
         const int n = visible(qb, kb, r, bc);
@@ -141,10 +162,10 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
         for (int j = n; j < bc; j++) row[j] = 0.0f;
       }
       // dV_j (bc, hs) += P^T @ dO_i
-      product(true, false, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, true, dv + static_cast<size_t>(c0) * h.kv_ld,
-              h.kv_ld);
+      product(products, true, false, bc, hs, br, 1.0f, p, kLd, do_i, h.o_ld, true,
+              dv + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
       // dP (br, bc) = dO_i @ V_j^T, then dS = P * (dP - D) times the score scale
-      product(false, true, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, false, ds, kLd);
+      product(products, false, true, br, bc, hs, 1.0f, do_i, h.o_ld, v_j, h.kv_ld, false, ds, kLd);
       for (int r = 0; r < br; r++) {
         const float* prow = p + static_cast<size_t>(r) * kLd;
         float* srow = ds + static_cast<size_t>(r) * kLd;
@@ -152,9 +173,9 @@ void attention_backward_head(const HeadRows& h, const float* o, const float* dou
         for (int j = 0; j < bc; j++) srow[j] = prow[j] * (srow[j] - d) * scale;
       }
       // dQ_i (br, hs) (+)= dS @ K_j ; dK_j (bc, hs) += dS^T @ Q_i
-      product(false, false, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld, kb != 0, dq_i, h.q_ld);
-      product(true, false, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, true, dk + static_cast<size_t>(c0) * h.kv_ld,
-              h.kv_ld);
+      product(products, false, false, br, hs, bc, 1.0f, ds, kLd, k_j, h.kv_ld, kb != 0, dq_i, h.q_ld);
+      product(products, true, false, bc, hs, br, 1.0f, ds, kLd, q_i, h.q_ld, true,
+              dk + static_cast<size_t>(c0) * h.kv_ld, h.kv_ld);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/attention_products.h"
 #include "model/fused_kernels.h"
 #include "model/llama_kernels.h"
 #include "zinf/thread_pool.h"
@@ -25,6 +26,8 @@ inline int attention_block(int hs) { return hs <= 64 ? 64 : hs <= 256 ? 32 : 16;
 // and whatever the BLAS build) unless the CPU lacks AVX2 + FMA, ZINF_ATTN_BLAS=1 was set at start, or
 // set_attention_blas(true) was called: then on OpenBLAS sgemm, kept as the benchmarks' reference
 // (attention_bench interleaves the two). Switch only between calls, never while attention runs.
+// With AttentionProducts::kBf16 they run on block_gemm_bf16 instead, unless OpenBLAS is forced
+// as above (ZINF_ATTN_BLAS=1 or set_attention_blas(true): then fp32 sgemm still).
 void set_attention_blas(bool on);
 bool attention_blas();
 
@@ -42,8 +45,10 @@ struct HeadRows {
 
 // Query block `qb` (rows qb*attention_block(hs) ...) of one head: o rows (overwritten) and their
 // log-sum-exp, by online softmax over key blocks 0..qb. `lane` is kAttnLaneFloats of scratch no
-// other thread uses during the call. The result depends only on the inputs.
-void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane);
+// other thread uses during the call. `products`: the block products' arithmetic. The result
+// depends only on the inputs (and `products`).
+void attention_forward_block(const HeadRows& h, float* o, float* lse, int T, int hs, int qb, float* lane,
+                             AttentionProducts products);
 
 // The rows attention_forward_block(..., qb, ...) wrote to o, rounded to bf16 into o_bf16 (o's
 // layout, rows o_ld apart): the task that wrote them rounds them while they are in cache.
@@ -58,7 +63,7 @@ inline void round_query_block(uint16_t* o_bf16, const float* o, int T, int hs, i
 // them before the first query head of a kv head). Blocks run in a fixed order (query block
 // outer, key block inner), so the bits depend only on the inputs.
 void attention_backward_head(const HeadRows& h, const float* o, const float* dout, const float* lse, float* dq,
-                             float* dk, float* dv, int T, int hs, float* lane);
+                             float* dk, float* dv, int T, int hs, float* lane, AttentionProducts products);
 
 // Runs task(lane, i) for every i in [0, tasks) on `pool` with lane < pool.threads(), each lane
 // on one thread at a time, so lane-indexed scratch is private. Free lanes take tasks in index
@@ -83,15 +88,27 @@ void run_lanes(ThreadPool& pool, size_t tasks, bool parallel, Fn&& task) {
 // The kernels of kernels.h and llama_kernels.h on a given pool (they use default_thread_pool()),
 // so tests can compare thread counts. scratch: pool.threads() * kAttnLaneFloats.
 void attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                          int C, int NH, uint16_t* out_bf16 = nullptr);
+                          int C, int NH, uint16_t* out_bf16 = nullptr,
+                          AttentionProducts products = AttentionProducts::kFp32);
 void attention_backward_on(ThreadPool& pool, float* dqkv, const float* dout, const float* qkv, const float* out,
                            const float* lse, float* scratch, int B, int T, int C, int NH,
-                           uint16_t* dqkv_bf16 = nullptr);
+                           uint16_t* dqkv_bf16 = nullptr, AttentionProducts products = AttentionProducts::kFp32);
 void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
-                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16 = nullptr);
+                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16 = nullptr,
+                              AttentionProducts products = AttentionProducts::kFp32);
 void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
                                const float* q, const float* k, const float* v, const float* out, const float* lse,
-                               float* scratch, const GqaShape& s, uint16_t* dv_bf16 = nullptr);
+                               float* scratch, const GqaShape& s, uint16_t* dv_bf16 = nullptr,
+                               AttentionProducts products = AttentionProducts::kFp32);
+// Tests: attention passes run since start by the four functions above, [forward, backward] x
+// [kFp32, kBf16] products (a relaxed count per call, not per block), so a test can see which
+// products a model passed. Thread-safe.
+struct AttentionPassCounts {
+  uint64_t passes[2][2] = {};
+};
+AttentionPassCounts attention_pass_counts();
+void count_attention_pass(bool backward, AttentionProducts products);
+
 // Whether a problem of B*NH heads of T rows is worth the pool (small ones stay on the caller).
 inline bool attention_worth_threads(int B, int NH, int T, int hs) {
   return static_cast<size_t>(B) * NH * T * T * hs >= (size_t{1} << 20);

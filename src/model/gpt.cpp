@@ -282,8 +282,10 @@ Status GptModel::block_forward(int layer, int slot, int B, int T, ParamAccess& a
   }));
   ZINF_RETURN_IF_ERROR(run_module_forward(access, modules_, module_attn(layer), phase, [&](auto v) {
     matmul_.forward(la.qkv, {la.ln1, la.ln1_bf16}, a.weights.get(attn[0], v[0], 3 * C, C), v[1], N, C, 3 * C);
-    // with its bf16 copy, read by c_proj's forward and backward
-    k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head, la.atty_bf16);
+    // with its bf16 copy, read by c_proj's forward and backward; bf16 block products where the
+    // linear layers run bf16 ones (attention_products.h)
+    k::attention_forward(la.atty, la.att_lse, la.qkv, a.att_scratch, B, T, C, config_.n_head, la.atty_bf16,
+                         k::attention_products_for(matmul_.kind()));
     // the residual x: ln_2 adds it
     matmul_.forward(la.res2, {la.atty, la.atty_bf16}, a.weights.get(attn[2], v[2], C, C), v[3], N, C, C);
   }));
@@ -355,7 +357,7 @@ Status GptModel::block_backward(int layer, int slot, int B, int T, ParamAccess& 
     matmul_.backward(datty, g[2], g[3], {a.dres, a.dres_bf16}, {la.atty, la.atty_bf16}, a.weights.get(attn[2], v[2], C, C), N, C,
                      C);
     k::attention_backward(dqkv, datty, la.qkv, la.atty, la.att_lse, a.att_scratch, B, T, C, config_.n_head,
-                          a.dbig_bf16);
+                          a.dbig_bf16, k::attention_products_for(matmul_.kind()));
     matmul_.backward(a.dsmall, g[0], g[1], {dqkv, a.dbig_bf16}, {la.ln1, la.ln1_bf16}, a.weights.get(attn[0], v[0], 3 * C, C), N,
                      C, 3 * C);
   }));

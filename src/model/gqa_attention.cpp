@@ -25,7 +25,9 @@ detail::HeadRows gqa_head(const float* q, const float* k, const float* v, const 
 namespace detail {
 
 void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const float* q, const float* k,
-                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16) {
+                              const float* v, float* scratch, const GqaShape& s, uint16_t* out_bf16,
+                              AttentionProducts products) {
+  count_attention_pass(false, products);
   const int blocks = (s.T + attention_block(s.hs) - 1) / attention_block(s.hs);
   // One task per (b, h, query block), costliest (last) query blocks first.
   const size_t tasks = static_cast<size_t>(s.B) * s.NH * blocks;
@@ -35,14 +37,15 @@ void gqa_attention_forward_on(ThreadPool& pool, float* out, float* lse, const fl
     const HeadRows hr = gqa_head(q, k, v, s, bh / s.NH, bh % s.NH);
     const size_t oo = static_cast<size_t>(hr.q - q);
     attention_forward_block(hr, out + oo, lse + static_cast<size_t>(bh) * s.T, s.T, s.hs, qb,
-                            scratch + lane * kAttnLaneFloats);
+                            scratch + lane * kAttnLaneFloats, products);
     if (out_bf16 != nullptr) round_query_block(out_bf16 + oo, out + oo, s.T, s.hs, qb, hr.o_ld);
   });
 }
 
 void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv, const float* dout,
                                const float* q, const float* k, const float* v, const float* out, const float* lse,
-                               float* scratch, const GqaShape& s, uint16_t* dv_bf16) {
+                               float* scratch, const GqaShape& s, uint16_t* dv_bf16, AttentionProducts products) {
+  count_attention_pass(true, products);
   const int group = s.NH / s.NKV;
   // One task per (b, kv head): it owns that kv head's dk and dv and adds its query heads' parts
   // in head order; each query head's dq is its own.
@@ -60,7 +63,7 @@ void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv
                 const HeadRows hr = gqa_head(q, k, v, s, b, h);
                 const size_t qo = hr.q - q;
                 attention_backward_head(hr, out + qo, dout + qo, lse + (static_cast<size_t>(b) * s.NH + h) * s.T,
-                                        dq + qo, dk_g, dv_g, s.T, s.hs, scratch + lane * kAttnLaneFloats);
+                                        dq + qo, dk_g, dv_g, s.T, s.hs, scratch + lane * kAttnLaneFloats, products);
               }
               if (dv_bf16 != nullptr) {  // the kv head's dv, all its query heads added
                 round_block_to_bf16(dv_bf16 + (dv_g - dv), dv_g, s.T, s.hs, static_cast<size_t>(first.kv_ld));
@@ -73,14 +76,15 @@ void gqa_attention_backward_on(ThreadPool& pool, float* dq, float* dk, float* dv
 size_t gqa_attention_scratch_floats() { return default_thread_pool().threads() * detail::kAttnLaneFloats; }
 
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
-                           const GqaShape& s, uint16_t* out_bf16) {
-  detail::gqa_attention_forward_on(default_thread_pool(), out, lse, q, k, v, scratch, s, out_bf16);
+                           const GqaShape& s, uint16_t* out_bf16, AttentionProducts products) {
+  detail::gqa_attention_forward_on(default_thread_pool(), out, lse, q, k, v, scratch, s, out_bf16, products);
 }
 
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                             const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s,
-                            uint16_t* dv_bf16) {
-  detail::gqa_attention_backward_on(default_thread_pool(), dq, dk, dv, dout, q, k, v, out, lse, scratch, s, dv_bf16);
+                            uint16_t* dv_bf16, AttentionProducts products) {
+  detail::gqa_attention_backward_on(default_thread_pool(), dq, dk, dv, dout, q, k, v, out, lse, scratch, s, dv_bf16,
+                                    products);
 }
 
 void gqa_attention_backward_reference(float* dq, float* dk, float* dv, const float* dout, const float* q,

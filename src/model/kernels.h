@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "model/attention_products.h"
+
 namespace zinf::model::kernels {
 
 // N = B*T rows throughout. "+=" in a comment means the kernel accumulates into that output.
@@ -59,14 +61,17 @@ void softmax_xent_backward(float* probs_to_dlogits, const int32_t* targets, floa
 // default_thread_pool(), independent of B and T. The bits do not depend on the thread count.
 size_t attention_scratch_floats();
 // out_bf16 (B,T,C), when not nullptr: out rounded to bf16 (detail::to_bf16), written by each task
-// right after its rows of out, for the bf16 product that reads out.
+// right after its rows of out, for the bf16 product that reads out. `products`: the arithmetic
+// of the block products (attention_products.h; the model picks it with attention_products_for).
 void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH, uint16_t* out_bf16 = nullptr);
+                       int C, int NH, uint16_t* out_bf16 = nullptr,
+                       AttentionProducts products = AttentionProducts::kFp32);
 // dqkv (B,T,3C) overwritten, from dout (B,T,C) and forward's out and lse. dqkv_bf16 (B,T,3C),
 // when not nullptr: dqkv rounded to bf16 the same way, each head's columns by its task.
+// `products` as forward's (the bf16 products round forward's out and dout to bf16 as well).
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, float* scratch, int B, int T, int C, int NH,
-                        uint16_t* dqkv_bf16 = nullptr);
+                        uint16_t* dqkv_bf16 = nullptr, AttentionProducts products = AttentionProducts::kFp32);
 // Direct loops, llm.c's attention_forward with (B,NH,T,T) probabilities (the tests' reference).
 void attention_forward_reference(float* out, const float* qkv, int B, int T, int C, int NH);
 // Direct loops for the backward: dqkv (B,T,3C) overwritten (the tests' reference).

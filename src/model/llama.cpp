@@ -369,9 +369,10 @@ Status LlamaModel::block_forward(int layer, int slot, int B, int T, ParamAccess&
     }
     k::rope_forward(la.q, a.rope_cos, a.rope_sin, B, T, d.NH, d.hd);
     k::rope_forward(la.k, a.rope_cos, a.rope_sin, B, T, d.NKV, d.hd);
-    // with its bf16 copy, read by o_proj's forward and backward
+    // with its bf16 copy, read by o_proj's forward and backward; bf16 block products where the
+    // linear layers run bf16 ones (attention_products.h)
     k::gqa_attention_forward(la.atty, la.lse, la.q, la.k, la.v, a.att_scratch, k::GqaShape{B, T, d.NH, d.NKV, d.hd},
-                             la.atty_bf16);
+                             la.atty_bf16, k::attention_products_for(matmul_.kind()));
     // the residual x: norm 2 adds it
     matmul_.forward(la.res2, {la.atty, la.atty_bf16}, a.weights.get(attn[ix.o], v[ix.o], d.C, d.Q),
                     param_or_null(v, ix.ob), N, d.Q, d.C);
@@ -450,7 +451,8 @@ Status LlamaModel::block_backward(int layer, int slot, int B, int T, ParamAccess
     matmul_.backward(datty, g[ix.o], param_or_null(g, ix.ob), {a.dres, a.dres_bf16}, {la.atty, la.atty_bf16},
                      a.weights.get(attn[ix.o], v[ix.o], d.C, d.Q), N, d.Q, d.C);
     k::gqa_attention_backward(dq, dk, dv, datty, la.q, la.k, la.v, la.atty, la.lse, a.att_scratch,
-                              k::GqaShape{B, T, d.NH, d.NKV, d.hd}, a.dv_bf16);
+                              k::GqaShape{B, T, d.NH, d.NKV, d.hd}, a.dv_bf16,
+                              k::attention_products_for(matmul_.kind()));
     // The products read RoPE's output gradients, or with q/k norms those norms' input gradients:
     // whichever runs last writes the bf16 copies.
     const bool norms = config_.qk_norm;

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <span>
 
+#include "model/attention_products.h"
+
 namespace zinf::model::kernels {
 
 // N = B*T rows throughout. "+=" in a comment means the kernel accumulates into that output.
@@ -58,15 +60,17 @@ struct GqaShape {
 };
 size_t gqa_attention_scratch_floats();
 // out_bf16 (B,T,NH*hs), when not nullptr: out rounded to bf16, as attention_forward's (kernels.h).
+// `products`: the block products' arithmetic, as attention_forward's.
 void gqa_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v, float* scratch,
-                           const GqaShape& s, uint16_t* out_bf16 = nullptr);
+                           const GqaShape& s, uint16_t* out_bf16 = nullptr,
+                           AttentionProducts products = AttentionProducts::kFp32);
 // dq (B,T,NH*hs), dk and dv (B,T,NKV*hs) overwritten from dout (B,T,NH*hs) and forward's out
 // and lse; a kv head's gradient sums its query heads in head order. dv_bf16 (B,T,NKV*hs), when
 // not nullptr: dv rounded to bf16, each kv head's columns by its task once they are summed (dq
 // and dk pass through RoPE before a product reads them: rope_backward writes theirs).
 void gqa_attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                             const float* v, const float* out, const float* lse, float* scratch, const GqaShape& s,
-                            uint16_t* dv_bf16 = nullptr);
+                            uint16_t* dv_bf16 = nullptr, AttentionProducts products = AttentionProducts::kFp32);
 // Direct loops over (b, t, h) with the explicit softmax (the tests' reference).
 void gqa_attention_forward_reference(float* out, const float* q, const float* k, const float* v, const GqaShape& s);
 // Direct loops for the backward, same contract as gqa_attention_backward (the tests' reference).
