@@ -15,6 +15,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "model/block_gemm_tile.h"
 #include "model/transpose16.h"
 #define ZINF_BLOCK_GEMM_X86 1
 #endif
@@ -66,18 +67,7 @@ __attribute__((target("avx512f"))) void tile(const float* A, size_t a_rs, size_t
       for (int v = 0; v < NV; v++) acc[r][v] = _mm512_fmadd_ps(a, b[v], acc[r][v]);
     }
   }
-  const __m512 va = _mm512_set1_ps(alpha);
-#pragma GCC unroll 8
-  for (int r = 0; r < R; r++) {
-    float* crow = C + r * ldc;
-#pragma GCC unroll 8
-    for (int v = 0; v < NV; v++) {
-      const __mmask16 m = v == NV - 1 ? last : __mmask16(0xffff);
-      __m512 x = _mm512_mul_ps(va, acc[r][v]);
-      if (accumulate) x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, crow + 16 * v), x);
-      _mm512_mask_storeu_ps(crow + 16 * v, m, x);
-    }
-  }
+  store_tile(acc, alpha, accumulate, C, ldc, last);
 }
 
 using TileFn = void (*)(const float*, size_t, size_t, const float*, size_t, int, float, bool, float*, size_t,
