@@ -66,10 +66,9 @@ void block_scores(AttentionProducts products, float* s, const HeadRows& h, int r
 // r + 1 on it.
 inline int visible(int qb, int kb, int r, int bc) { return kb == qb ? r + 1 : bc; }
 
-}  // namespace
-
-namespace {
+// Attention passes by [backward][products == kBf16] (attention_pass_counts).
 std::atomic<uint64_t> pass_counts[2][2];
+
 }  // namespace
 
 void count_attention_pass(bool backward, AttentionProducts products) {
