@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "zinf/log.h"
 #include "zinf/optim/half.h"
 #include "swap/optimizer_slot.h"
 #include "zinf/swap/param_sink.h"
@@ -420,6 +421,12 @@ Status OptimizerSwapper::step(const StepArgs& in) {
   stats_.bytes_read = after.bytes_read - before.bytes_read + grad_after.bytes_read - grad_before.bytes_read;
   stats_.bytes_written = after.bytes_written - before.bytes_written;
   stats_.seconds = seconds_since(t0);
+  log(LogLevel::kDebug,
+      fmt::format("optimizer step {}: {} tiles of up to {} elements in {:.3f} s: compute {:.3f} s, waiting on reads "
+                  "{:.3f} s, on writes {:.3f} s (16-bit copies {:.3f} s), commit {:.3f} s; read {} bytes, wrote {}",
+                  in.ctx.step, stats_.tiles, tile_, stats_.seconds, stats_.compute_seconds, stats_.read_wait_seconds,
+                  stats_.write_wait_seconds, stats_.copy_wait_seconds, stats_.commit_seconds, stats_.bytes_read,
+                  stats_.bytes_written));
   return Status::ok();
 }
 
