@@ -86,7 +86,7 @@ if [ "$deepspeed" = 1 ]; then
   here=$(cd "$(dirname "$0")" && pwd)
   "$here/cpu_side_by_side/make_venv.sh" "$venv" "${ZINF_BENCH_TORCH_FROM:-}"
 fi
-rbw=0; wbw=0; aio_block=""
+rbw=0; wbw=0; aio_block=""; aio_member=""
 if [ "$aio" = 1 ]; then
   bench=$(dirname "$zinf")/../aio_bench/aio_bench
   "$bench" --dir "$work" --quick --json "$work/aio.json" > "$work/aio.txt" 2>&1 || { cat "$work/aio.txt"; exit 1; }
@@ -94,13 +94,13 @@ if [ "$aio" = 1 ]; then
   wbw=$(sed -n 's/^Best write: *\([0-9.]*\) GB\/s.*/\1/p' "$work/aio.txt")
   # The "aio" block it recommends goes into ds.json, as a user pastes it.
   aio_block=$(python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["aio"]))' "$work/aio.json")
+  aio_member=" \"aio\": $aio_block,"
   echo "aio_bench --quick on $dir: best read $rbw GB/s, best write $wbw GB/s; ds.json gets its \"aio\": $aio_block"
 fi
 # write_config LR: the ds.json both engines read.
 write_config() {
   cat > "$work/ds.json" <<JSON
-{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},${aio_block:+
- "aio": $aio_block,}
+{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "bf16": {"enabled": true},$aio_member
  "optimizer": {"type": "AdamW", "params": {"lr": $1}},
  "zero_optimization": {"stage": 3$live$zero_more,
    "offload_param": {"device": "nvme", "nvme_path": "$work/nvme"$param_buffers},
