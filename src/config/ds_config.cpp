@@ -384,6 +384,7 @@ Status parse_blocks(ParseState& st, ObjectReader& top, DsConfig* c) {
   } else {
     ZINF_RETURN_IF_ERROR(detail::parse_aio(st, aio, "aio", &c->aio));
   }
+  c->aio.present = aio != nullptr || nested_aio != nullptr;
   ZINF_ASSIGN_OR_RETURN(const Json* checkpoint, top.object("checkpoint"));
   ZINF_RETURN_IF_ERROR(parse_checkpoint(st, checkpoint, &c->checkpoint));
   ZINF_ASSIGN_OR_RETURN(const Json* ac, top.object("activation_checkpointing"));

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "device/ops.h"
+#include "zinf/log.h"
 #include "zero3/device_gather_target.h"
 #include "zero3/device_state.h"
 #include "zero3/param_device_reader.h"
@@ -146,6 +147,14 @@ bool state_on_device(const TierContext& c, const optim::Optimizer& optimizer) {
 Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer) {
   Tiers t;
   if (uses_nvme(context.ds.zero)) {
+    if (!context.ds.aio.present) {
+      const config::AioSection& a = context.ds.aio;
+      log(LogLevel::kNotice,
+          fmt::format("ds.json has no \"aio\" block: NVMe transfers use the reference's defaults (block_size {}, "
+                      "queue_depth {}, intra_op_parallelism {}); `aio_bench --quick --dir <nvme_path>` prints a "
+                      "block measured on the drive to paste in (docs/user-guide.md, section 1)",
+                      a.block_size, a.queue_depth, a.intra_op_parallelism));
+    }
     ZINF_ASSIGN_OR_RETURN(t.handle, make_handle(context.ds.aio, context.aio_faults));
   }
   ZINF_ASSIGN_OR_RETURN(t.optimizer, make_optimizer_tier(context, std::move(optimizer), t.handle.get()));

@@ -246,6 +246,17 @@ TEST(DsConfigTest, AioNestedInZeroOptimizationIsReadWithAWarning) {
   EXPECT_EQ(r->aio.block_size, 262144);
   EXPECT_EQ(r->aio.queue_depth, 32);
   EXPECT_TRUE(has_warning(*r, "zero_optimization.aio: belongs at the top level"));
+  EXPECT_TRUE(r->aio.present);
+}
+
+TEST(DsConfigTest, AioPresentOnlyWhenTheFileHasTheBlock) {
+  auto with = parse(R"({"train_batch_size": 1, "aio": {}})");
+  ASSERT_TRUE(with.is_ok()) << with.status().message();
+  EXPECT_TRUE(with->aio.present);
+  auto without = parse(R"({"train_batch_size": 1})");
+  ASSERT_TRUE(without.is_ok()) << without.status().message();
+  EXPECT_FALSE(without->aio.present);
+  EXPECT_EQ(without->aio.queue_depth, 8);  // the reference's default
 }
 
 TEST(DsConfigTest, AutoBucketSizesComeFromTheHiddenSize) {

@@ -17,6 +17,7 @@
 #include "temp_dir.h"
 #include "tier_test_config.h"
 #include "zero3/early_step.h"
+#include "zinf/log.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/optim/half.h"
 
@@ -132,6 +133,37 @@ INSTANTIATE_TEST_SUITE_P(
       return "param_" + device(std::get<0>(info.param)) + "_optimizer_" + device(std::get<1>(info.param)) + "_" +
              std::string(swap::dtype_name(std::get<2>(info.param)));
     });
+
+// An NVMe run whose ds.json has no "aio" block says, when its tiers are made, that it runs on the
+// reference's defaults (naming them) and how to measure the drive; one with the block, or one
+// without NVMe, says nothing.
+TEST(TierFactory, NvmeWithoutAnAioBlockNamesTheDefaultsAndAioBench) {
+  auto notices_for = [](OffloadDevice param, OffloadDevice optimizer, bool present) {
+    zinf::testing::TempDir dir;
+    config::DsConfig ds = ds_for(param, optimizer, dir);
+    ds.aio.present = present;
+    const swap::PartitionLayout layout = swap::PartitionLayout::build(kPartitions, 5000);
+    std::vector<std::string> notices;
+    const LogLevel level = log_level();
+    if (level > LogLevel::kNotice) set_log_level(LogLevel::kNotice);
+    set_log_sink([&](LogLevel l, std::string_view m) {
+      if (l == LogLevel::kNotice && m.find("\"aio\" block") != std::string_view::npos) notices.emplace_back(m);
+    });
+    Result<Tiers> made =
+        make_tiers(TierContext{ds, layout, 0, DType::kBF16, nullptr}, optim::Optimizer(optim::OptimizerConfig{optim::AdamParams{}}));
+    set_log_sink(nullptr);
+    set_log_level(level);
+    EXPECT_TRUE(made.is_ok()) << made.status().to_string();
+    return notices;
+  };
+  const std::vector<std::string> without = notices_for(OffloadDevice::kNvme, OffloadDevice::kNvme, false);
+  ASSERT_EQ(without.size(), 1u);
+  EXPECT_NE(without[0].find("block_size 65536, queue_depth 4, intra_op_parallelism 1"), std::string::npos) << without[0];
+  EXPECT_NE(without[0].find("aio_bench"), std::string::npos) << without[0];
+  EXPECT_EQ(notices_for(OffloadDevice::kCpu, OffloadDevice::kNvme, false).size(), 1u);
+  EXPECT_TRUE(notices_for(OffloadDevice::kNvme, OffloadDevice::kNvme, true).empty());
+  EXPECT_TRUE(notices_for(OffloadDevice::kCpu, OffloadDevice::kCpu, false).empty());
+}
 
 TEST(TierFactory, OneStoreConfigForEverySwapStore) {
   const swap::StoreConfig c = swap_store_config("/some/folder", 3);

@@ -200,6 +200,9 @@ struct AioSection {
   // zinf only (DeepSpeed has no such key): seconds one I/O request may take before it is
   // failed (zinf::aio::AioConfig::request_timeout_s). > 0.
   double request_timeout_s = 120.0;
+  // Whether the file had an "aio" block (top level, or misplaced under zero_optimization): an
+  // NVMe run without one says that it runs on the reference's defaults.
+  bool present = false;
 };
 
 struct CheckpointSection {
