@@ -2,7 +2,8 @@
 # Capacity (issue 23): GPT and Llama shapes trained a few steps with parameters, gradients and optimizer
 # state on NVMe in DIR, after `aio_bench --quick` on DIR. Prints one table row per size:
 # parameters, bytes on disk per parameter (the swap folder's peak, sampled every second), peak
-# RSS, the last step's time and breakdown, NVMe bytes per step, and I/O efficiency of the
+# RSS, the last step's time and breakdown (with --steps 4 or more: the step of steps 3..N with the
+# median optimizer phase), NVMe bytes per step, and I/O efficiency of the
 # optimizer phase = (its bytes at aio_bench's best read and write bandwidths) / its time. The
 # optimizer phase's bytes are the formula of its transfers per parameter (fp32 master, exp_avg,
 # exp_avg_sq read and written, fp32 gradients read, the 16-bit copy written: 30 bytes), not a
@@ -17,6 +18,7 @@
 #                             [--budget SIZE] [--train-args "ARGS"] [--deepspeed] [--ds-rss-cap BYTES]
 #                             [--timeout S] [--sub-group-size N] [--no-pipeline]
 #                             [--param-buffers N] [--zero '"key": value, ...'] [--lr LR]
+#                             [--keep-logs DIR]
 # --live N: stage3_max_live_parameters and stage3_prefetch_bucket_size (default: the reference's
 # 1e9 and 5e7, which keep every gathered parameter of a model under 1e9 in fp32 memory).
 # --budget SIZE: zinf train --host-memory-budget SIZE (e.g. 3G): the pools, gathers and buckets
@@ -38,12 +40,13 @@
 # about +-1): from the GPT presets' initial weights 1e-4 overshot (the loss rose at the second
 # step at every size, in both engines), and 1e-6 gives a falling loss from 0.3B to 1.2B; the
 # Llama shapes (pre-RMSNorm) learn nothing visible at 1e-6 and fall steadily at 3e-5 and 1e-4.
+# --keep-logs DIR: copy each zinf run's --json-log (every step) to DIR/SIZE.jsonl.
 # --timeout S: stop a run (zinf or DeepSpeed) after S seconds (default 1800).
 # Slow: a 1B model takes many minutes per step on 2 cores. Run nothing else meanwhile.
 set -euo pipefail
 dir=$1; shift
 sizes=""; steps=3; seq=256; zinf=build/tools/zinf/zinf; aio=1; live=""; budget=(); extra=()
-deepspeed=0; ds_cap=(); timeout=1800; lr=""; zero_more=""; pipeline=true; param_buffers=""
+deepspeed=0; ds_cap=(); timeout=1800; lr=""; zero_more=""; pipeline=true; param_buffers=""; keep_logs=""
 while [ $# -gt 0 ]; do
   case $1 in
     --sizes) sizes=$2; shift 2 ;;
@@ -58,6 +61,7 @@ while [ $# -gt 0 ]; do
     --timeout) timeout=$2; shift 2 ;;
     --lr) lr=$2; shift 2 ;;
     --no-pipeline) pipeline=false; shift ;;
+    --keep-logs) keep_logs=$2; mkdir -p "$keep_logs"; shift 2 ;;
     --param-buffers) param_buffers=", \"buffer_count\": $2"; shift 2 ;;
     --zero) zero_more="$zero_more, $2"; shift 2 ;;
     --sub-group-size) zero_more="$zero_more, \"sub_group_size\": $2"; shift 2 ;;
@@ -136,20 +140,32 @@ for s in $sizes; do
   done
   n=""
   if wait "$pid" && [ -z "$stopped" ]; then
+    [ -n "$keep_logs" ] && cp "$work/log.jsonl" "$keep_logs/$s.jsonl"
     n=$(sed -n 's/^model \([0-9]*\) params.*/\1/p' "$work/out.txt" | head -1)
     engine zinf
     python3 - "$s" "$n" "$peak_disk" "$rbw" "$wbw" "$work/log.jsonl" <<'PY'
 import json, sys
 size, n, disk, rbw, wbw, log = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4] or 0), float(sys.argv[5] or 0), sys.argv[6]
 lines = [json.loads(l) for l in open(log) if l.strip()]
-last = lines[-1]
-per_step = (last["nvme_bytes"] - lines[-2]["nvme_bytes"]) if len(lines) > 1 else last["nvme_bytes"]
 read, write = n * (12 + 4), n * (12 + 2)  # optimizer phase: master+2 states (+grads) read; master+2 states (+copy) written
-eff = ((read / (rbw * 1e9) + write / (wbw * 1e9)) / last["optimizer_s"]) if rbw > 0 and wbw > 0 else float("nan")
+def eff_of(step):
+    return ((read / (rbw * 1e9) + write / (wbw * 1e9)) / step["optimizer_s"]) if rbw > 0 and wbw > 0 else float("nan")
+# The row: the last step of up to 3; with more, the step of steps 3..N whose optimizer phase is
+# the median (the slower middle one of an even count). Steps 1 and 2 write the optimizer's two
+# state slots for the first time, and a disk may write new blocks slower than written ones.
+row = len(lines) - 1
+if len(lines) >= 4:
+    later = sorted(range(2, len(lines)), key=lambda i: lines[i]["optimizer_s"])
+    row = later[len(later) // 2]
+last = lines[row]
+per_step = (last["nvme_bytes"] - lines[row - 1]["nvme_bytes"]) if row > 0 else last["nvme_bytes"]
 losses = " ".join(f"{l['loss']:.3f}" for l in lines)
 print(f"{size:<12} {n:>14} {disk / n:>10.2f} {max(l['peak_rss_bytes'] for l in lines) / 2**20:>12.0f} {last['step_s']:>9.2f} "
       f"{last['forward_s']:>8.2f} {last['backward_s']:>8.2f} {last['optimizer_s']:>8.2f} {last['io_wait_s']:>8.2f} "
-      f"{per_step / 1e6:>12.0f} {eff:>8.2f} {losses}")
+      f"{per_step / 1e6:>12.0f} {eff_of(last):>8.2f} {losses}")
+if len(lines) >= 4:
+    print(f"  {size}: the row is step {row + 1} of {len(lines)}, the median optimizer phase of steps 3-{len(lines)}; "
+          f"io_eff by step: " + " ".join(f"{eff_of(l):.2f}" for l in lines))
 PY
   else
     engine zinf; echo "$s: zinf train failed${stopped:+ ($stopped)}:"; tail -5 "$work/out.txt"
