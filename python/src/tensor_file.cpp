@@ -1,13 +1,16 @@
 // The I/O half of zinf.save_file / zinf.load_file: byte streams between tensors and a file through
 // pinned staging buffers and the aio engine, with O_DIRECT.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,16 +102,57 @@ void return_stager(std::unique_ptr<Stager> stager) {
   old = std::exchange(g_stager, std::move(stager));  // the latest knobs win
 }
 
-// Writes the concatenation of `segments` to `path` (created or truncated) through `count`
-// pinned staging buffers of `staging` bytes: while the engine writes one, the next is filled.
-// Every chunk but the last is a whole number of pages at a page-aligned offset (O_DIRECT); the
-// last is padded to a page and the file is then cut to its true length.
+Status write_file(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
+                  std::size_t staging, std::size_t count, bool fsync, std::optional<mode_t> mode);
+
+// Writes the concatenation of `segments` to `path` through `count` pinned staging buffers of
+// `staging` bytes: while the engine writes one, the next is filled. Every chunk but the last is
+// a whole number of pages at a page-aligned offset (O_DIRECT); the last is padded to a page and
+// the file is then cut to its true length.
+// The bytes go to a temporary file beside `path`, renamed over it once all are written (and
+// synced, with `fsync`): a failure or a crash part-way leaves `path` as it was, never a file of
+// full length whose unwritten tail reads as zeros. An existing file's permission bits carry
+// over; a symbolic link at `path` is followed, its target replaced.
 Status write_stream(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
                     std::size_t staging, std::size_t count, bool fsync) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path target = path;
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    target = fs::weakly_canonical(target, ec);
+    if (ec) return Status::sys_error(fmt::format("save_file {}: resolving the link", path), ec.value());
+  }
+  const std::string final_path = target.string();
+  static std::atomic<unsigned> saves{0};  // threads saving to one path get a temporary file each
+  const std::string temp = (target.parent_path() / fmt::format(".{}.zinf-{}-{}.tmp", target.filename().string(),
+                                                                 ::getpid(), saves.fetch_add(1)))
+                               .string();
+  struct stat old {};
+  const bool existed = ::stat(final_path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
+  Status st = write_file(temp, segments, knobs, staging, count, fsync, existed ? std::optional<mode_t>(old.st_mode & 07777)
+                                                                               : std::nullopt);
+  if (st.is_ok()) st = fileio::rename_path(temp, final_path);
+  if (!st.is_ok()) {
+    ::unlink(temp.c_str());  // best effort: the error being returned is the one that matters
+    return st;
+  }
+  if (fsync) {
+    const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
+    ZINF_RETURN_IF_ERROR(fileio::sync_dir(dir));
+  }
+  return Status::ok();
+}
+
+// write_stream's body: the bytes into `path` (created or truncated), with `mode`'s permission
+// bits when given.
+Status write_file(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
+                  std::size_t staging, std::size_t count, bool fsync, std::optional<mode_t> mode) {
   std::uint64_t total = 0;
   for (const Segment& s : segments) total += s.size;
   ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
                         fileio::open_direct_or_buffered(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, true, "save_file"));
+  if (mode && ::fchmod(file.fd.get(), *mode) != 0) return Status::sys_error(fmt::format("fchmod {}", path), errno);
   // Allocate the whole file first: O_DIRECT writes past the end of a file are serialised by
   // file systems such as ext4 (each extends it), writes inside it can run side by side. Where
   // fallocate is not supported the writes still work, only slower.

@@ -84,8 +84,11 @@ def save_file(tensors: Mapping[str, Any], path: PathLike, metadata: Optional[Map
     Same layout as ``safetensors.torch.save_file``/``safetensors.numpy.save_file`` (tensors sorted
     by dtype, then name; compact JSON header padded to 8 bytes), so for the same tensors and at
     most one metadata key the bytes are identical. The bytes go through two pinned staging
-    buffers and the aio engine with O_DIRECT; ``fsync=True`` syncs the file before returning.
-    Tensors must be contiguous and on the CPU; tensors sharing memory are each written in full.
+    buffers and the aio engine with O_DIRECT into a temporary file beside ``path``, renamed over
+    it once complete (``fsync=True`` syncs the file and its folder before returning): a failure
+    part-way leaves ``path`` as it was. An existing file's permission bits carry over; a link
+    at ``path`` is followed. Tensors must be contiguous and on the CPU; tensors sharing memory
+    are each written in full.
     """
     if not isinstance(tensors, Mapping):
         raise TypeError(f"save_file: tensors must be a mapping of name to tensor, got {type(tensors).__name__}")

@@ -195,6 +195,36 @@ class TensorFileTest(unittest.TestCase):
         with self.assertRaises(zinf.AioError):
             zinf.save_file({"a": np.zeros(3)}, os.path.join(self.dir, "no", "dir", "x.safetensors"))
 
+    def test_save_replaces_the_file_whole(self):
+        # The bytes go to a temporary file beside the path, renamed over it when complete: the
+        # old file's permission bits stay, nothing is left beside it, and a link is followed.
+        path = os.path.join(self.dir, "m.safetensors")
+        zinf.save_file({"a": np.zeros(1000, np.float32)}, path)
+        os.chmod(path, 0o600)
+        new = {"b": np.arange(5000, dtype=np.float32)}
+        zinf.save_file(new, path, fsync=True)
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        np.testing.assert_array_equal(zinf.load_file(path)["b"], new["b"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["m.safetensors"])
+        link = os.path.join(self.dir, "link.safetensors")
+        os.symlink("m.safetensors", link)
+        zinf.save_file({"c": np.ones(7, np.float32)}, link)
+        self.assertTrue(os.path.islink(link))
+        self.assertEqual(list(zinf.load_file(path)), ["c"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["link.safetensors", "m.safetensors"])
+
+    def test_failed_save_leaves_the_path_as_it_was(self):
+        # A failure after the bytes are written (here: the path is a folder, so the rename fails)
+        # leaves the path untouched and no temporary file behind.
+        folder = os.path.join(self.dir, "a_folder")
+        os.mkdir(folder)
+        with open(os.path.join(folder, "inside"), "w") as f:
+            f.write("kept")
+        with self.assertRaisesRegex(zinf.AioError, "rename"):
+            zinf.save_file({"a": np.zeros(3000, np.float32)}, folder)
+        self.assertEqual(os.listdir(folder), ["inside"])
+        self.assertEqual(sorted(os.listdir(self.dir)), ["a_folder"])
+
     def test_load_errors(self):
         path = os.path.join(self.dir, "x.safetensors")
         zinf.save_file({"a": np.arange(10, dtype=np.float32)}, path)
