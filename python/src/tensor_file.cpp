@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -102,57 +101,16 @@ void return_stager(std::unique_ptr<Stager> stager) {
   old = std::exchange(g_stager, std::move(stager));  // the latest knobs win
 }
 
+// write_stream's body: the concatenation of `segments` into the empty file `path` through
+// `count` pinned staging buffers of `staging` bytes: while the engine writes one, the next is
+// filled. Every chunk but the last is a whole number of pages at a page-aligned offset
+// (O_DIRECT); the last is padded to a page and the file is then cut to its true length.
 Status write_file(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
-                  std::size_t staging, std::size_t count, bool fsync, std::optional<mode_t> mode);
-
-// Writes the concatenation of `segments` to `path` through `count` pinned staging buffers of
-// `staging` bytes: while the engine writes one, the next is filled. Every chunk but the last is
-// a whole number of pages at a page-aligned offset (O_DIRECT); the last is padded to a page and
-// the file is then cut to its true length.
-// The bytes go to a temporary file beside `path`, renamed over it once all are written (and
-// synced, with `fsync`): a failure or a crash part-way leaves `path` as it was, never a file of
-// full length whose unwritten tail reads as zeros. An existing file's permission bits carry
-// over; a symbolic link at `path` is followed, its target replaced.
-Status write_stream(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
-                    std::size_t staging, std::size_t count, bool fsync) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  fs::path target = path;
-  struct stat link {};
-  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
-    target = fs::weakly_canonical(target, ec);
-    if (ec) return Status::sys_error(fmt::format("save_file {}: resolving the link", path), ec.value());
-  }
-  const std::string final_path = target.string();
-  static std::atomic<unsigned> saves{0};  // threads saving to one path get a temporary file each
-  const std::string temp = (target.parent_path() / fmt::format(".{}.zinf-{}-{}.tmp", target.filename().string(),
-                                                                 ::getpid(), saves.fetch_add(1)))
-                               .string();
-  struct stat old {};
-  const bool existed = ::stat(final_path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
-  Status st = write_file(temp, segments, knobs, staging, count, fsync, existed ? std::optional<mode_t>(old.st_mode & 07777)
-                                                                               : std::nullopt);
-  if (st.is_ok()) st = fileio::rename_path(temp, final_path);
-  if (!st.is_ok()) {
-    ::unlink(temp.c_str());  // best effort: the error being returned is the one that matters
-    return st;
-  }
-  if (fsync) {
-    const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
-    ZINF_RETURN_IF_ERROR(fileio::sync_dir(dir));
-  }
-  return Status::ok();
-}
-
-// write_stream's body: the bytes into `path` (created or truncated), with `mode`'s permission
-// bits when given.
-Status write_file(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
-                  std::size_t staging, std::size_t count, bool fsync, std::optional<mode_t> mode) {
+                  std::size_t staging, std::size_t count, bool fsync) {
   std::uint64_t total = 0;
   for (const Segment& s : segments) total += s.size;
   ZINF_ASSIGN_OR_RETURN(fileio::OpenedFile file,
-                        fileio::open_direct_or_buffered(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, true, "save_file"));
-  if (mode && ::fchmod(file.fd.get(), *mode) != 0) return Status::sys_error(fmt::format("fchmod {}", path), errno);
+                        fileio::open_direct_or_buffered(path, O_WRONLY | O_NOFOLLOW, 0, true, "save_file"));
   // Allocate the whole file first: O_DIRECT writes past the end of a file are serialised by
   // file systems such as ext4 (each extends it), writes inside it can run side by side. Where
   // fallocate is not supported the writes still work, only slower.
@@ -213,6 +171,42 @@ Status write_file(const std::string& path, const std::vector<Segment>& segments,
   if (fsync && ::fdatasync(file.fd.get()) != 0) return Status::io_error("fdatasync", path, 0, total, errno);
   const int err = file.fd.close_checked();
   if (err != 0) return Status::io_error("close", path, 0, total, err);
+  return Status::ok();
+}
+
+// Writes the concatenation of `segments` to `path` (write_file). The bytes go to a temporary
+// file beside `path` (fileio::create_temp_beside), renamed over it once all are written (and
+// synced, with `fsync`): a failure or a crash part-way leaves `path` as it was, never a file of
+// full length whose unwritten tail reads as zeros. An existing file's permission bits carry
+// over; a symbolic link at `path` is followed, its target replaced.
+Status write_stream(const std::string& path, const std::vector<Segment>& segments, const FileKnobs& knobs,
+                    std::size_t staging, std::size_t count, bool fsync) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path target = path;
+  struct stat link {};
+  if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    target = fs::weakly_canonical(target, ec);
+    if (ec) return Status::sys_error(fmt::format("save_file {}: resolving the link", path), ec.value());
+  }
+  const std::string final_path = target.string();
+  ZINF_ASSIGN_OR_RETURN(fileio::TempFile temp, fileio::create_temp_beside(final_path, 0644));
+  struct stat old {};
+  Status st;
+  if (::stat(final_path.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(temp.fd.get(), old.st_mode & 07777) != 0) {
+    st = Status::sys_error(fmt::format("fchmod {}", temp.path), errno);
+  }
+  temp.fd.reset();  // write_file reopens it with O_DIRECT
+  if (st.is_ok()) st = write_file(temp.path, segments, knobs, staging, count, fsync);
+  if (st.is_ok()) st = fileio::rename_path(temp.path, final_path);
+  if (!st.is_ok()) {
+    ::unlink(temp.path.c_str());  // best effort: the error being returned is the one that matters
+    return st;
+  }
+  if (fsync) {
+    const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
+    ZINF_RETURN_IF_ERROR(fileio::sync_dir(dir));
+  }
   return Status::ok();
 }
 

@@ -308,22 +308,26 @@ std::atomic<unsigned> temp_counter{0};
 constexpr int kTempAttempts = 64;
 }  // namespace
 
-Result<AtomicFile> AtomicFile::create(const std::string& path, mode_t mode) {
-  AtomicFile f;
-  f.path_ = path;
+Result<TempFile> create_temp_beside(const std::string& path, mode_t mode) {
   // A fresh name each time: O_EXCL refuses anything already there (a stale temporary of a
   // crashed run, or a planted symlink), and we move on to the next name.
   for (int attempt = 0; attempt < kTempAttempts; ++attempt) {
-    f.tmp_path_ = fmt::format("{}.tmp.{}.{}", path, ::getpid(), temp_counter.fetch_add(1));
-    const int fd = open_retrying(f.tmp_path_, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
-    if (fd >= 0) {
-      f.fd_ = UniqueFd(fd);
-      return f;
-    }
-    if (errno != EEXIST) return open_error(f.tmp_path_, O_NOFOLLOW, "writing (a temporary file)", errno);
+    std::string name = fmt::format("{}.tmp.{}.{}", path, ::getpid(), temp_counter.fetch_add(1));
+    const int fd = open_retrying(name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+    if (fd >= 0) return TempFile{std::move(name), UniqueFd(fd)};
+    if (errno != EEXIST) return open_error(name, O_NOFOLLOW, "writing (a temporary file)", errno);
   }
   return Status::sys_error(fmt::format("create a temporary file next to {} ({} names tried)", path, kTempAttempts),
                            EEXIST);
+}
+
+Result<AtomicFile> AtomicFile::create(const std::string& path, mode_t mode) {
+  ZINF_ASSIGN_OR_RETURN(TempFile temp, create_temp_beside(path, mode));
+  AtomicFile f;
+  f.path_ = path;
+  f.tmp_path_ = std::move(temp.path);
+  f.fd_ = std::move(temp.fd);
+  return f;
 }
 
 AtomicFile::AtomicFile(AtomicFile&& other) noexcept

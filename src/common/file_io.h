@@ -148,9 +148,19 @@ std::string parent_dir(const std::string& path);
 // File system name for a folder ("tmpfs", "ext4", ... or the magic number in hex).
 std::string file_system_name(const std::string& folder);
 
-// Writes a new file next to `path` (a fresh "<path>.tmp.<pid>.<n>", created O_EXCL|O_NOFOLLOW
-// with `mode`); commit() fsyncs it, renames it over `path` and fsyncs the folder, so readers
-// see either the old or the whole new file. Destroyed without a successful commit(), the
+// A new, empty file next to `path`, open for writing: a fresh "<path>.tmp.<pid>.<n>" created
+// O_EXCL|O_NOFOLLOW with `mode`; a name already taken (a stale temporary of a crashed run, or a
+// planted symlink) is skipped for the next. AtomicFile's temporary, and the one of writers that
+// reopen it their own way (O_DIRECT) and rename it over `path` themselves.
+struct TempFile {
+  std::string path;
+  UniqueFd fd;
+};
+Result<TempFile> create_temp_beside(const std::string& path, mode_t mode);
+
+// Writes a new file next to `path` (create_temp_beside's, with `mode`); commit() fsyncs it,
+// renames it over `path` and fsyncs the folder, so readers see either the old or the whole new
+// file. Destroyed without a successful commit(), the
 // temporary file is removed and `path` is untouched. One thread at a time.
 class AtomicFile {
  public:
