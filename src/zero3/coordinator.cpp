@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -55,6 +56,17 @@ Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
     }
   }
   stats_.persistent_elements = persistent;
+  std::uint64_t total = 0, largest = 0, distinct = 0;
+  std::set<std::uint64_t> sizes;
+  for (std::size_t g = 0; g < plan.num_groups(); ++g) {
+    const std::uint64_t n = gathered_size(g);
+    total += n;
+    if (gathered_[g].persistent) continue;
+    largest = std::max(largest, n);
+    if (sizes.insert(n).second) distinct += n;
+  }
+  grad_limit_ = std::min(total, opt_.reduce_bucket_size + largest);
+  if (comm_.world_size() == 1) grad_limit_ = std::min(grad_limit_, distinct + largest);
 }
 
 std::size_t Coordinator::gathered_size(std::size_t group) const {
@@ -213,8 +225,6 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
     drop(victim);
     ++stats_.evictions;
   }
-  // Spare buffers count against the budget too: free them first.
-  trim_spare_for(need);
   return Status::ok();
 }
 
@@ -224,7 +234,7 @@ void Coordinator::trim_spare_for(std::uint64_t need) {
 
 // Reads this rank's slice into its place in the gathered buffer and all-gathers in place: the
 // buffer then holds the group's parameters back to back (plus padding at the end).
-Status Coordinator::ensure_gathered(int g) {
+Status Coordinator::ensure_gathered(int g, GatherBlock block) {
   Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
   if (gathered.valid) {
     if (gathered.ahead) {
@@ -235,22 +245,24 @@ Status Coordinator::ensure_gathered(int g) {
     gathered.ahead = false;
     return Status::ok();
   }
-  return start_gather(g);
+  return start_gather(g, std::move(block));
 }
 
-Status Coordinator::start_gather(int g) {
+Status Coordinator::start_gather(int g, GatherBlock full) {
   Gathered& gathered = gathered_[static_cast<std::size_t>(g)];
   const auto idx = static_cast<std::size_t>(g);
   const std::size_t per_rank = plan_.group(idx).per_rank;
   const std::size_t size = gathered_size(idx);
-  GatherBlock full = spare_.take(size);
+  if (full.data() == nullptr) full = spare_.take(size);
   if (full.data() == nullptr) full = target_.allocate(size);
   if (full.data() == nullptr && size > 0) {
     return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements of {} memory to gather {}", size,
                                                   target_.name(),
                                                   model_.params()[plan_.group(idx).params.front()].name));
   }
+  const auto t0 = std::chrono::steady_clock::now();
   ZINF_RETURN_IF_ERROR(target_.gather(tier_, idx, per_rank, comm_, full));
+  stats_.gather_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   gathered.buf = std::move(full);
   gathered.valid = true;
   gathered.prefetched = false;
@@ -275,8 +287,14 @@ Status Coordinator::gather_ahead(std::size_t event) {
     if (gathered.valid || (direct_bf16_ && device_bf16(g) != nullptr)) continue;
     const std::uint64_t size = gathered_size(static_cast<std::size_t>(g));
     if (!gathered.persistent && live_ + size > opt_.max_live_parameters) break;
-    if (!gathered.persistent) trim_spare_for(size);  // spare blocks count against the budget too
-    ZINF_RETURN_IF_ERROR(start_gather(g));
+    // Spare blocks count against the budget too; one of this size is taken before the rest are
+    // trimmed, so that the trim does not free the block the gather would reuse.
+    GatherBlock block;
+    if (!gathered.persistent) {
+      block = spare_.take(size);
+      trim_spare_for(size);
+    }
+    ZINF_RETURN_IF_ERROR(start_gather(g, std::move(block)));
     gathered.ahead = true;
     ++stats_.gathers_ahead;
   }
@@ -372,7 +390,19 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   // Pin what the module already has so eviction cannot take it.
   for (int g : groups) ++gathered_[static_cast<std::size_t>(g)].users;
   Status s = make_room(need, module);
-  for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = ensure_gathered(groups[k]);
+  // A spare block of a group's exact size (an eviction may just have freed it) becomes its gather
+  // buffer before the other spares are trimmed to the budget: trimming first freed the very block
+  // the gather then allocated afresh, and under a budget that holds little more than the modules
+  // in use every gathered byte was faulted in fresh, every pass. The taken blocks count in `need`.
+  std::vector<GatherBlock> blocks(groups.size());
+  if (s.is_ok()) {
+    for (std::size_t k = 0; k < groups.size(); ++k) {
+      const auto g = static_cast<std::size_t>(groups[k]);
+      if (!gathered_[g].valid && !gathered_[g].persistent) blocks[k] = spare_.take(gathered_size(g));
+    }
+    trim_spare_for(need);
+  }
+  for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = ensure_gathered(groups[k], std::move(blocks[k]));
   for (std::size_t k = 0; s.is_ok() && k < groups.size(); ++k) s = target_.ready(gathered_[static_cast<std::size_t>(groups[k])].buf);
   if (!s.is_ok()) {
     for (int g : groups) --gathered_[static_cast<std::size_t>(g)].users;
@@ -413,10 +443,10 @@ Status Coordinator::grad_buffers(int module, std::span<float*> grads) {
     if (buf.data() == nullptr) {
       // Gathered size, zero: the padding past the group's end is reduced as zeros.
       const std::size_t n = gathered_size(place.group);
-      // Spare gradient buffers and live ones share one bucket's worth; past it, spares go first.
+      // Spare gradient buffers and live ones share grad_limit_; past it, spares go first.
       if (!grad_spare_.holds(n)) {
         const std::uint64_t want = grad_live_ + n;
-        grad_spare_.trim_to(want < opt_.reduce_bucket_size ? opt_.reduce_bucket_size - want : 0);
+        grad_spare_.trim_to(want < grad_limit_ ? grad_limit_ - want : 0);
         ++stats_.grad_allocations;
       }
       buf = grad_spare_.take(n);
@@ -505,8 +535,8 @@ Status Coordinator::flush_bucket() {
     off += per_rank;
     grad_live_ -= grad_n;
     if (!target_.asynchronous() &&
-        grad_live_ + grad_spare_.elements() + grads_[idx].size() <= opt_.reduce_bucket_size) {
-      // Kept for the next module's (or the next pass's) gradients, up to one bucket's worth.
+        grad_live_ + grad_spare_.elements() + grads_[idx].size() <= grad_limit_) {
+      // Kept for the next module's (or the next pass's) gradients, within grad_limit_.
       grad_spare_.keep(std::move(grads_[idx]));
     }
     grads_[idx] = GatherBlock();
@@ -548,7 +578,9 @@ void Coordinator::drop_held_gradients() {
 }
 
 Status Coordinator::accumulate(std::size_t group, const float* reduced) {
+  const auto t0 = std::chrono::steady_clock::now();
   ZINF_RETURN_IF_ERROR(grad_store_.accumulate(group, std::span<const float>(reduced, plan_.group(group).per_rank)));
+  stats_.grad_store_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (on_added_) on_added_(group);
   return Status::ok();
 }

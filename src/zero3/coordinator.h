@@ -63,6 +63,11 @@ struct CoordinatorStats {
   std::uint64_t held_high_water = 0;    // most gradient elements summed in the target's memory at once
                                         // (set_hold_gradients)
   double backward_start_s = 0;          // seconds into the micro-step when backward began
+  // Seconds so far in the gather target's gathers (a synchronous target: the tier's reads and
+  // their conversion to fp32, and the all-gather) and in the gradient store's accumulations (its
+  // NVMe reads and writes included): the passes' time that is not the model's own.
+  double gather_s = 0;
+  double grad_store_s = 0;
   std::uint64_t train_trace_hash = 0;   // chained XXH3 of the recorded train trace (module, phase)
 };
 
@@ -180,8 +185,9 @@ class Coordinator final : public model::ParamAccess {
   Status note_event(int module, model::Phase phase);
   // Group g's values as bf16 in device memory (ParamTier::device_values), else nullptr.
   const std::uint16_t* device_bf16(int g);
-  Status ensure_gathered(int g);
-  Status start_gather(int g);  // allocates and fills group g's gathered block (bookkeeping included)
+  // `block`: a spare of the group's exact size taken for it, or empty (then a spare, else a new one).
+  Status ensure_gathered(int g, GatherBlock block);
+  Status start_gather(int g, GatherBlock block);  // fills group g's gathered block (bookkeeping included)
   // Starts gathering the groups of the event after `event` (asynchronous targets), within the
   // live budget's free room: no eviction for it.
   Status gather_ahead(std::size_t event);
@@ -191,6 +197,8 @@ class Coordinator final : public model::ParamAccess {
   // An asynchronous target's gradient of group g with one rank (flush_bucket's case with nothing
   // reduced): into its held sum, or (with that sum) downloaded for accumulate().
   Status hold_or_download(std::size_t g);
+  // Evicts kept copies until `need` more elements fit beside the live ones (spares are the
+  // caller's to trim, after it has taken the ones it reuses).
   Status make_room(std::uint64_t need, int module);
   // Frees spare blocks until they fit beside live_ + need under max_live_parameters.
   void trim_spare_for(std::uint64_t need);
@@ -216,9 +224,16 @@ class Coordinator final : public model::ParamAccess {
   std::vector<Gathered> gathered_;         // per group
   std::vector<GatherBlock> grads_;  // gathered-size gradients of this pass, per group (target memory)
   SparePool<GatherBlock> spare_;  // freed gathered blocks; live_ + spare_ stays within max_live_parameters
-  // Freed gradient buffers; grad_live_ + grad_spare_ within reduce_bucket_size. Host target only:
-  // an asynchronous target's buffers go back to it at once, fenced by their downloads.
+  // Freed gradient buffers; grad_live_ + grad_spare_ within grad_limit_. Host target only: an
+  // asynchronous target's buffers go back to it at once, fenced by their downloads.
   SparePool<GatherBlock> grad_spare_;
+  // The gradient buffers' bound in elements, the one host_budget's gradient_buffer_bytes counts:
+  // reduce_bucket_size plus the largest non-persistent group (the one that crosses the bucket),
+  // and with one rank, which flushes each gradient as soon as it is complete, at most one of each
+  // non-persistent size besides it. A bound of the bucket alone freed a buffer whenever modules
+  // of two sizes alternated under a one-group bucket, and every gradient then faulted in fresh
+  // pages, every pass.
+  std::uint64_t grad_limit_ = 0;
   struct PendingDownload {
     std::size_t group;
     std::uint64_t ticket;

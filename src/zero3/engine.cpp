@@ -363,6 +363,9 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   double loss_sum = 0;
   // Gradients held on the device across the micro-batches come back with the last one's.
   coordinator->drop_held_gradients();
+  const double gather_before = coordinator->stats().gather_s;
+  const double grad_store_before = coordinator->stats().grad_store_s;
+  const std::uint64_t gathered_before = coordinator->stats().gathered_elements;
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
     coordinator->set_hold_gradients(&mb != &micro_batches.back());
@@ -395,6 +398,9 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
   }
   r.live_high_water = coordinator->stats().live_high_water;
+  r.gather_s = coordinator->stats().gather_s - gather_before;
+  r.grad_store_s = coordinator->stats().grad_store_s - grad_store_before;
+  r.gathered_elements = coordinator->stats().gathered_elements - gathered_before;
   if (device_target != nullptr) {
     const DeviceGatherStats& d = device_target->device_stats();
     r.h2d_bytes = d.h2d_bytes - device_before.h2d_bytes;

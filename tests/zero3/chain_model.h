@@ -66,15 +66,19 @@ class ChainModel final : public model::Model {
  public:
   // bf16_first (with a stream device): the model asks for its values as a GPU model does
   // (Bf16FirstAccess); in_place_acquires() counts those served in place.
-  explicit ChainModel(int n, device::Device* stream_device = nullptr, bool bf16_first = false)
+  // odd_size: the elements of p1, p3, ... (modules of two sizes alternate, as a transformer's
+  // attention and MLP do); every other parameter has kSize.
+  explicit ChainModel(int n, device::Device* stream_device = nullptr, bool bf16_first = false,
+                      std::size_t odd_size = kSize)
       : stream_(stream_device), bf16_first_(bf16_first && stream_device != nullptr) {
     auto add = [&](const std::string& module, int param) {
       modules_.push_back({module, {param}, true});
       if (param == static_cast<int>(params_.size())) {
+        const std::size_t numel = param % 2 == 1 ? odd_size : kSize;
         model::ParamSpec p;
         p.name = fmt::format("p{}", param);
-        p.shape = {static_cast<std::int64_t>(kSize)};
-        p.numel = kSize;
+        p.shape = {static_cast<std::int64_t>(numel)};
+        p.numel = numel;
         p.init_std = 0.5f;  // distinct values per parameter, so a wrong pointer shows in an engine's results
         p.index = param;
         p.module = static_cast<int>(modules_.size()) - 1;
@@ -103,9 +107,10 @@ class ChainModel final : public model::Model {
     ZINF_ASSIGN_OR_RETURN(float loss, forward_loss(in, tg, B, T, access));
     Status enqueued;
     for (int m = static_cast<int>(modules_.size()) - 1; m >= 0; --m) {
+      const std::size_t numel = params_[static_cast<std::size_t>(modules_[static_cast<std::size_t>(m)].params[0])].numel;
       ZINF_RETURN_IF_ERROR(model::run_module_backward(access, modules_, m, [&](const float* const* v, float* const* g) {
-        run([v0 = v[0], g0 = g[0]] {
-          for (std::size_t i = 0; i < kSize; ++i) g0[i] += v0[i];
+        run([v0 = v[0], g0 = g[0], numel] {
+          for (std::size_t i = 0; i < numel; ++i) g0[i] += v0[i];
         }, enqueued);
       }));
       ZINF_RETURN_IF_ERROR(enqueued);

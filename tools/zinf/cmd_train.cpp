@@ -93,6 +93,13 @@ std::uint64_t peak_rss_bytes() {
   return static_cast<std::uint64_t>(u.ru_maxrss) * 1024;
 }
 
+// Minor page faults of the process so far: fresh memory each step shows up here.
+std::uint64_t minor_faults() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<std::uint64_t>(u.ru_minflt);
+}
+
 std::string hms(double seconds) {
   const auto s = static_cast<long>(std::max(0.0, seconds));
   return fmt::format("{}:{:02}:{:02}", s / 3600, (s / 60) % 60, s % 60);
@@ -657,6 +664,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
   std::optional<DeviceTimes> gpu_prev = device_times(engine->model(), T);
   GpuSteady gpu_steady;
+  std::uint64_t faults_before = minor_faults();
   while (engine->counters().steps < o.steps) {
     ZINF_ASSIGN_OR_RETURN(const int sig, agreed_stop_signal(comm));
     if (sig != 0) {
@@ -696,6 +704,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       gpu_prev = now;
       if (static_cast<int>(r.step) > start_step + 1) gpu_steady.add(*gpu_step, r);
     }
+    const std::uint64_t faults_now = minor_faults();
+    const std::uint64_t step_faults = faults_now - faults_before;
+    faults_before = faults_now;
     if (json_log.is_open()) {
       nlohmann::json line = {{"step", r.step},
                              {"loss", r.loss},
@@ -710,6 +721,10 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"backward_s", r.backward_s},
                              {"optimizer_s", r.optimizer_s},
                              {"io_wait_s", r.io_wait_s},
+                             {"gather_s", r.gather_s},
+                             {"grad_store_s", r.grad_store_s},
+                             {"gathered_elements", r.gathered_elements},
+                             {"minor_faults", step_faults},
                              {"nvme_bytes", engine->bytes_moved()},
                              {"pinned_bytes", r.pinned_bytes},
                              {"pinned_high_water_bytes", r.pinned_high_water}};

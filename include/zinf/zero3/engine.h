@@ -117,6 +117,11 @@ struct StepReport {
   double grad_norm = 0;   // unscaled global norm (before clipping)
   bool skipped = false;   // overflow: no update
   double seconds = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, io_wait_s = 0;
+  // Of the passes (forward_s + backward_s): seconds in gathers (an NVMe tier's reads and their
+  // conversion, the all-gather; with an asynchronous device target only the starts) and in the
+  // gradient store's accumulations (with the optimizer on NVMe, its synchronous reads and writes).
+  double gather_s = 0, grad_store_s = 0;
+  std::uint64_t gathered_elements = 0;  // parameter elements gathered (each gather counted; reuse not)
   std::uint64_t tokens = 0;        // tokens this rank processed
   std::uint64_t live_high_water = 0;  // gathered elements at most, this step
   // The step's data movement through the device (EngineDevice kHostDevice; zero otherwise):
