@@ -126,7 +126,8 @@ winner = (f'p={c["offload_param"]["device"]} o={c["offload_optimizer"]["device"]
           f'{" ckpt" if "activation_checkpointing" in p["config"] else ""}')
 w = p["candidates"][0]
 t = w["time_terms_s"]
-pass_p = t["compute"] + t["gather_and_gradients"] + t["param_nvme_exposed"]
+# The passes' terms, the gradient store's NVMe traffic included (forward_s + backward_s holds it).
+pass_p = t["compute"] + t["gather_and_gradients"] + t["param_nvme_exposed"] + t["gradient_nvme"]
 opt_p = t["optimizer"] + t["optimizer_nvme_exposed"]
 pt, pm = p["predicted_step_s"], p["predicted_peak_host_bytes"]
 print(f"{name:<10} {winner:<40} {pt:7.3f} {meas:7.3f} {pt / meas - 1:+7.1%} | {pass_p:6.3f} {passes:6.3f} "

@@ -29,11 +29,13 @@ constexpr double kGradBytes = 16.0;
 // Adam's fp32 arrays per element besides the gradient: the master weights and two states.
 constexpr double kOptimizerArrays = 3.0;
 // The engine's NVMe transfers are assumed to run at these shares of the drive roofs, whatever
-// the tile size (docs/plan.md, "Time", has the runs they come from): the synchronous ones (the
-// gradient store's, the parameters' reads in the passes, the norm's read-back), and the
-// optimizer step's pipelined tiles, whose reads and writes overlap.
-constexpr double kDriveShare = 0.65;
-constexpr double kTileDriveShare = 1.1;
+// the tile size (docs/plan.md, "Time", has the runs they come from): the synchronous reads (the
+// parameters' in the passes, the gradient store's, the norm's read-back), the synchronous
+// writes (the gradient store's, one partition at a time: a few blocks in flight), and the
+// optimizer step's pipelined tiles, whose reads and writes share the drive.
+constexpr double kSyncReadShare = 0.65;
+constexpr double kSyncWriteShare = 0.3;
+constexpr double kTileDriveShare = 0.7;
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -117,10 +119,9 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
 struct Roofs {
   double flops, mem, read, write;  // bytes or flops per second
   std::vector<std::pair<int, double>> flops_by_rows;  // (rows, flops per second), ascending
-  // The rates the engine's transfers reach (the roofs times kDriveShare, or kTileDriveShare for
-  // the optimizer step's tiles).
-  double engine_read() const { return read * kDriveShare; }
-  double engine_write() const { return write * kDriveShare; }
+  // The rates the engine's transfers reach (the roofs times the shares above).
+  double engine_read() const { return read * kSyncReadShare; }
+  double engine_write() const { return write * kSyncWriteShare; }
   double tile_read() const { return read * kTileDriveShare; }
   double tile_write() const { return write * kTileDriveShare; }
   double flops_at(double rows) const {
@@ -138,7 +139,9 @@ struct Roofs {
 // Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory
 // traffic, the parameters' NVMe reads (hidden behind the passes when prefetch can stage them),
 // and the optimizer step (its NVMe traffic overlapped with its compute by the pipelines).
-void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, const config::DsConfig& ds,
+// `plain`: the model without activation checkpointing. The passes' element-wise work is that
+// model's activations, whatever the candidate stores, and recomputing repeats the forward's share.
+void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, const config::DsConfig& ds,
                   const PlanRequest& r, const Roofs& roofs) {
   const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
   const double tokens = static_cast<double>(c.micro_batch) * r.seq;
@@ -148,8 +151,10 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& m, cons
   const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
   const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
                        tokens * recompute;
-  const double act = static_cast<double>(m.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
-  c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * act / roofs.mem);
+  // Until the eighth session this took the candidate's own model, whose checkpointed activations
+  // are a fraction of the plain ones: recompute candidates' passes came out 25-35% short.
+  const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
+  c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
   // Gathers per step, in models' worth. The coordinator keeps released copies while the live
   // budget has room and evicts the one used farthest ahead, so the step's first forward gathers
   // everything, each backward re-gathers what the budget could not keep from the forward's end,
@@ -424,7 +429,8 @@ Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine
   ZINF_ASSIGN_OR_RETURN(c.memory, predict_memory(*m, ran, static_cast<int>(c.micro_batch), request.seq));
   PlanRequest uncalibrated = request;
   uncalibrated.calibration = {};
-  predict_time(c, shape_of(*m), *m, ran, uncalibrated, roofs);
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, planned_model(request, false));
+  predict_time(c, shape_of(*m), *plain, ran, uncalibrated, roofs);
   const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s;
   const double optimizer = c.step_s - passes;
   return Calibration{passes_s / passes, optimizer_s / optimizer,
@@ -496,7 +502,7 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
       continue;
     }
     c.memory = std::move(mem).value();
-    predict_time(c, shape, m, ds.value(), r, roofs);
+    predict_time(c, shape, *plain, ds.value(), r, roofs);
     c.why_not = check_fit(c, machine, r);
     c.fits = c.why_not.empty();
     (c.fits ? plan.fitting : plan.dropped).push_back(std::move(c));
@@ -517,9 +523,10 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   plan.calibration = r.calibration.source;
   plan.assumptions.push_back(fmt::format(
       "time-model constants: {} activation passes through memory, Adam at {}x the triad over {} bytes/element, "
-      "{} bytes/parameter of gradient traffic, the engine's NVMe transfers at {} of the drive's rate "
-      "({} in the optimizer step's pipelined tiles; docs/plan.md)",
-      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kDriveShare, kTileDriveShare));
+      "{} bytes/parameter of gradient traffic, the engine's synchronous NVMe reads at {} and writes at {} of the "
+      "drive's rates ({} in the optimizer step's pipelined tiles; docs/plan.md)",
+      kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kSyncReadShare, kSyncWriteShare,
+      kTileDriveShare));
   plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);
