@@ -200,10 +200,21 @@ void Coordinator::drop(int g) {
 }
 
 Status Coordinator::make_room(std::uint64_t need, int module) {
+  // The sizes this acquire gathers that no spare block has.
+  std::vector<std::uint64_t> wanted;
+  for (int g : groups_of(module)) {
+    const auto idx = static_cast<std::size_t>(g);
+    if (!gathered_[idx].valid && !gathered_[idx].persistent && !spare_.holds(gathered_size(idx))) {
+      wanted.push_back(gathered_size(idx));
+    }
+  }
   while (live_ + need > opt_.max_live_parameters) {
-    // Evict the released copy whose next use is farthest away.
-    int victim = -1;
-    std::uint64_t farthest = 0;
+    // Evict the released copy whose next use is farthest away. A copy whose next use lies beyond
+    // a whole budget of traffic cannot be reused before it goes anyway: among those, one of a
+    // wanted size goes first, and its block is then the gather's (acquire takes it) instead of
+    // freed memory the gather allocates afresh.
+    int victim = -1, sized = -1;
+    std::uint64_t farthest = 0, sized_farthest = 0;
     for (std::size_t g = 0; g < gathered_.size(); ++g) {
       const Gathered& gathered = gathered_[g];
       if (!gathered.valid || gathered.persistent || gathered.users > 0) continue;
@@ -212,6 +223,15 @@ Status Coordinator::make_room(std::uint64_t need, int module) {
         victim = static_cast<int>(g);
         farthest = d;
       }
+      const bool wanted_size = std::find(wanted.begin(), wanted.end(), gathered.buf.size()) != wanted.end();
+      if (wanted_size && d > opt_.max_live_parameters && (sized < 0 || d > sized_farthest)) {
+        sized = static_cast<int>(g);
+        sized_farthest = d;
+      }
+    }
+    if (sized >= 0) {
+      wanted.erase(std::find(wanted.begin(), wanted.end(), gathered_[static_cast<std::size_t>(sized)].buf.size()));
+      victim = sized;
     }
     // 0 is the reference's "no prefetch" (its budget never limits demand fetches): hold only
     // the modules in use, nothing kept or prefetched beyond them.

@@ -66,15 +66,15 @@ class ChainModel final : public model::Model {
  public:
   // bf16_first (with a stream device): the model asks for its values as a GPU model does
   // (Bf16FirstAccess); in_place_acquires() counts those served in place.
-  // odd_size: the elements of p1, p3, ... (modules of two sizes alternate, as a transformer's
-  // attention and MLP do); every other parameter has kSize.
+  // sizes: the elements of p1, p2, ... in turn, repeated (modules of a few sizes cycle, as a
+  // transformer's attention and MLP do); p0 has kSize.
   explicit ChainModel(int n, device::Device* stream_device = nullptr, bool bf16_first = false,
-                      std::size_t odd_size = kSize)
+                      std::vector<std::size_t> sizes = {kSize})
       : stream_(stream_device), bf16_first_(bf16_first && stream_device != nullptr) {
     auto add = [&](const std::string& module, int param) {
       modules_.push_back({module, {param}, true});
       if (param == static_cast<int>(params_.size())) {
-        const std::size_t numel = param % 2 == 1 ? odd_size : kSize;
+        const std::size_t numel = param == 0 ? kSize : sizes[static_cast<std::size_t>(param - 1) % sizes.size()];
         model::ParamSpec p;
         p.name = fmt::format("p{}", param);
         p.shape = {static_cast<std::int64_t>(numel)};

@@ -67,8 +67,8 @@ struct Harness {
   std::unique_ptr<CountingTarget> target = std::make_unique<CountingTarget>();
   std::unique_ptr<Coordinator> coordinator;
 
-  Harness(int n, const CoordinatorOptions& options, std::size_t odd_size = kSize)
-      : model(n, nullptr, false, odd_size), plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
+  Harness(int n, const CoordinatorOptions& options, std::vector<std::size_t> sizes = {kSize})
+      : model(n, nullptr, false, std::move(sizes)), plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     grads = std::move(make_memory_grad_store(layout)).value();
     tier = std::make_unique<RecordingTier>(plan.num_groups());
@@ -204,7 +204,7 @@ TEST(CoordinatorTest, AlternatingSizesUnderALeanBudgetReuseTheirBlocks) {
   CoordinatorOptions o = options();
   o.max_live_parameters = 2 * 2 * kSize;
   o.reduce_bucket_size = 2 * kSize;
-  Harness h(10, o, 2 * kSize);
+  Harness h(10, o, {2 * kSize, kSize});
   h.pass();
   h.pass();
   const int allocations = h.target->allocations;
@@ -215,6 +215,30 @@ TEST(CoordinatorTest, AlternatingSizesUnderALeanBudgetReuseTheirBlocks) {
   EXPECT_LE(h.coordinator->stats().live_high_water, o.max_live_parameters);
   // host_budget's gradient bound: the bucket plus the largest group.
   EXPECT_LE(h.coordinator->stats().grad_high_water, o.reduce_bucket_size + 2 * kSize);
+}
+
+// Copies kept under a budget far smaller than the model: the forward's evictions take the copy
+// used farthest ahead, which here is of another size than the gather needs every other time
+// (sizes cycle 2, 1, 1), so its block was freed and the gather's allocated (16 new blocks in two
+// passes). A copy whose next use lies beyond a whole budget of traffic cannot be reused before it
+// goes anyway: among those, one of the needed size goes first, and its block is the gather's.
+// What is left is the budget's mix of sizes changing within a pass (one block of each size
+// freed where the budget is full and allocated again where it is not): two a pass.
+TEST(CoordinatorTest, EvictionsUnderALeanBudgetHandTheGatherABlockOfItsSize) {
+  CoordinatorOptions o = options();
+  o.max_live_parameters = 4 * kSize;
+  o.reduce_bucket_size = 2 * kSize;
+  o.max_reuse_distance = 1000000000;  // keep every released copy the budget allows
+  Harness h(12, o, {2 * kSize, kSize, kSize});
+  h.pass();
+  h.pass();
+  const int allocations = h.target->allocations;
+  const std::uint64_t evictions = h.coordinator->stats().evictions;
+  h.pass();
+  h.pass();
+  EXPECT_GT(h.coordinator->stats().evictions, evictions) << "nothing was evicted: the test would prove nothing";
+  EXPECT_LE(h.target->allocations - allocations, 4);
+  EXPECT_LE(h.coordinator->stats().live_high_water, o.max_live_parameters);
 }
 
 TEST(CoordinatorTest, MaxReuseDistanceDecidesWhatAReleasedCopyKeeps) {
