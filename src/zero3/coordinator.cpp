@@ -411,9 +411,10 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
   for (int g : groups) ++gathered_[static_cast<std::size_t>(g)].users;
   Status s = make_room(need, module);
   // A spare block of a group's exact size (an eviction may just have freed it) becomes its gather
-  // buffer before the other spares are trimmed to the budget: trimming first freed the very block
-  // the gather then allocated afresh, and under a budget that holds little more than the modules
-  // in use every gathered byte was faulted in fresh, every pass. The taken blocks count in `need`.
+  // buffer before the other spares are trimmed to the budget: trimming first would free the very
+  // block the gather then allocates afresh, and under a budget that holds little more than the
+  // modules in use every gathered byte would be new memory, every pass (docs/zero3.md). The
+  // taken blocks count in `need`.
   std::vector<GatherBlock> blocks(groups.size());
   if (s.is_ok()) {
     for (std::size_t k = 0; k < groups.size(); ++k) {

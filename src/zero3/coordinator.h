@@ -230,9 +230,8 @@ class Coordinator final : public model::ParamAccess {
   // The gradient buffers' bound in elements, the one host_budget's gradient_buffer_bytes counts:
   // reduce_bucket_size plus the largest non-persistent group (the one that crosses the bucket),
   // and with one rank, which flushes each gradient as soon as it is complete, at most one of each
-  // non-persistent size besides it. A bound of the bucket alone freed a buffer whenever modules
-  // of two sizes alternated under a one-group bucket, and every gradient then faulted in fresh
-  // pages, every pass.
+  // non-persistent size besides it. The bucket alone would free a buffer whenever modules of two
+  // sizes alternate under a one-group bucket, and every gradient would be new memory.
   std::uint64_t grad_limit_ = 0;
   struct PendingDownload {
     std::size_t group;

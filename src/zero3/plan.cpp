@@ -151,8 +151,8 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
   const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
                        tokens * recompute;
-  // Until the eighth session this took the candidate's own model, whose checkpointed activations
-  // are a fraction of the plain ones: recompute candidates' passes came out 25-35% short.
+  // The plain model's activations: a checkpointed model stores a fraction of them but computes
+  // them all, the forward's twice.
   const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
   c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
   // Gathers per step, in models' worth. The coordinator keeps released copies while the live
@@ -161,8 +161,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   // and each later micro-step's forward what it could not keep from the backward's end (the live
   // budget holds the whole model: one gather a step). Recomputing a checkpointed block gathers
   // nothing more: its backward, right after, takes the same copies (the budget holds a block).
-  // Measured (a run's gathered_elements): 1.75 models a step under a budget of a third of the
-  // model (1.67 predicted) and 1.96 under an eighteenth (1.94).
+  // docs/plan.md has the runs' gathered_elements against this.
   const double P = static_cast<double>(s.params);
   const double kept = std::min(1.0, static_cast<double>(c.max_live_parameters) / P);
   const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);

@@ -113,9 +113,8 @@ void probe_matmul(Machine& machine, config::Precision precision, int hidden) {
         out(static_cast<std::size_t>(N) * OC), dout(static_cast<std::size_t>(N) * OC, 0.001f),
         dinp(static_cast<std::size_t>(N) * C), dw(static_cast<std::size_t>(OC) * C);
     // bf16 products read the bf16 copies the models keep (activations written so by the kernels
-    // that produce them, weights cast once per gather), as here; rounding the fp32 inputs in
-    // every call instead took half the time of a 128-row product on Zen 4, and the plan then
-    // predicted a 1.2B model's passes 1.3-1.8x too slow (docs/plan.md).
+    // that produce them, weights cast once per gather), as here: rounding the fp32 inputs in every
+    // call would time work the models do not do (docs/plan.md).
     std::vector<std::uint16_t> inp16, w16, dout16;
     if (mm.reads_bf16_inputs()) {
       for (auto [from, to] : {std::pair{&inp, &inp16}, std::pair{&w, &w16}, std::pair{&dout, &dout16}}) {
@@ -235,8 +234,8 @@ Status probe_drive(Machine& machine, std::uint64_t bytes) {
     return rates[rates.size() / 2];
   };
   // The file is laid out first and the timed pass writes over it: the engine's swap files are
-  // written over from the second step on, and aio_bench times writes the same way. A first write
-  // of new blocks ran at a third to a half of that on the VM of docs/plan.md.
+  // written over from the second step on, and aio_bench times writes the same way (a first
+  // write of new blocks can be much slower, docs/plan.md).
   Result<double> w = pass(true);
   if (w.is_ok()) w = pass(true);
   Result<double> r = w.is_ok() ? pass(false) : w;
