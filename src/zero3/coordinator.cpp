@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "common/checksum.h"
+#include "zero3/host_budget.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -56,17 +57,17 @@ Coordinator::Coordinator(const model::Model& model, const PartitionPlan& plan,
     }
   }
   stats_.persistent_elements = persistent;
-  std::uint64_t total = 0, largest = 0, distinct = 0;
-  std::set<std::uint64_t> sizes;
+  // The sizes host_budget counts the gradient buffers by, under this coordinator's persistence.
+  GatheredSizes sizes;
+  std::set<std::uint64_t> seen;
   for (std::size_t g = 0; g < plan.num_groups(); ++g) {
     const std::uint64_t n = gathered_size(g);
-    total += n;
+    sizes.total += n;
     if (gathered_[g].persistent) continue;
-    largest = std::max(largest, n);
-    if (sizes.insert(n).second) distinct += n;
+    sizes.largest = std::max(sizes.largest, n);
+    if (seen.insert(n).second) sizes.distinct += n;
   }
-  grad_limit_ = std::min(total, opt_.reduce_bucket_size + largest);
-  if (comm_.world_size() == 1) grad_limit_ = std::min(grad_limit_, distinct + largest);
+  grad_limit_ = gradient_buffer_elements(sizes, opt_.reduce_bucket_size, comm_.world_size());
 }
 
 std::size_t Coordinator::gathered_size(std::size_t group) const {
@@ -200,6 +201,7 @@ void Coordinator::drop(int g) {
 }
 
 Status Coordinator::make_room(std::uint64_t need, int module) {
+  if (live_ + need <= opt_.max_live_parameters) return Status::ok();
   // The sizes this acquire gathers that no spare block has.
   std::vector<std::uint64_t> wanted;
   for (int g : groups_of(module)) {

@@ -227,11 +227,9 @@ class Coordinator final : public model::ParamAccess {
   // Freed gradient buffers; grad_live_ + grad_spare_ within grad_limit_. Host target only: an
   // asynchronous target's buffers go back to it at once, fenced by their downloads.
   SparePool<GatherBlock> grad_spare_;
-  // The gradient buffers' bound in elements, the one host_budget's gradient_buffer_bytes counts:
-  // reduce_bucket_size plus the largest non-persistent group (the one that crosses the bucket),
-  // and with one rank, which flushes each gradient as soon as it is complete, at most one of each
-  // non-persistent size besides it. The bucket alone would free a buffer whenever modules of two
-  // sizes alternate under a one-group bucket, and every gradient would be new memory.
+  // The gradient buffers' bound in elements, the one the host-memory budget and zinf plan count
+  // (host_budget's gradient_buffer_elements). The bucket alone would free a buffer whenever
+  // modules of two sizes alternate under a one-group bucket, and every gradient would be new memory.
   std::uint64_t grad_limit_ = 0;
   struct PendingDownload {
     std::size_t group;

@@ -144,16 +144,19 @@ GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& pla
   return g;
 }
 
-std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {
-  // In use or kept, they stay under the bucket plus the group that crosses it; one rank flushes
-  // each gradient as soon as it is complete and keeps freed buffers by size: at most one of each
-  // size besides the one being filled (coordinator.cpp, flush_bucket). Several ranks add the
-  // bucket's packing buffer and the reduce-scatter's 1/W output.
-  const std::uint64_t b = std::min(bucket, g.total);
-  std::uint64_t grads = std::min(g.total, b + g.largest);
+std::uint64_t gradient_buffer_elements(const GatheredSizes& g, std::uint64_t bucket, int world) {
+  // In use or kept, the bucket plus the group that crosses it; one rank flushes each gradient as
+  // soon as it is complete, so at most one of each size besides the one being filled is needed.
+  std::uint64_t grads = std::min(g.total, std::min(bucket, g.total) + g.largest);
   if (world == 1) grads = std::min(grads, g.distinct + g.largest);
+  return grads;
+}
+
+std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world) {
+  // Several ranks add the bucket's packing buffer and the reduce-scatter's 1/W output.
+  const std::uint64_t b = std::min(bucket, g.total);
   const std::uint64_t buckets = world > 1 ? b + b / static_cast<std::uint64_t>(world) : 0;
-  return 4 * (grads + buckets);
+  return 4 * (gradient_buffer_elements(g, bucket, world) + buckets);
 }
 
 std::uint64_t HostBudgetFit::total() const {

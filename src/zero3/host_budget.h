@@ -29,8 +29,10 @@ struct GatheredSizes {
 };
 GatheredSizes gathered_sizes(const model::Model& model, const PartitionPlan& plan, const config::ZeroSection& zero,
                              int world);
-// Bytes of the coordinator's gathered-size gradient buffers (in use or kept for reuse) and, with
-// several ranks, its reduce-scatter buffers, with reduce_bucket_size `bucket` elements.
+// Elements of the coordinator's gathered-size gradient buffers, in use or kept for reuse, with
+// reduce_bucket_size `bucket`: the bound the coordinator keeps them under.
+std::uint64_t gradient_buffer_elements(const GatheredSizes& g, std::uint64_t bucket, int world);
+// Bytes of those buffers and, with several ranks, the reduce-scatter's buffers.
 std::uint64_t gradient_buffer_bytes(const GatheredSizes& g, std::uint64_t bucket, int world);
 
 struct HostBudgetRequest {
