@@ -301,24 +301,51 @@ void lower_keys(const HostBudgetRequest& r, const GatheredSizes& g, Knobs& k, Ho
 
 }  // namespace
 
-Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
+namespace {
+
+// What every budget needs: the fixed terms, the knobs, and their least.
+struct Sizing {
+  GatheredSizes g;
+  std::vector<MemoryTerm> fixed;
+  Knobs k;
+  std::uint64_t least = 0;  // the fixed terms plus each knob at its least
+  std::vector<Knob*> shared() { return {&k.opt_pool, &k.param_pool, &k.live, &k.grads, &k.weight_copies}; }
+};
+
+Sizing size_run(const HostBudgetRequest& r) {
   std::uint64_t shard = 0;
   for (const swap::SubGroup& sg : r.layout.subgroups) shard += sg.numel;
-  const GatheredSizes g = gathered_sizes(r.model, r.plan, r.ds.zero, static_cast<int>(r.ds.world_size));
-  const std::vector<MemoryTerm> fixed = fixed_terms(r, g, shard);
-  Knobs k = make_knobs(r, g, shard);
-  const std::vector<Knob*> shared = {&k.opt_pool, &k.param_pool, &k.live, &k.grads, &k.weight_copies};
+  Sizing s;
+  s.g = gathered_sizes(r.model, r.plan, r.ds.zero, static_cast<int>(r.ds.world_size));
+  s.fixed = fixed_terms(r, s.g, shard);
+  s.k = make_knobs(r, s.g, shard);
+  for (const MemoryTerm& t : s.fixed) s.least += t.bytes;
+  for (const Knob* knob : s.shared()) s.least += knob->least;
+  return s;
+}
 
-  std::uint64_t least = 0;
-  for (const MemoryTerm& t : fixed) least += t.bytes;
-  for (const Knob* knob : shared) least += knob->least;
+std::uint64_t with_margin(std::uint64_t least) {
+  return static_cast<std::uint64_t>(static_cast<double>(least) / (1.0 - kMarginShare)) + 1;
+}
+
+}  // namespace
+
+std::uint64_t host_budget_least_bytes(const HostBudgetRequest& r) { return with_margin(size_run(r).least); }
+
+Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& r) {
+  Sizing s = size_run(r);
+  const GatheredSizes& g = s.g;
+  const std::vector<MemoryTerm>& fixed = s.fixed;
+  Knobs& k = s.k;
+  const std::vector<Knob*> shared = s.shared();
+  const std::uint64_t least = s.least;
   const auto usable = static_cast<std::uint64_t>(static_cast<double>(r.budget) * (1.0 - kMarginShare));
   if (least > usable) {
     std::vector<MemoryTerm> named = fixed;
     for (const Knob* knob : shared) {
       named.push_back({knob->least_name.empty() ? knob->name + " at the least" : knob->least_name, knob->least, knob->pinned});
     }
-    const auto need = static_cast<std::uint64_t>(static_cast<double>(least) / (1.0 - kMarginShare)) + 1;
+    const std::uint64_t need = with_margin(least);
     return Status::resource_exhausted(fmt::format(
         "host memory budget {} is below the {} this run needs at the least ({} of it kept free for allocator slack): "
         "{}; raise the budget (--host-memory-budget, zinf.host_memory_budget), or lower the micro-batch or the "

@@ -64,6 +64,8 @@ struct HostBudgetFit {
 // Sizes the knobs from the budget; a budget below what the run needs at the least is
 // ResourceExhausted naming the budget, that least and its largest terms.
 Result<HostBudgetFit> fit_host_budget(const HostBudgetRequest& request);
+// The smallest budget fit_host_budget accepts for this request (its margin included).
+std::uint64_t host_budget_least_bytes(const HostBudgetRequest& request);
 
 // The calling process's resident memory now (VmRSS), 0 where /proc does not say.
 std::uint64_t process_rss_bytes();

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -155,6 +156,15 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   // them all, the forward's twice.
   const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
   c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
+  if (c.memory.budgeted && c.activation_checkpointing &&
+      c.memory.budgeted->weight_copy_bytes < c.memory.budgeted->weight_copy_asked) {
+    // A budget that keeps only some bf16 weight copies: the backward pass uses each weight twice
+    // (the recomputed forward, then the input gradient) and rounds a weight without a copy both
+    // times (bf16_weights.h): one more read of 4 and write of 2 bytes per element.
+    const double uncached =
+        static_cast<double>(c.memory.budgeted->weight_copy_asked - c.memory.budgeted->weight_copy_bytes) / 2.0;
+    c.compute_s += gas * 6.0 * uncached / roofs.mem;
+  }
   // Gathers per step, in models' worth. The coordinator keeps released copies while the live
   // budget has room and evicts the one used farthest ahead, so the step's first forward gathers
   // everything, each backward re-gathers what the budget could not keep from the forward's end,
@@ -190,7 +200,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
                        (4.0 * kOptimizerArrays * shard + copy) / roofs.tile_write();
     // Pipelined tiles: the longer of compute and I/O, plus one tile's ramp (its read is taken
     // ahead during the passes, so the ramp is the last tile's write).
-    const double tiles = std::max(1.0, std::ceil(shard / static_cast<double>(c.sub_group_size)));
+    double tile = static_cast<double>(c.sub_group_size);
+    if (c.memory.budgeted && c.memory.budgeted->optimizer_buffer_size > 0) {
+      tile = std::min(tile, static_cast<double>(c.memory.budgeted->optimizer_buffer_size));
+    }
+    const double tiles = std::max(1.0, std::ceil(shard / tile));
     opt_total = norm_s + std::max(c.optimizer_s, c.optimizer_io_s) + c.optimizer_io_s / tiles / 2.0;
     c.optimizer_io_s += norm_s;
     // The store: gas writes, gas - 1 reads, the norm's read-back; the step: the arrays read and
@@ -246,6 +260,11 @@ std::string check_fit(const Candidate& c, const Machine& machine, const PlanRequ
     why.push_back(fmt::format("host memory: needs {}, {} may be used ({:.0f}% of {} {}); short {}",
                               gib(c.memory.host_bytes()), gib(budget), 100 * r.host_fraction,
                               gib(machine.host_available), machine.host_source, gib(c.memory.host_bytes() - budget)));
+    if (c.memory.least_budget > budget) {
+      why.back() += fmt::format(" (with its pools, live parameters, buckets and weight copies at their least, "
+                                "zinf.host_memory_budget: {}, short {})",
+                                gib(c.memory.least_budget), gib(c.memory.least_budget - budget));
+    }
   }
   // The optimizer's files go to the first drive, the parameters' to the second when given.
   std::map<std::string, std::uint64_t> need;
@@ -350,6 +369,12 @@ std::string explain_winner(const Plan& plan) {
   return why;
 }
 
+// The least host memory a candidate can run in: as configured, or under a budget at the least.
+std::uint64_t least_host(const Candidate& c) {
+  const std::uint64_t host = c.memory.host_bytes();
+  return c.memory.least_budget > 0 ? std::min(host, c.memory.least_budget) : host;
+}
+
 // When nothing fits: the candidate closest to fitting, what it lacks, and the smallest change.
 std::string explain_shortfall(const Plan& plan, const Machine& machine, const PlanRequest& r) {
   const Candidate* closest = nullptr;
@@ -357,7 +382,7 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
   const double budget = static_cast<double>(machine.host_available) * r.host_fraction;
   for (const Candidate& c : plan.dropped) {
     if (c.memory.host.empty()) continue;
-    double over = static_cast<double>(c.memory.host_bytes()) / std::max(budget, 1.0);
+    double over = static_cast<double>(least_host(c)) / std::max(budget, 1.0);
     for (const Machine::Drive& d : machine.drives) {
       over = std::max(over, static_cast<double>(c.memory.disk_bytes()) / std::max(1.0, static_cast<double>(d.free_bytes)));
     }
@@ -369,7 +394,7 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
   if (closest == nullptr) return "no candidate could be sized (see the errors above)";
   std::string s = fmt::format("nothing fits. Closest: {}: {}.", closest->label(), closest->why_not);
   std::vector<std::string> change;
-  const std::uint64_t host = closest->memory.host_bytes();
+  const std::uint64_t host = least_host(*closest);
   if (static_cast<double>(host) > budget) {
     change.push_back(fmt::format("{} more free host memory ({} available in all, at --host-fraction {:g})",
                                  gib(host - static_cast<std::uint64_t>(budget)),
@@ -397,10 +422,11 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
 }  // namespace
 
 std::string Candidate::label() const {
-  return fmt::format("params {}, optimizer {}, micro {} x {}{}, sub_group {}, live {}",
+  return fmt::format("params {}, optimizer {}, micro {} x {}{}, sub_group {}, live {}{}",
                      config::offload_device_name(param_device), config::offload_device_name(optimizer_device),
                      micro_batch, grad_accum, activation_checkpointing ? ", recompute" : "", count_name(sub_group_size),
-                     count_name(max_live_parameters));
+                     count_name(max_live_parameters),
+                     host_memory_budget > 0 ? fmt::format(", host budget {}", gib(host_memory_budget)) : "");
 }
 
 Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
@@ -451,6 +477,7 @@ std::string plan_ds_config(const Candidate& c, const PlanRequest& r, const Machi
   }
   j["zero_optimization"] = zero_json(c, machine);
   if (c.activation_checkpointing) j["activation_checkpointing"] = {{"partition_activations", false}};
+  if (c.host_memory_budget > 0) j["zinf"] = {{"host_memory_budget", c.host_memory_budget}};
   const config::AioSection& a = machine.aio;
   j["aio"] = {{"block_size", a.block_size},
               {"queue_depth", a.queue_depth},
@@ -489,7 +516,8 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
   config::AutoContext ctx;
   ctx.world_size = r.world_size;
-  for (Candidate c : enumerate(r, machine, shape, per_rank)) {
+  // Writes, parses and predicts a candidate; an error is the planner's own (a config zinf refuses).
+  auto predict = [&](Candidate& c) -> Status {
     c.ds_config = plan_ds_config(c, r, machine);
     Result<config::DsConfig> ds = config::parse_ds_config(c.ds_config, "<plan>", ctx);
     if (!ds.is_ok()) return ds.status().with_context("the planner wrote a config zinf refuses");
@@ -497,13 +525,43 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     Result<MemoryPrediction> mem = predict_memory(m, ds.value(), static_cast<int>(c.micro_batch), r.seq);
     if (!mem.is_ok()) {
       c.why_not = mem.status().message();
-      plan.dropped.push_back(std::move(c));
-      continue;
+      return Status::ok();
     }
     c.memory = std::move(mem).value();
     predict_time(c, shape, *plain, ds.value(), r, roofs);
     c.why_not = check_fit(c, machine, r);
     c.fits = c.why_not.empty();
+    return Status::ok();
+  };
+  const auto usable = static_cast<std::uint64_t>(static_cast<double>(machine.host_available) * r.host_fraction);
+  std::set<std::string> budgeted;
+  for (Candidate c : enumerate(r, machine, shape, per_rank)) {
+    ZINF_RETURN_IF_ERROR(predict(c));
+    // Short of host memory only: the same candidate under zinf.host_memory_budget, which the
+    // engine fits by lowering the pools, the live parameters, the buckets and the weight copies.
+    const bool host_only = !c.fits && !c.memory.host.empty() && c.memory.host_bytes() > usable &&
+                           c.why_not.find("; disk") == std::string::npos;
+    if (host_only && c.memory.least_budget <= usable) {
+      Candidate b = c;
+      b.host_memory_budget = usable;
+      b.memory = {};
+      b.why_not.clear();
+      ZINF_RETURN_IF_ERROR(predict(b));
+      if (b.memory.budgeted) {
+        // The lowered knobs go into the written config (DeepSpeed reads them too); the engine
+        // sizes the rest (the optimizer's buffers, the weight copies) from the budget again.
+        const config::ZeroSection& z = b.memory.budgeted->zero;
+        b.max_live_parameters = z.max_live_parameters;
+        b.prefetch_bucket_size = z.prefetch_bucket_size;
+        b.reduce_bucket_size = z.reduce_bucket_size;
+        b.param_buffer_size = z.offload_param.buffer_size;
+        ZINF_RETURN_IF_ERROR(predict(b));
+      }
+      // Candidates that differ only in knobs the budget lowers, or in a bucket that moves neither
+      // memory nor time, come out the same: one is kept.
+      const std::string same = fmt::format("{}|{}|{}", b.label(), b.step_s, b.memory.host_bytes());
+      if (budgeted.insert(same).second) (b.fits ? plan.fitting : plan.dropped).push_back(std::move(b));
+    }
     (c.fits ? plan.fitting : plan.dropped).push_back(std::move(c));
   }
   auto faster = [](const Candidate& a, const Candidate& b) {

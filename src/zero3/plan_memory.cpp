@@ -129,6 +129,16 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   // data loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
   add("margin (allocator slack, small buffers)",
       static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+
+  // The engine's budget sizing (engine.cpp, fit_budget) for the same run.
+  HostBudgetRequest request{model, ds, plan, layout, states, B, T, ds.zinf.host_memory_budget,
+                            kProcessBeforeEngineBytes, false};
+  m.least_budget = host_budget_least_bytes(request);
+  if (ds.zinf.host_memory_budget == 0) return m;
+  ZINF_ASSIGN_OR_RETURN(HostBudgetFit fit, fit_host_budget(request));
+  m.host = std::move(fit.terms);
+  m.budgeted = MemoryPrediction::Budgeted{fit.ds.zero, fit.optimizer_buffer_size, fit.weight_copy_bytes,
+                                          model.weight_copy_bytes()};
   return m;
 }
 

@@ -6,7 +6,10 @@
 #      and the trained run's peak RSS is not above the predicted peak host bytes;
 #  (c) nothing fits: exit 3, naming what is short and by how much;
 #  (d) bad input names the option and the value;
-#  (e) zinf train --plan prints the plan, then trains with it.
+#  (e) zinf train --plan prints the plan, then trains with it;
+#  (f) short of host memory for every candidate as configured but not under the engine's budget
+#      sizing: the winner's config carries zinf.host_memory_budget, zinf train runs it within that
+#      budget, and zinf train --plan accepts the budget it planned.
 # Usage: plan_cli_test.sh ZINF
 set -euo pipefail
 zinf=$1
@@ -67,4 +70,35 @@ rc=0
 "$zinf" train --plan "${model[@]}" "${roofs[@]}" --train-batch 4 --steps 2 > "$tmp/train_plan.out"
 grep -q "^plan: training with #1" "$tmp/train_plan.out"
 grep -q "^done: 2 steps" "$tmp/train_plan.out"
+# (f) a budget. A model whose pools, gathers and weight copies outweigh the budget's process term.
+wide=(--model small --layers 4 --hidden 512 --heads 4 --seq 16 --vocab 8192)
+"$zinf" plan "${wide[@]}" "${roofs[@]}" --train-batch 4 --nvme-path "$tmp/nvme" --host-memory 64G --json > "$tmp/roomy.json"
+host=$(python3 - "$tmp/roomy.json" <<'PY'
+import json, sys
+c = [c for c in json.load(open(sys.argv[1]))["candidates"] if c["fits"]]
+least = min(x["least_host_memory_budget"] for x in c)
+smallest = min(x["predicted_peak_host_bytes"] for x in c)
+assert all(x["host_memory_budget"] == 0 for x in c), "a budget where everything fits"
+assert least < smallest, (least, smallest)
+print(int((least + (smallest - least) / 2) / 0.9) + 1)
+PY
+)
+"$zinf" plan "${wide[@]}" "${roofs[@]}" --train-batch 4 --nvme-path "$tmp/nvme" --host-memory "$host" --json > "$tmp/budget.json"
+"$zinf" plan "${wide[@]}" "${roofs[@]}" --train-batch 4 --nvme-path "$tmp/nvme" --host-memory "$host" --write "$tmp/ds_budget.json" > /dev/null
+"$zinf" train --config "$tmp/ds_budget.json" "${wide[@]}" --steps 2 --json-log "$tmp/budget.jsonl" > "$tmp/budget_train.out"
+python3 - "$tmp/budget.json" "$tmp/ds_budget.json" "$tmp/budget.jsonl" <<'PY'
+import json, sys
+plan, ds = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+budget = ds["zinf"]["host_memory_budget"]
+assert budget == plan["config"]["zinf"]["host_memory_budget"] > 0, (ds.get("zinf"), plan["config"].get("zinf"))
+assert plan["predicted_peak_host_bytes"] <= budget
+assert ds["zero_optimization"]["stage3_max_live_parameters"] == plan["candidates"][0]["stage3_max_live_parameters"]
+rss = max(json.loads(l)["peak_rss_bytes"] for l in open(sys.argv[3]))
+assert rss <= budget, f"peak RSS {rss} above the planned budget {budget}"
+PY
+grep -q "^host memory budget " "$tmp/budget_train.out"
+"$zinf" train --plan "${wide[@]}" "${roofs[@]}" --train-batch 4 --nvme-path "$tmp/nvme" --host-memory "$host" --steps 1 \
+  > "$tmp/budget_plan.out"
+grep -q "^plan: training with #1" "$tmp/budget_plan.out"
+grep -q "^done: 1 steps" "$tmp/budget_plan.out"
 echo "plan_cli: ok"

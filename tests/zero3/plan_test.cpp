@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine_harness.h"
+#include "zero3/host_budget.h"
 #include "zinf/model/gpt.h"
 #include "zinf/swap/pinned_pool.h"
 #include "zinf/zero3/plan.h"
@@ -287,6 +288,99 @@ TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
   bool named = false;
   for (const Candidate& d : plan->dropped) named = named || d.why_not.find("host memory: needs") != std::string::npos;
   EXPECT_TRUE(named);
+}
+
+// A model whose knobs (pools, gathers, weight copies) outweigh the budget's larger process term
+// (kProcessBeforeEngineBytes and the libraries' buffers against kProcessBaseBytes).
+model::GptConfig budget_gpt() {
+  model::GptConfig c = tiny_gpt();
+  c.n_layer = 4;
+  c.n_embd = 512;
+  c.n_head = 4;
+  c.vocab_size = 8192;
+  return c;
+}
+
+// Short of host memory for every candidate as configured, but not for the engine's budget
+// sizing: the plan's winner runs under zinf.host_memory_budget, its written config carries the
+// knobs the budget lowers (and sizing it again changes nothing), and a real engine given the
+// same room accepts it, sizes the same live limit and trains.
+TEST_F(PlanTest, ShortOfHostMemoryPlansUnderTheEnginesBudget) {
+  const model::GptConfig c = budget_gpt();
+  PlanRequest r = request(c);
+  r.micro_batch = testing::kB;  // the harness trains micro-batches of kB rows
+  r.train_batch = 2 * testing::kB;
+  auto roomy = make_plan(r, machine(std::uint64_t{64} << 30));
+  ASSERT_TRUE(roomy.is_ok()) << roomy.status().to_string();
+  std::uint64_t smallest = UINT64_MAX, least = UINT64_MAX;
+  for (const Candidate& d : roomy->fitting) {
+    EXPECT_EQ(d.host_memory_budget, 0u) << d.label() << ": a budget where everything fits";
+    smallest = std::min(smallest, d.memory.host_bytes());
+    least = std::min(least, d.memory.least_budget);
+  }
+  ASSERT_LT(least, smallest) << "the budget must have something to lower";
+  const std::uint64_t usable = least + (smallest - least) / 2;
+  const Machine tight = machine(static_cast<std::uint64_t>(static_cast<double>(usable) / r.host_fraction) + 1);
+  auto plan = make_plan(r, tight);
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_FALSE(plan->fitting.empty()) << plan->shortfall;
+  const Candidate& w = plan->fitting.front();
+  SCOPED_TRACE(w.label());
+  ASSERT_GT(w.host_memory_budget, 0u);
+  ASSERT_TRUE(w.memory.budgeted.has_value());
+  EXPECT_LE(w.memory.host_bytes(), w.host_memory_budget);
+  EXPECT_GE(w.host_memory_budget, w.memory.least_budget);
+  EXPECT_NE(w.label().find("host budget"), std::string::npos);
+  for (const Candidate& d : plan->fitting) EXPECT_GT(d.host_memory_budget, 0u) << d.label();
+
+  auto ds = config::parse_ds_config(w.ds_config, "planned", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->zinf.host_memory_budget, w.host_memory_budget);
+  EXPECT_EQ(ds->zero.max_live_parameters, w.max_live_parameters);
+  EXPECT_EQ(ds->zero.max_live_parameters, w.memory.budgeted->zero.max_live_parameters);
+  EXPECT_EQ(ds->zero.reduce_bucket_size, w.memory.budgeted->zero.reduce_bucket_size);
+  EXPECT_EQ(ds->zero.offload_param.buffer_size, w.memory.budgeted->zero.offload_param.buffer_size);
+  auto model = make_gpt(c, w.activation_checkpointing);
+  auto again = predict_memory(*model, ds.value(), static_cast<int>(w.micro_batch), r.seq);
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  ASSERT_TRUE(again->budgeted.has_value());
+  EXPECT_EQ(again->budgeted->zero.max_live_parameters, w.max_live_parameters);
+  EXPECT_LE(again->host_bytes(), w.host_memory_budget);
+
+  // The engine sizes from its own RSS where the plan assumed kProcessBeforeEngineBytes; given the
+  // same room beyond what the process holds, it sizes the same live limit (to within the budget
+  // margin's share of the RSS difference).
+  const std::int64_t held =
+      static_cast<std::int64_t>(process_rss_bytes()) - static_cast<std::int64_t>(kProcessBeforeEngineBytes);
+  auto comm = make_local_communicator();
+  EngineOptions eo;
+  eo.ds = ds.value();
+  eo.host_memory_budget = static_cast<std::uint64_t>(static_cast<std::int64_t>(w.host_memory_budget) + held / 0.95);
+  auto engine = Engine::create(make_gpt(c, w.activation_checkpointing), eo, *comm);
+  ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
+  const double live = static_cast<double>((*engine)->host_budget().live_bound);
+  EXPECT_NEAR(live, static_cast<double>(w.max_live_parameters), 0.05 * static_cast<double>(w.max_live_parameters));
+  ASSERT_TRUE(testing::train(**engine, 0, 2, c.vocab_size).is_ok());
+}
+
+// Below what the budget sizing needs at the least, nothing fits, and the shortfall is counted
+// from that least, not from the candidates as configured.
+TEST_F(PlanTest, TheShortfallCountsFromTheBudgetsLeast) {
+  const model::GptConfig c = budget_gpt();
+  const PlanRequest r = request(c);
+  auto roomy = make_plan(r, machine(std::uint64_t{64} << 30));
+  ASSERT_TRUE(roomy.is_ok()) << roomy.status().to_string();
+  std::uint64_t least = UINT64_MAX;
+  for (const Candidate& d : roomy->fitting) least = std::min(least, d.memory.least_budget);
+  auto plan = make_plan(r, machine(static_cast<std::uint64_t>(static_cast<double>(least) * 0.8 / r.host_fraction)));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->fitting.empty());
+  EXPECT_NE(plan->shortfall.find("at their least"), std::string::npos) << plan->shortfall;
+  // 20% of the least is short (give or take the MiB the message rounds to).
+  const std::size_t at = plan->shortfall.find("The smallest change that fits it: ");
+  ASSERT_NE(at, std::string::npos) << plan->shortfall;
+  const double more_mib = std::stod(plan->shortfall.substr(at + 34));
+  EXPECT_NEAR(more_mib, 0.2 * static_cast<double>(least) / (1 << 20), 1.5) << plan->shortfall;
 }
 
 TEST_F(PlanTest, NothingFitsSaysWhatIsShortAndByHowMuch) {

@@ -40,6 +40,8 @@ nlohmann::json candidate_json(const zero3::Candidate& c) {
           {"sub_group_size", c.sub_group_size},
           {"stage3_max_live_parameters", c.max_live_parameters},
           {"reduce_bucket_size", c.reduce_bucket_size},
+          {"host_memory_budget", c.host_memory_budget},
+          {"least_host_memory_budget", c.memory.least_budget},
           {"predicted_nvme_bytes_per_step", c.nvme_bytes},
           {"predicted_step_s", c.step_s},
           {"predicted_tokens_per_s", c.tokens_per_s},
@@ -278,16 +280,18 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
   out << fmt::format("{} candidates: {} fit, {} dropped; {} tokens per step\n", plan.fitting.size() + plan.dropped.size(),
                      plan.fitting.size(), plan.dropped.size(), plan.tokens_per_step);
   if (!plan.fitting.empty()) {
-    out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>10} {:>9} {:>8} {:>8} {:>9}  {}\n", "#", "params",
-                       "optim", "micro×acc", "ckpt", "sub_group", "max_live", "host GiB", "pinned", "disk GiB",
-                       "step s", "tok/s", "bottleneck");
+    out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>8} {:>9}  {}\n", "#",
+                       "params", "optim", "micro×acc", "ckpt", "sub_group", "max_live", "budget", "host GiB", "pinned",
+                       "disk GiB", "step s", "tok/s", "bottleneck");
     const int n = std::min<int>(top, static_cast<int>(plan.fitting.size()));
     for (int i = 0; i < n; ++i) {
       const zero3::Candidate& c = plan.fitting[static_cast<std::size_t>(i)];
-      out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>10} {:>9} {:>8} {:>8.3f} {:>9.0f}  {}\n", i + 1,
-                         config::offload_device_name(c.param_device), config::offload_device_name(c.optimizer_device),
-                         fmt::format("{}×{}", c.micro_batch, c.grad_accum), c.activation_checkpointing ? "on" : "off",
-                         zero3::count_name(c.sub_group_size), zero3::count_name(c.max_live_parameters), gib(c.memory.host_bytes()),
+      out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>8.3f} {:>9.0f}  {}\n",
+                         i + 1, config::offload_device_name(c.param_device),
+                         config::offload_device_name(c.optimizer_device), fmt::format("{}×{}", c.micro_batch, c.grad_accum),
+                         c.activation_checkpointing ? "on" : "off", zero3::count_name(c.sub_group_size),
+                         zero3::count_name(c.max_live_parameters),
+                         c.host_memory_budget > 0 ? gib(c.host_memory_budget) : std::string("-"), gib(c.memory.host_bytes()),
                          gib(c.memory.pinned_bytes()), gib(c.memory.disk_bytes()), c.step_s, c.tokens_per_s,
                          c.bottleneck);
     }

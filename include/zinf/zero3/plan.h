@@ -41,6 +41,18 @@ struct MemoryPrediction {
   std::uint64_t shard_elements = 0;  // this rank's sub-groups' elements, padded as the layout pads them
   // With the optimizer on NVMe: the gradient elements the norm reads back each step.
   std::uint64_t norm_read_elements = 0;
+  // The smallest zinf.host_memory_budget the engine accepts for this run: every knob it sizes
+  // (pinned pools, live parameters, gradient buckets, bf16 weight copies) at its least.
+  std::uint64_t least_budget = 0;
+  // Under zinf.host_memory_budget: the knobs as the engine lowers them to fit (host_budget.h),
+  // and `host` holds the budget's terms at those values.
+  struct Budgeted {
+    config::ZeroSection zero;                // the lowered knobs
+    std::uint64_t optimizer_buffer_size = 0;  // fp32 elements per optimizer pool buffer; 0: the largest sub-group
+    std::uint64_t weight_copy_bytes = UINT64_MAX;  // the products' bf16 weight copies kept; UINT64_MAX: all
+    std::uint64_t weight_copy_asked = 0;           // what the model keeps without a budget
+  };
+  std::optional<Budgeted> budgeted;
   std::uint64_t host_bytes() const;
   std::uint64_t pinned_bytes() const;
   std::uint64_t disk_bytes() const { return disk_optimizer + disk_params; }
@@ -50,10 +62,17 @@ struct MemoryPrediction {
 // math libraries' per-thread buffers and the built-in corpus. Calibrated on a tiny model
 // (docs/plan.md, "Memory"); a term of every prediction.
 inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{186} << 20;
+// The process before the engine as the engine's host-memory budget measures it (its RSS when
+// the engine is made: program, libraries, the built-in corpus; 167.5 MiB with --config and
+// 183.3 MiB with --plan, whose probes leave buffers behind, at 124M and 1.2B parameters alike):
+// candidates under a budget are sized with it (docs/plan.md, "Short of memory").
+inline constexpr std::uint64_t kProcessBeforeEngineBytes = std::uint64_t{184} << 20;
 
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
 // no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
-// ds.world_size ranks. Errors: the engine's own (a layout it refuses, a pool that overflows).
+// ds.world_size ranks. With ds.zinf.host_memory_budget the knobs are sized as the engine sizes
+// them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine. Errors: the engine's own (a layout it refuses, a pool that overflows, a
+// budget below least_budget).
 Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T);
 
 // A roof and where its figure came from.
@@ -137,6 +156,9 @@ struct Candidate {
   std::int64_t sub_group_size = 0;
   std::int64_t max_live_parameters = 0, prefetch_bucket_size = 0, reduce_bucket_size = 0;
   std::int64_t param_buffer_count = 0, param_buffer_size = 0, optimizer_buffer_count = 0;
+  // zinf.host_memory_budget (0: none): the engine lowers the knobs above to fit it, as
+  // memory.budgeted says, and keeps bf16 copies of only some of the products' weights.
+  std::uint64_t host_memory_budget = 0;
 
   std::string ds_config;  // the JSON written and parsed (the nvme_path of the first drive)
   MemoryPrediction memory;
