@@ -80,10 +80,12 @@ print(f"{med(lambda r: r['step_s']):.4f} {max(r['peak_rss_bytes'] for r in rows)
 PY
 }
 
-# The budget (--host-memory) under which only candidates of `want` fit: just below the smallest
-# predicted peak of every other kind, read from a plan of the same model with room for all
-# (so a budget follows the prediction as the process grows). want: optim_nvme (the optimizer
-# state on NVMe, the parameters wherever they are fastest) or all_nvme.
+# The budget (--host-memory) under which only candidates of `want` fit: just below the least
+# every other kind needs (its predicted peak, or under a host-memory budget its least, whichever
+# is smaller), read from a plan of the same model with room for all (so a budget follows the
+# prediction as the process grows). The winner then runs under a host-memory budget where its
+# kind fits only so. want: optim_nvme (the optimizer state on NVMe, the parameters wherever they
+# are fastest) or all_nvme.
 budget_for() {
   python3 - "$1" "$2" <<'PY'
 import json, sys
@@ -92,7 +94,9 @@ def wanted(c):
     if want == "all_nvme":
         return c["offload_param"] == "nvme" and c["offload_optimizer"] == "nvme"
     return c["offload_optimizer"] == "nvme"
-host = lambda c: c["predicted_peak_host_bytes"]
+def host(c):
+    least = c.get("least_host_memory_budget", 0)
+    return min(c["predicted_peak_host_bytes"], least) if least > 0 else c["predicted_peak_host_bytes"]
 ok = [host(c) for c in p["candidates"] if c["fits"] and wanted(c)]
 rest = [host(c) for c in p["candidates"] if c["fits"] and not wanted(c)]
 if not ok or (rest and min(ok) >= min(rest)):
@@ -123,7 +127,8 @@ meas, rss, tps, passes, opt, other = (float(x) for x in sys.argv[3:9])
 c = p["config"]["zero_optimization"]
 winner = (f'p={c["offload_param"]["device"]} o={c["offload_optimizer"]["device"]} '
           f'mb={p["config"]["train_micro_batch_size_per_gpu"]}x{p["config"]["gradient_accumulation_steps"]}'
-          f'{" ckpt" if "activation_checkpointing" in p["config"] else ""}')
+          f'{" ckpt" if "activation_checkpointing" in p["config"] else ""}'
+          f'{" budget %.0fM" % (p["config"]["zinf"]["host_memory_budget"] / 2**20) if "zinf" in p["config"] else ""}')
 w = p["candidates"][0]
 t = w["time_terms_s"]
 # The passes' terms, the gradient store's NVMe traffic included (forward_s + backward_s holds it).
