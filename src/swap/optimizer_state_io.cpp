@@ -47,6 +47,7 @@ Status OptimizerSwapper::init_master(const MasterSource& source) {
 
 Status OptimizerSwapper::write_gradients(std::size_t subgroup, const void* data) {
   if (!grad_store_) return Status::invalid_argument("write_gradients: gradients are not swapped (swap_gradients)");
+  ZINF_RETURN_IF_ERROR(wait_gradient_write());
   if (subgroup >= layout_.subgroups.size()) {
     return Status::invalid_argument(fmt::format("write_gradients: no sub-group {}", subgroup));
   }
@@ -94,13 +95,29 @@ Status OptimizerSwapper::write_gradient_range(std::size_t subgroup, std::uint64_
                                               const float* buffer) {
   ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
                                                                         config_.gradient_dtype, subgroup, start, count));
+  ZINF_RETURN_IF_ERROR(wait_gradient_write());
   return grad_store_->write(grad_key(subgroup), start * sizeof(float), buffer, bytes);
+}
+
+Status OptimizerSwapper::start_gradient_range_write(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
+                                                    const float* buffer) {
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
+                                                                        config_.gradient_dtype, subgroup, start, count));
+  ZINF_RETURN_IF_ERROR(wait_gradient_write());
+  ZINF_ASSIGN_OR_RETURN(grad_write_, grad_store_->write_async(grad_key(subgroup), start * sizeof(float), buffer, bytes));
+  return Status::ok();
+}
+
+Status OptimizerSwapper::wait_gradient_write() {
+  if (grad_write_.empty()) return Status::ok();
+  return grad_store_->wait(grad_write_);  // empties the batch, failed or not
 }
 
 Status OptimizerSwapper::read_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
                                              float* buffer) {
   ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
                                                                         config_.gradient_dtype, subgroup, start, count));
+  ZINF_RETURN_IF_ERROR(wait_gradient_write());
   return grad_store_->read(grad_key(subgroup), start * sizeof(float), buffer, bytes);
 }
 

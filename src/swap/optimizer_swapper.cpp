@@ -34,6 +34,7 @@ OptimizerSwapper::OptimizerSwapper(OptimizerSwapConfig config, optim::Optimizer 
     : config_(std::move(config)), optimizer_(std::move(optimizer)) {}
 
 OptimizerSwapper::~OptimizerSwapper() {
+  (void)wait_gradient_write();
   (void)drain();
   slots_.clear();  // blocks go back before the pool goes
   pool_.reset();
@@ -400,6 +401,9 @@ Status OptimizerSwapper::step(const StepArgs& in) {
   if (!master_written_) {
     return Status::invalid_argument("optimizer step before the master weights were written: call init_master()");
   }
+  // The gradients the step reads: a range write still in flight is part of them.
+  ZINF_RETURN_IF_ERROR(wait_gradient_write().with_context(
+      fmt::format("optimizer step {}: the last gradient write failed", in.ctx.step)));
   const auto t0 = Clock::now();
   stats_ = StepStats{};
   // The step takes over the read-ahead's reads (waited below, or by drain() on failure).

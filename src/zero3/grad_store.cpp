@@ -109,6 +109,8 @@ class SwappedGradStore final : public GradStore {
  public:
   SwappedGradStore(const swap::PartitionLayout& layout, swap::OptimizerSwapper& swapper)
       : layout_(layout), swapper_(swapper), touched_(layout.params.size(), false) {}
+  // The buffer may still be the source of a write in flight.
+  ~SwappedGradStore() override { (void)swapper_.wait_gradient_write(); }
 
   Status allocate() {
     // A multiple of the norm's blocks, so stats() reads whole blocks at a time.
@@ -136,6 +138,9 @@ class SwappedGradStore final : public GradStore {
     const std::size_t sg = layout_.subgroup_of[p];
     const std::uint64_t start = layout_.offset_in_subgroup[p];
     float* acc = buf();
+    // The last partition's write reads the buffer until it lands; it ran under the model's work
+    // since (the next module's backward). A failed write leaves that partition's sum unknown.
+    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_write());
     // The padding up to kAlign is written too, and must stay zero.
     const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
     if (touched_[p]) {
@@ -146,13 +151,16 @@ class SwappedGradStore final : public GradStore {
     }
     add_into(acc, in);
     if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
-    ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(sg, start, in.size(), acc));
+    // Not waited for here: the next accumulate, stats() or the step waits (the swapper's
+    // gradient reads and the step wait for it too).
+    ZINF_RETURN_IF_ERROR(swapper_.start_gradient_range_write(sg, start, in.size(), acc));
     bytes_ += padded * sizeof(float);
     touched_[p] = true;
     return Status::ok();
   }
 
   Result<optim::GradStats> stats() override {
+    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_write());  // before buf() is reused
     // Partitions no micro-batch reached still hold the last step's sums: zero them.
     for (std::size_t p = 0; p < layout_.params.size(); ++p) {
       if (touched_[p] || layout_.params[p].numel == 0) continue;

@@ -54,7 +54,9 @@ class GradStore {
 Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionLayout& layout);
 // In `swapper`'s gradient store (made with swap_gradients, fp32), through one buffer of the
 // largest partition: each accumulation reads the partition's sum so far (unless it is the
-// step's first for that partition), adds, and writes it back. `swapper` must outlive the store.
+// step's first for that partition), adds, and starts writing it back; the write runs while the
+// caller goes on (the next module's backward) and the next accumulation, stats() or the step
+// waits for it. A failed write fails the next of those. `swapper` must outlive the store.
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
                                                            swap::OptimizerSwapper& swapper);
 // Bytes of the swapped store's one pinned buffer: the largest partition, at least the norm's read

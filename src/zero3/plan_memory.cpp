@@ -70,6 +70,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
 
   MemoryPrediction m;
   m.shard_elements = shard;
+  for (const swap::ParamPartition& p : layout.params) m.largest_partition = std::max(m.largest_partition, p.numel);
   auto add = [&m](std::string name, std::uint64_t bytes, bool pinned = false) {
     m.host.push_back({std::move(name), bytes, pinned});
   };

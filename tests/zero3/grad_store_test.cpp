@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "temp_dir.h"
+#include "zinf/aio/fault.h"
 #include "zinf/aio/handle.h"
 #include "zinf/aio/pinned.h"
 #include "zinf/optim/optimizer.h"
@@ -32,8 +33,11 @@ struct BothStores {
   Result<std::unique_ptr<GradStore>> memory = Status::internal("not made");
   Result<std::unique_ptr<GradStore>> swapped = Status::internal("not made");
 
-  void make(const std::vector<swap::ParamPartition>& parts, const swap::PartitionLayout& layout) {
-    auto h = aio::Handle::create(aio::AioConfig{});
+  void make(const std::vector<swap::ParamPartition>& parts, const swap::PartitionLayout& layout,
+            std::shared_ptr<aio::FaultInjector> faults = nullptr) {
+    aio::AioConfig ac;
+    ac.faults = std::move(faults);
+    auto h = aio::Handle::create(ac);
     ASSERT_TRUE(h.is_ok()) << h.status().to_string();
     handle = std::move(h).value();
     swap::OptimizerSwapConfig sc;
@@ -90,6 +94,40 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
     }
   }
   EXPECT_LT(swapped.value()->host_bytes(), memory.value()->host_bytes() + (std::uint64_t{4} << 20));
+}
+
+// Each partition's write runs after accumulate returns: a write that fails is reported by the
+// next call that needs the store (the next accumulate, or stats() before the step), naming the
+// gradient tensor, and never taken as stored. The store's other writes are unaffected.
+TEST(GradStore, AFailedWriteFailsTheNextCallThatNeedsTheStore) {
+  std::vector<swap::ParamPartition> parts = {{"a", 5000}, {"b", 9000}, {"c", 3000}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1u << 20);
+  for (const bool in_stats : {false, true}) {
+    SCOPED_TRACE(in_stats ? "the last partition's write" : "the first partition's write");
+    auto faults = std::make_shared<aio::FaultInjector>();
+    BothStores stores;
+    ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
+    GradStore& store = *stores.swapped.value();
+    ASSERT_TRUE(store.begin_step().is_ok());
+    aio::FaultRule rule;
+    rule.op = aio::FaultOp::kWrite;
+    rule.count = 1;  // the first partition's write (one chunk: the only write so far) fails, no other
+    faults->add(rule);
+    std::vector<float> g(layout.params[0].numel, 1.0f);
+    Status st = store.accumulate(0, g);
+    ASSERT_TRUE(st.is_ok()) << "the write is started, not waited for: " << st.to_string();
+    if (in_stats) {
+      auto stats = store.stats();
+      ASSERT_FALSE(stats.is_ok());
+      st = stats.status();
+    } else {
+      std::vector<float> h(layout.params[1].numel, 2.0f);
+      st = store.accumulate(1, h);
+      ASSERT_FALSE(st.is_ok());
+    }
+    EXPECT_NE(st.message().find("grad"), std::string::npos) << st.to_string();
+    EXPECT_GT(faults->injected(), 0u);
+  }
 }
 
 // The norm takes each block's sum when a partition is accumulated (the sums are then in memory)

@@ -133,6 +133,15 @@ class OptimizerSwapper {
   // layout's gaps are). Synchronous; the step reads what was written last.
   Status write_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count, const float* buffer);
   Status read_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count, float* buffer);
+  // write_gradient_range, started and not waited for: `buffer` must stay unchanged until
+  // wait_gradient_write() returns. One such write at a time (a second waits for the first).
+  // Every later gradient transfer (a range read or write, write_gradients, step()) waits for it
+  // first, so whatever reads the gradients reads what was written last.
+  Status start_gradient_range_write(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
+                                    const float* buffer);
+  // Waits for the write start_gradient_range_write started, if one is pending; its error, if it
+  // failed (the range then holds unknown values: the step must not use it).
+  Status wait_gradient_write();
   // Starts reading the committed master weights and optimizer states of the first tiles, one
   // per pipeline slot, into the slots' pinned buffers (no memory beyond them), so that the next
   // step() finds them read: call it while other work (the forward and backward passes) runs.
@@ -201,6 +210,7 @@ class OptimizerSwapper {
   PartitionLayout layout_;
   std::unique_ptr<SwapStore> store_;
   std::unique_ptr<SwapStore> grad_store_;
+  IoBatch grad_write_;  // start_gradient_range_write's pending write (empty: none)
   std::unique_ptr<PinnedPool> pool_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Tile> tiles_;

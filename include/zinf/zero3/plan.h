@@ -39,6 +39,7 @@ struct MemoryPrediction {
   std::uint64_t disk_params = 0;     // the parameters' swap files (offload_param.nvme_path)
   std::uint64_t gpu = 0;         // 0: the CPU engine computes on the host
   std::uint64_t shard_elements = 0;  // this rank's sub-groups' elements, padded as the layout pads them
+  std::uint64_t largest_partition = 0;  // elements of this rank's largest parameter partition
   // With the optimizer on NVMe: the gradient elements the norm reads back each step.
   std::uint64_t norm_read_elements = 0;
   // The smallest zinf.host_memory_budget the engine accepts for this run: every knob it sizes
