@@ -62,7 +62,7 @@ struct MemoryPrediction {
 // The process memory of `zinf train` before any model state: the program, its libraries, the
 // math libraries' per-thread buffers and the built-in corpus. Calibrated on a tiny model
 // (docs/plan.md, "Memory"); a term of every prediction.
-inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{186} << 20;
+inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{176} << 20;
 // The process before the engine as the engine's host-memory budget measures it (its RSS when
 // the engine is made: program, libraries, the built-in corpus; 167.5 MiB with --config and
 // 183.3 MiB with --plan, whose probes leave buffers behind, at 124M and 1.2B parameters alike):
