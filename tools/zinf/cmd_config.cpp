@@ -22,7 +22,7 @@ void add_config_command(CLI::App& app, int* exit_code) {
   };
   auto o = std::make_shared<Opts>();
   check->add_option("FILE", o->file, "the ds_config.json")->required();
-  o->model.add_to(*check, "");
+  o->model.add_to(*check, "", "256");
   o->autos.add_to(*check);
   check->add_option("--steps", o->steps,
                     "the run's length, as zinf train --steps (default 50, train's): fills an \"auto\" "

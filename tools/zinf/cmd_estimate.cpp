@@ -19,7 +19,7 @@ void add_estimate_command(CLI::App& app, int* exit_code) {
     double buffer_factor = 1.5;
   };
   auto o = std::make_shared<Opts>();
-  o->model.add_to(*cmd, "gpt2");
+  o->model.add_to(*cmd, "gpt2", "50257, GPT-2's; zinf train takes the data's, 256 for its built-in corpus");
   cmd->add_option("--gpus-per-node", o->gpus_per_node, "GPUs (ranks) per node")->check(CLI::PositiveNumber);
   cmd->add_option("--nodes", o->nodes, "nodes")->check(CLI::PositiveNumber);
   cmd->add_option("--buffer-factor", o->buffer_factor, "headroom factor")->check(CLI::PositiveNumber);

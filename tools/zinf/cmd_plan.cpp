@@ -350,7 +350,7 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
 void add_plan_command(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand("plan", "the fastest ZeRO-3 configuration that fits this model on this machine");
   auto o = std::make_shared<PlanOptions>();
-  o->model.add_to(*cmd, "gpt2");
+  o->model.add_to(*cmd, "gpt2", "50257, GPT-2's; zinf train takes the data's, 256 for its built-in corpus");
   o->autos.add_to(*cmd);
   cmd->add_option("--model-dir", o->model_dir, "a Hugging Face model folder (its config.json decides the model)");
   o->machine.add_to(*cmd, true);

@@ -5,7 +5,7 @@
 
 namespace zinf::cli {
 
-void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset) {
+void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset, const std::string& vocab_default) {
   preset = default_preset;
   std::string names;
   for (const std::string& n : model::gpt_preset_names()) names += (names.empty() ? "" : ", ") + n;
@@ -16,7 +16,7 @@ void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset) {
   cmd.add_option("--seq", seq,
                  "the training window T, tokens per row (a new preset's max positions too; at most the model's max "
                  "positions; default for --model-dir: min(max positions, 2048), on --resume the checkpoint's)");
-  cmd.add_option("--vocab", vocab, "vocabulary size (default: from the data, 256 for bytes)");
+  cmd.add_option("--vocab", vocab, "vocabulary size (default: " + vocab_default + ")");
 }
 
 Result<model::GptConfig> ModelOptions::resolve(int default_vocab) const {

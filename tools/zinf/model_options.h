@@ -15,8 +15,10 @@ struct ModelOptions {
   std::string preset;  // --model
   std::optional<int> layers, hidden, heads, seq, vocab;
 
-  // Adds --model, --layers, --hidden, --heads, --seq, --vocab to `cmd`.
-  void add_to(CLI::App& cmd, const std::string& default_preset);
+  // Adds --model, --layers, --hidden, --heads, --seq, --vocab to `cmd`; `vocab_default` says
+  // in --vocab's help what the command takes without it (what its resolve() is given).
+  void add_to(CLI::App& cmd, const std::string& default_preset,
+              const std::string& vocab_default = "from the data, 256 for bytes");
   // The model: the preset (if any) with any dimension given on the command line replacing its
   // own; `default_vocab` when neither --vocab nor the data decides. Errors name the option.
   Result<model::GptConfig> resolve(int default_vocab) const;
