@@ -15,18 +15,34 @@ namespace zinf::zero3 {
 
 // The driving thread adds every downloaded gradient of a device-resident pass, and while it adds
 // it does not launch the next kernels: hence the split.
-void add_into(float* acc, std::span<const float> in) {
+namespace {
+
+// acc[i] = op(acc[i], in[i]) over large spans split on the default thread pool (element-wise:
+// the same floats whatever the split).
+template <typename Op>
+void for_each_element(float* acc, std::span<const float> in, Op op) {
   constexpr std::size_t kChunk = std::size_t{1} << 18;
   const float* src = in.data();
   if (in.size() < 4 * kChunk || default_thread_pool().threads() == 1) {
-    for (std::size_t i = 0; i < in.size(); ++i) acc[i] += src[i];
+    for (std::size_t i = 0; i < in.size(); ++i) acc[i] = op(acc[i], src[i]);
     return;
   }
   const std::size_t n = in.size();
   default_thread_pool().run((n + kChunk - 1) / kChunk, [&](std::size_t c) {
     const std::size_t end = std::min(n, (c + 1) * kChunk);
-    for (std::size_t i = c * kChunk; i < end; ++i) acc[i] += src[i];
+    for (std::size_t i = c * kChunk; i < end; ++i) acc[i] = op(acc[i], src[i]);
   });
+}
+
+// acc[i] = 0 + in[i]: add_into over a zeroed acc in one pass (0 + -0 is +0, as there).
+void sum_from_zero(float* acc, std::span<const float> in) {
+  for_each_element(acc, in, [](float, float x) { return 0.0f + x; });
+}
+
+}  // namespace
+
+void add_into(float* acc, std::span<const float> in) {
+  for_each_element(acc, in, [](float a, float x) { return a + x; });
 }
 
 namespace {
@@ -146,10 +162,11 @@ class SwappedGradStore final : public GradStore {
     if (touched_[p]) {
       ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
       bytes_ += padded * sizeof(float);
+      add_into(acc, in);
     } else {
-      std::memset(acc, 0, padded * sizeof(float));
+      sum_from_zero(acc, in);
+      std::memset(acc + in.size(), 0, (padded - in.size()) * sizeof(float));
     }
-    add_into(acc, in);
     if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
     // Not waited for here: the next accumulate, stats() or the step waits (the swapper's
     // gradient reads and the step wait for it too).
