@@ -13,12 +13,11 @@
 
 namespace zinf::zero3 {
 
-// The driving thread adds every downloaded gradient of a device-resident pass, and while it adds
-// it does not launch the next kernels: hence the split.
 namespace {
 
 // acc[i] = op(acc[i], in[i]) over large spans split on the default thread pool (element-wise:
-// the same floats whatever the split).
+// the same floats whatever the split). The driving thread adds every downloaded gradient of a
+// device-resident pass, and while it adds it does not launch the next kernels: hence the split.
 template <typename Op>
 void for_each_element(float* acc, std::span<const float> in, Op op) {
   constexpr std::size_t kChunk = std::size_t{1} << 18;

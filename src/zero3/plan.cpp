@@ -258,6 +258,23 @@ Result<std::unique_ptr<model::Model>> planned_model(const PlanRequest& r, bool r
   return m;
 }
 
+// Bytes a candidate needs free under each drive: the optimizer's files go to the first drive, the
+// parameters' to the second when given.
+std::map<std::string, std::uint64_t> disk_need(const Candidate& c, const Machine& machine) {
+  std::map<std::string, std::uint64_t> need;
+  if (!machine.drives.empty()) {
+    need[machine.drives.front().path] += c.memory.disk_optimizer;
+    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += c.memory.disk_params;
+  }
+  return need;
+}
+
+bool fits_disk(const Candidate& c, const Machine& machine) {
+  std::map<std::string, std::uint64_t> need = disk_need(c, machine);
+  return std::all_of(machine.drives.begin(), machine.drives.end(),
+                     [&](const Machine::Drive& d) { return need[d.path] <= d.free_bytes; });
+}
+
 // Why a predicted candidate does not fit; empty when it does.
 std::string check_fit(const Candidate& c, const Machine& machine, const PlanRequest& r) {
   std::vector<std::string> why;
@@ -272,12 +289,7 @@ std::string check_fit(const Candidate& c, const Machine& machine, const PlanRequ
                                 gib(c.memory.least_budget), gib(c.memory.least_budget - budget));
     }
   }
-  // The optimizer's files go to the first drive, the parameters' to the second when given.
-  std::map<std::string, std::uint64_t> need;
-  if (!machine.drives.empty()) {
-    need[machine.drives.front().path] += c.memory.disk_optimizer;
-    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += c.memory.disk_params;
-  }
+  std::map<std::string, std::uint64_t> need = disk_need(c, machine);
   for (const Machine::Drive& d : machine.drives) {
     if (need[d.path] > d.free_bytes) {
       why.push_back(fmt::format("disk: needs {} free under {}; {} are (short {})", gib(need[d.path]), d.path,
@@ -407,11 +419,7 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
                                  gib(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)),
                                  r.host_fraction));
   }
-  std::map<std::string, std::uint64_t> need;
-  if (!machine.drives.empty()) {
-    need[machine.drives.front().path] += closest->memory.disk_optimizer;
-    need[machine.drives[machine.drives.size() > 1 ? 1 : 0].path] += closest->memory.disk_params;
-  }
+  std::map<std::string, std::uint64_t> need = disk_need(*closest, machine);
   for (const Machine::Drive& d : machine.drives) {
     if (need[d.path] > d.free_bytes) {
       change.push_back(fmt::format("{} more free under {} ({} in all)", gib(need[d.path] - d.free_bytes), d.path,
@@ -545,8 +553,8 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     ZINF_RETURN_IF_ERROR(predict(c));
     // Short of host memory only: the same candidate under zinf.host_memory_budget, which the
     // engine fits by lowering the pools, the live parameters, the buckets and the weight copies.
-    const bool host_only = !c.fits && !c.memory.host.empty() && c.memory.host_bytes() > usable &&
-                           c.why_not.find("; disk") == std::string::npos;
+    const bool host_only =
+        !c.fits && !c.memory.host.empty() && c.memory.host_bytes() > usable && fits_disk(c, machine);
     if (host_only && c.memory.least_budget <= usable) {
       Candidate b = c;
       b.host_memory_budget = usable;

@@ -72,8 +72,9 @@ inline constexpr std::uint64_t kProcessBeforeEngineBytes = std::uint64_t{184} <<
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
 // no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
 // ds.world_size ranks. With ds.zinf.host_memory_budget the knobs are sized as the engine sizes
-// them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine. Errors: the engine's own (a layout it refuses, a pool that overflows, a
-// budget below least_budget).
+// them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine.
+// Errors: the engine's own (a layout it refuses, a pool that overflows, a budget below
+// least_budget).
 Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T);
 
 // A roof and where its figure came from.
