@@ -73,8 +73,14 @@ CASE_BIN = {}
 CASE_ENV = {"zinf bf16, bf16 products": {"ZINF_MATMUL": "bf16"}}
 
 
-def pin_other_products(auto_kind):
-    """Where `auto` takes bf16 products, the pinned case runs fp32 ones instead."""
+def pin_other_products(auto_kind, bf16_missing=None):
+    """Where `auto` takes bf16 products, the pinned case runs fp32 ones instead; where this CPU has
+    no fast bf16 kernel (bf16_missing: matmul_bench's reason) there is no other kind to pin and the
+    case is dropped, saying why."""
+    if bf16_missing:
+        del CASES[PINNED_CASE]
+        print(f"products: no pinned case: bf16 products can't run on this CPU ({bf16_missing})", flush=True)
+        return
     if auto_kind != "bf16":
         return
     CASES[PINNED_CASE] = ("zinf bf16, fp32 products",) + CASES[PINNED_CASE][1:]
@@ -89,6 +95,8 @@ def run_case(case, a, work, configs, rnd):
     steps = a.warmup + a.steps
     if fw == "zinf":
         log = os.path.join(work, tag + ".jsonl")
+        if os.path.exists(log):  # --json-log appends: a kept --workdir must not pool an earlier run's steps
+            os.remove(log)
         cmd = [CASE_BIN.get(name, a.zinf), "train", "--model", "small", "--config", configs[key], "--steps", str(steps),
                "--seed", "1234", "--json-log", log]
     else:
@@ -146,7 +154,8 @@ def zinf_matmul_roof(a):
         f = line.split()
         if len(f) == 7 and f[1] in ("forward", "backward"):
             best["zinf_sgemm"] = max(best.get("zinf_sgemm", 0.0), float(f[4]))
-            best["zinf_bf16"] = max(best.get("zinf_bf16", 0.0), float(f[5]))
+            if f[5] != "n/a":  # n/a: no fast bf16 kernel on this CPU
+                best["zinf_bf16"] = max(best.get("zinf_bf16", 0.0), float(f[5]))
     return best
 
 
@@ -154,7 +163,8 @@ def zinf_products(a, rounds=3):
     """The product table `auto` is checked against: bench/matmul_bench at GPT `small`'s own shapes
     (N 2048 = micro-batch 8 x 256, C 384), fp32 and bf16 interleaved. Returns {"rows": {(layer,
     pass): (fp32 GF/s, bf16 GF/s)}, "fp32_ms", "bf16_ms", "auto": kind, "row": auto's table row,
-    "known"}, or {} without a matmul_bench."""
+    "known", "bf16_missing": why bf16 can't run (only where it can't)}, or {} without a matmul_bench.
+    Where bf16 products can't run, every bf16 figure is None."""
     if not a.matmul_bench or not os.access(a.matmul_bench, os.X_OK):
         return {}
     p = subprocess.run([a.matmul_bench, "--rows=2048", "--embd=384", f"--rounds={rounds}"],
@@ -163,14 +173,17 @@ def zinf_products(a, rounds=3):
     for line in p.stdout.splitlines():
         f = line.split()
         if len(f) == 7 and f[1] in ("forward", "backward"):
-            out["rows"][(f[0], f[1])] = (float(f[4]), float(f[5]))
+            out["rows"][(f[0], f[1])] = (float(f[4]), None if f[5] == "n/a" else float(f[5]))
         elif line.startswith("matmul_auto "):
             out["auto"] = f[1].split("=", 1)[1] if f[1].startswith("kind=") else "?"
             out["row"] = line.split('row="', 1)[1].split('"', 1)[0] if 'row="' in line else "?"
             out["known"] = "known=yes" in line
         elif line.startswith("matmul_layer "):
             kv = dict(x.split("=", 1) for x in f[1:])
-            out["fp32_ms"], out["bf16_ms"] = float(kv["fp32_ms"]), float(kv["bf16_ms"])
+            out["fp32_ms"] = float(kv["fp32_ms"])
+            out["bf16_ms"] = None if kv["bf16_ms"] == "n/a" else float(kv["bf16_ms"])
+        elif line.startswith("matmul_bf16 unavailable: "):
+            out["bf16_missing"] = line.split(": ", 1)[1]
         elif line.startswith("matmul_bench: "):
             out["cpu"] = line.split("CPU ", 1)[1] if "CPU " in line else "?"
             out["isa"] = line.split("oneDNN ISA ", 1)[1].split(" ", 1)[0] if "oneDNN ISA " in line else "?"
@@ -187,15 +200,26 @@ def report_products(tables):
     print(f"products: bench/matmul_bench at N 2048, C 384 (GPT small's layers), 3 interleaved rounds each, {runs}; "
           f"CPU {tables[0].get('cpu', '?')}, oneDNN ISA {tables[0].get('isa', '?')}")
     print(f"  {'layer':10} {'pass':8} {'fp32 GF/s':>10} {'bf16 GF/s':>10} {'bf16/fp32':>9}")
+    missing = tables[0].get("bf16_missing")
     for key in tables[0]["rows"]:
         f32 = statistics.median(t["rows"][key][0] for t in tables if key in t["rows"])
+        if missing:
+            print(f"  {key[0]:10} {key[1]:8} {f32:10.1f} {'n/a':>10} {'n/a':>9}")
+            continue
         b16 = statistics.median(t["rows"][key][1] for t in tables if key in t["rows"])
         print(f"  {key[0]:10} {key[1]:8} {f32:10.1f} {b16:10.1f} {b16 / f32:9.2f}")
     f32_ms = statistics.median(t["fp32_ms"] for t in tables if "fp32_ms" in t)
+    auto, row, known = tables[0].get("auto", "?"), tables[0].get("row", "?"), tables[0].get("known", False)
+    if missing:
+        print(f"  {'one layer':19} {f32_ms:8.2f} ms {'n/a':>10}")
+        verdict = ("agrees: fp32 is the only kind with a fast kernel here" if auto == "fp32"
+                   else "DISAGREES: auto chose bf16 products, which can't run here")
+        print(f"  bf16 products unavailable: {missing}")
+        print(f"  auto chose {auto} products (row \"{row}\"{'' if known else ', CPU not in the table'}): {verdict}")
+        return
     b16_ms = statistics.median(t["bf16_ms"] for t in tables if "bf16_ms" in t)
     speedup = f32_ms / b16_ms
     print(f"  {'one layer':19} {f32_ms:8.2f} ms {b16_ms:7.2f} ms {speedup:9.2f}")
-    auto, row, known = tables[0].get("auto", "?"), tables[0].get("row", "?"), tables[0].get("known", False)
     faster = "bf16" if speedup > 1.1 else "fp32" if speedup < 1 / 1.1 else None
     if faster is None:
         verdict = "the two kinds are within 10% here: either is right"
@@ -257,7 +281,7 @@ def main():
         json.dump(cfg, open(configs[key], "w"), indent=1)
 
     products = [zinf_products(a)]
-    pin_other_products(products[0].get("auto"))
+    pin_other_products(products[0].get("auto"), products[0].get("bf16_missing"))
     if a.baseline_zinf:
         CASE_BIN[BASELINE_CASE] = a.baseline_zinf
         at = next(i for i, c in enumerate(CASES) if c[0] == "zinf bf16") + 1
@@ -327,11 +351,17 @@ def report(a, cases, samples, roofs, unavailable, elapsed):
         print(f"{name:28} {prec:9} {where:7} {tps[name]:8.0f} {med:7.3f} {min(s):7.3f}-{max(s):<7.3f} {len(s):3} {mfu:6.3f}")
     print()
     rf = lambda k: f"{roof[k]:.0f}" if roof[k] else "n/a"  # noqa: E731
+
+    def rv(key):  # one source's median; roof.py's small probe (key_n) where the large products were too slow
+        v = median_roof(roofs, key)
+        probe = next((r[key + "_n"] for r in roofs if r.get(key + "_n")), None)
+        return "n/a" if v is None else f"{v:.0f}" if probe is None else f"{v:.1f} at {probe}^3"
+
     print(f"roof (median of {len(roofs)}; 2048^3 products, and zinf's matmul_bench at N 2048, C 1024): "
-          f"fp32 {rf('fp32')} GFLOP/s (max of torch mm {median_roof(roofs, 'torch_fp32') or 0:.0f}, system "
-          f"OpenBLAS sgemm {median_roof(roofs, 'openblas_sgemm') or 0:.0f}, zinf sgemm "
-          f"{median_roof(roofs, 'zinf_sgemm') or 0:.0f}), bf16 {rf('bf16')} GFLOP/s (max of torch mm "
-          f"{median_roof(roofs, 'torch_bf16') or 0:.0f}, zinf oneDNN {median_roof(roofs, 'zinf_bf16') or 0:.0f})")
+          f"fp32 {rf('fp32')} GFLOP/s (max of torch mm {rv('torch_fp32')}, system "
+          f"OpenBLAS sgemm {rv('openblas_sgemm')}, zinf sgemm "
+          f"{rv('zinf_sgemm')}), bf16 {rf('bf16')} GFLOP/s (max of torch mm "
+          f"{rv('torch_bf16')}, zinf oneDNN {rv('zinf_bf16')})")
     print(f"model flops per token: 6 * {n_params} + 12 * {N_LAYER} * {C} * {T} = {fpt / 1e6:.1f} MFLOP; "
           f"MFU = tok/s * that / the roof of the precision of the case's products")
     for name, line in MATMUL_LINES.items():

@@ -4,6 +4,10 @@
 Prints one JSON line: {"torch_fp32", "torch_bf16", "openblas_sgemm"} in GFLOP/s, each the median
 of --reps timed products after one untimed (openblas_sgemm: the library zinf links, through
 ctypes, and the kernel set it picked; null when it cannot be loaded).
+
+Each torch precision is first probed at n 512: where that runs below SLOW_GFLOPS (torch's bf16 on a
+CPU without bf16 units, AVX2 only: under 1 GFLOP/s on a Zen 3, so a 2048^3 product takes ~25 s),
+the probe's figure is the one printed, with "<name>_n": 512, instead of minutes of large products.
 """
 import argparse
 import ctypes
@@ -14,6 +18,10 @@ import statistics
 import time
 
 import torch
+
+
+SLOW_GFLOPS = 5.0
+PROBE_N = 512
 
 
 def timed(fn, flops, reps):
@@ -54,6 +62,13 @@ def main():
     sgemm = openblas_sgemm(a.openblas, a.n, a.reps) or (None, None)
     out = {"openblas_sgemm": sgemm[0], "openblas_core": sgemm[1]}
     for name, dtype in (("torch_fp32", torch.float32), ("torch_bf16", torch.bfloat16)):
+        n = min(PROBE_N, a.n)
+        x, y = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        probe = timed(lambda: torch.mm(x, y), 2.0 * n ** 3, 3)
+        if probe < SLOW_GFLOPS or n == a.n:
+            out[name] = probe
+            out[name + "_n"] = n
+            continue
         x, y = torch.randn(a.n, a.n, dtype=dtype), torch.randn(a.n, a.n, dtype=dtype)
         out[name] = timed(lambda: torch.mm(x, y), 2.0 * a.n ** 3, a.reps)
     print(json.dumps(out))
