@@ -180,6 +180,15 @@ __attribute__((target("avx2,fma"))) void block_gemm_avx2(bool trans_a, int M, in
 // GCC 12: transpose16.h says why.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// What a packing by whole w x w tiles leaves of bt = B^T, element by element: every column j of
+// the rows k past the last whole tile, and the columns past the last whole tile of the others.
+void pack_transposed_edges(const float* B, size_t ldb, int N, int K, float* bt, size_t ldp, int w) {
+  const int nw = N / w * w, kw = K / w * w;
+  for (int k = 0; k < K; k++) {
+    for (int j = k < kw ? nw : 0; j < N; j++) bt[k * ldp + j] = B[j * ldb + k];
+  }
+}
+
 // bt (K, N) rows of ldp = B^T for B (N rows of ldb, K columns): 16 x 16 tiles in registers, the
 // edges element by element, because a scalar transpose costs a large share of the NT product
 // (docs/benchmarks.md, "Figures behind choices in the code").
@@ -195,13 +204,8 @@ __attribute__((target("avx512f"))) void pack_transposed(const float* B, size_t l
 #pragma GCC unroll 16
       for (int i = 0; i < 16; i++) _mm512_storeu_ps(bt + (k0 + i) * ldp + j0, r[i]);
     }
-    for (int k = k16; k < K; k++) {
-      for (int j = j0; j < j0 + 16; j++) bt[k * ldp + j] = B[j * ldb + k];
-    }
   }
-  for (int k = 0; k < K; k++) {
-    for (int j = n16; j < N; j++) bt[k * ldp + j] = B[j * ldb + k];
-  }
+  pack_transposed_edges(B, ldb, N, K, bt, ldp, 16);
 }
 
 // The same packing with 8 x 8 tiles in AVX registers (unpack, shuffle, then 128-bit lanes), for
@@ -232,13 +236,8 @@ __attribute__((target("avx2"))) void pack_transposed_avx2(const float* B, size_t
         _mm256_storeu_ps(bt + (k0 + i + 4) * ldp + j0, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
       }
     }
-    for (int k = k8; k < K; k++) {
-      for (int j = j0; j < j0 + 8; j++) bt[k * ldp + j] = B[j * ldb + k];
-    }
   }
-  for (int k = 0; k < K; k++) {
-    for (int j = n8; j < N; j++) bt[k * ldp + j] = B[j * ldb + k];
-  }
+  pack_transposed_edges(B, ldb, N, K, bt, ldp, 8);
 }
 
 #pragma GCC diagnostic pop

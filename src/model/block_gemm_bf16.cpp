@@ -58,8 +58,8 @@ void block_gemm_bf16_reference(bool trans_a, bool trans_b, int M, int N, int K, 
   const size_t a_rs = trans_a ? 1 : lda, a_ks = trans_a ? lda : 1;  // A(i, k) = A[i * a_rs + k * a_ks]
   const size_t b_ks = trans_b ? 1 : ldb, b_cs = trans_b ? ldb : 1;  // B(k, j) = B[k * b_ks + j * b_cs]
   // Each operand rounded once, rows of A and columns of B contiguous, K padded with a zero to
-  // whole pairs: the same steps as rounding at every use, at a fraction of the cost (this is the
-  // product CPUs without AVX512-BF16 run, and the tests run on them).
+  // whole pairs: the same steps as rounding at every use, at a fraction of the cost (on CPUs
+  // without AVX512-BF16 the tests of the bf16 attention path run this product).
   const size_t K2 = (static_cast<size_t>(K) + 1) / 2 * 2;
   std::vector<float> a(static_cast<size_t>(M) * K2, 0.0f), b(static_cast<size_t>(N) * K2, 0.0f);
   for (int i = 0; i < M; i++) {
