@@ -22,12 +22,24 @@ done
 # (b) with the parameters resident; --with-c: aio_bench on the scratch folder, then (c) on the
 # largest preset whose NVMe state fits (a preset name, never empty).
 "$script" -C "$build" --phase 2 --with-c --dry-run > "$tmp/dry_c.out" 2>&1 || { cat "$tmp/dry_c.out"; fail "--with-c --dry-run failed"; }
-grep -qF "b_1p3b_offload_cpu_resident.json" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no b_1p3b_resident step"; }
+for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json; do
+  grep -qF "$want" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no step runs $want"; }
+done
 grep -n "aio_bench_c, bench\|c_nvme_offload, figure" "$tmp/dry_c.out" | cut -d: -f1 | tr '\n' ' ' > "$tmp/order"
 [ "$(wc -w < "$tmp/order")" -eq 2 ] && [ "$(cut -d' ' -f1 "$tmp/order")" -lt "$(cut -d' ' -f2 "$tmp/order")" ] ||
   { cat "$tmp/dry_c.out"; fail "aio_bench_c must come just before c_nvme_offload"; }
 grep -E "c_nvme_offload, figure.*--model (6\.7b|2\.7b|gpt2-xl|1\.3b) " "$tmp/dry_c.out" > /dev/null ||
   { cat "$tmp/dry_c.out"; fail "c_nvme_offload names no preset"; }
+
+# The summary's ratio lines (gpu-check's ratios function on a details file): s/step against the
+# reference, and (b)'s share of (a)'s model TFLOPS.
+printf '%s\n' "a_1p3b_gpu: gpu: 7 steps after the first: 0.200 s/step, 9 tok/s, model 400.00 TFLOPS (6*N)" \
+  "a_1p3b_gpu_gemm_attention: gpu: 7 steps after the first: 0.250 s/step, 9 tok/s, model 320.00 TFLOPS (6*N)" \
+  "b_2p7b_resident: gpu: 2 steps after the first: 13.500 s/step, 9 tok/s, model 300.00 TFLOPS (6*N)" > "$tmp/details"
+bash -c 'source <(sed -n "/^ratio_pairs=/,/^}/p" "$1"); ratios "$2"' _ "$script" "$tmp/details" > "$tmp/ratios"
+grep -qxF "ratio: a_1p3b_gpu vs a_1p3b_gpu_gemm_attention: s/step 0.200 / 0.250 = 0.800" "$tmp/ratios" &&
+  grep -qxF "ratio: b_2p7b_resident vs a_1p3b_gpu: model TFLOPS 300.00 / 400.00 = 0.750 (goal >= 0.7)" "$tmp/ratios" &&
+  [ "$(wc -l < "$tmp/ratios")" -eq 2 ] || { cat "$tmp/ratios"; fail "the ratio lines"; }
 
 rc=0; "$script" -C "$build" --phase 3 > "$tmp/bad.out" 2>&1 || rc=$?
 [ "$rc" -eq 2 ] && grep -q "phase must be 1, 2 or 1,2, not '3'" "$tmp/bad.out" || { cat "$tmp/bad.out"; fail "--phase 3: exit $rc"; }
