@@ -510,6 +510,13 @@ Result<std::string> model_config_from_hf(const std::string& config_text, const s
                                          config["model_type"].dump(), known_hf_types()));
 }
 
+Result<std::string> model_config_from_hf_file(const std::string& path) {
+  std::error_code ec;
+  const std::string file = std::filesystem::is_directory(path, ec) ? path + "/config.json" : path;
+  ZINF_ASSIGN_OR_RETURN(const std::string text, read_small_file(file));
+  return model_config_from_hf(text, file);
+}
+
 Status write_hf_folder(const CheckpointReader& checkpoint, const std::string& out_dir, std::uint64_t max_shard_bytes,
                        const std::string& torch_dtype) {
   ZINF_ASSIGN_OR_RETURN(const std::string st_dtype, safetensors_dtype_of_hf(torch_dtype));

@@ -22,8 +22,8 @@ done
 # (b) with the parameters resident; --with-c: aio_bench on the scratch folder, then (c) on the
 # largest preset whose NVMe state fits (a preset name, never empty).
 "$script" -C "$build" --phase 2 --with-c --dry-run > "$tmp/dry_c.out" 2>&1 || { cat "$tmp/dry_c.out"; fail "--with-c --dry-run failed"; }
-for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json; do
-  grep -qF "$want" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no step runs $want"; }
+for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json "--model-config" llama32_3b_config.json; do
+  grep -qF -- "$want" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no step runs $want"; }
 done
 grep -n "aio_bench_c, bench\|c_nvme_offload, figure" "$tmp/dry_c.out" | cut -d: -f1 | tr '\n' ' ' > "$tmp/order"
 [ "$(wc -w < "$tmp/order")" -eq 2 ] && [ "$(cut -d' ' -f1 "$tmp/order")" -lt "$(cut -d' ' -f2 "$tmp/order")" ] ||

@@ -9,7 +9,8 @@
 #      the family (model_type, architectures); --dtype fp32 overrides; the export opens again and
 #      evaluates as the checkpoint does;
 #  (c) --resume takes the checkpoint's window; another --seq is refused unless
-#      --allow-data-change.
+#      --allow-data-change;
+#  (d) --model-config trains a config.json's architecture from a fresh initialisation.
 set -euo pipefail
 zinf=$1 fixtures=$2
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/hf_family_cli.XXXXXX")
@@ -106,4 +107,49 @@ PY
 expect_error 2 "the checkpoint was trained on rows of 16 tokens (--seq 16), this run has --seq 32" \
   train --config "$tmp/lr0.json" --resume "$tmp/w.ck" --steps 3 --seq 32
 "$zinf" train --config "$tmp/lr0.json" --resume "$tmp/w.ck" --steps 3 --seq 32 --allow-data-change > /dev/null 2>&1
-echo "hf_family_cli: windows, bf16/fp32 round trips and resumed windows checked"
+
+# (d) --model-config: a config.json's architecture (or its folder's) from zinf's own
+# initialisation, no weights read: the export has the fixture's tensor names, shapes and config
+# with other values; the file and its folder give the same run, another --seed another one.
+dir=$fixtures/llama32_tiny
+from_config() {  # from_config NAME ARGS...: one step at lr 0, its loss in $tmp/NAME.jsonl
+  local name=$1
+  shift
+  "$zinf" train --config "$tmp/lr0.json" "${data[@]}" --steps 1 --json-log "$tmp/$name.jsonl" "$@" > "$tmp/$name.out" 2>&1 ||
+    { cat "$tmp/$name.out"; exit 1; }
+}
+from_config cfg_file --model-config "$dir/config.json" --seed 5 --save "$tmp/cfg.ck"
+from_config cfg_dir --model-config "$dir" --seed 5
+from_config cfg_seed --model-config "$dir" --seed 6
+from_config weights --model-dir "$dir" --seed 5
+"$zinf" consolidate "$tmp/cfg.ck" "$tmp/cfg.out" --hf > /dev/null
+python3 - "$tmp" "$dir" <<'PY'
+import json, struct, sys
+tmp, src = sys.argv[1], sys.argv[2]
+def tensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    return {k: (v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in header.items()}
+loss = {k: json.loads(open(f"{tmp}/{k}.jsonl").readline())["loss"] for k in ("cfg_file", "cfg_dir", "cfg_seed", "weights")}
+assert loss["cfg_file"] == loss["cfg_dir"], loss
+assert len(set([loss["cfg_file"], loss["cfg_seed"], loss["weights"]])) == 3, loss
+ref, got = tensors(src + "/model.safetensors"), tensors(tmp + "/cfg.out/model.safetensors")
+assert sorted(ref) == sorted(got), sorted(set(ref) ^ set(got))
+assert all(ref[k][0] == got[k][0] for k in ref), "shapes differ"
+assert sum(ref[k][1] != got[k][1] for k in ref) >= len(ref) - 4, "the fixture's weights were read"  # norms start at 1 both ways
+a, b = json.load(open(src + "/config.json")), json.load(open(tmp + "/cfg.out/config.json"))
+for key in ("model_type", "hidden_size", "num_hidden_layers", "num_key_value_heads", "tie_word_embeddings", "vocab_size"):
+    assert a[key] == b[key], (key, a[key], b[key])
+print(f"hf_family_cli (d): --model-config losses {loss}")
+PY
+expect_error 2 "--model-config takes the model from that config.json: drop --model" \
+  train --model-config "$dir" --model small "${data[@]}" --steps 1
+expect_error 2 "--model-config and --model-dir both give the model" \
+  train --model-config "$dir" --model-dir "$dir" "${data[@]}" --steps 1
+expect_error 2 "--model-config: open $tmp/none.json" train --model-config "$tmp/none.json" "${data[@]}" --steps 1
+echo '{"model_type": "bert"}' > "$tmp/bert.json"
+expect_error 2 "--model-config: $tmp/bert.json: model_type \"bert\" is not one zinf builds" \
+  train --model-config "$tmp/bert.json" "${data[@]}" --steps 1
+echo "hf_family_cli: windows, bf16/fp32 round trips, resumed windows and --model-config checked"

@@ -198,6 +198,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, HfRealWidthTest,
                          ::testing::Values("llama32_1b", "qwen25_05b", "qwen3_06b", "mistral_7b"),
                          [](const auto& info) { return info.param; });
 
+// The GPU check's Llama-shaped (b) model: bench/gpu/llama32_3b_config.json is Llama 3.2 3B's
+// config.json, so the model zinf builds from it (--model-config, without weights) has that
+// model's 3,212,749,824 parameters and shapes. Its folder form reads config.json in the folder.
+TEST(HfModelConfigTest, TheGpuChecksLlama3bConfigBuildsLlama32_3b) {
+  auto json = model_config_from_hf_file(std::string(ZINF_BENCH_GPU_DIR) + "/llama32_3b_config.json");
+  ASSERT_TRUE(json.is_ok()) << json.status().to_string();
+  auto m = model::make_builtin_model(json.value(), "llama32_3b_config.json");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  std::size_t n = 0;
+  for (const model::ParamSpec& p : m.value()->params()) n += p.numel;
+  EXPECT_EQ(n, 3'212'749'824u);
+  EXPECT_EQ(m.value()->hidden_size(), 3072);
+  const auto* llama = dynamic_cast<const model::LlamaModel*>(m.value().get());
+  ASSERT_NE(llama, nullptr);
+  EXPECT_EQ(llama->config().n_layer, 28);
+  EXPECT_EQ(llama->config().n_kv_head, 8);
+
+  auto folder = model_config_from_hf_file(kDir + "/llama32_tiny");
+  ASSERT_TRUE(folder.is_ok()) << folder.status().to_string();
+  auto missing = model_config_from_hf_file(kDir + "/no_such_folder/config.json");
+  ASSERT_FALSE(missing.is_ok());
+  EXPECT_NE(missing.status().message().find("no_such_folder/config.json"), std::string::npos) << missing.status().message();
+}
+
 // ---- RoPE ----------------------------------------------------------------------------------------
 
 TEST(RopeScalingTest, FrequenciesMatchTransformers) {

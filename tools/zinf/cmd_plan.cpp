@@ -15,6 +15,7 @@
 #include "model_options.h"
 #include "plan_cli.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/registry.h"
 #include "zinf/zero3/hf_folder.h"
 
 namespace zinf::cli {
@@ -71,6 +72,7 @@ struct PlanOptions {
   AutoOptions autos;
   PlanMachineOptions machine;
   std::string model_dir;
+  std::string model_config;  // an HF config.json (or its folder): the architecture without weights
   bool json = false;
   bool show_dropped = false;
   std::string write_path;
@@ -111,7 +113,16 @@ Result<std::pair<double, double>> step_breakdown(const std::string& path) {
 // The request from the options: the model (an HF folder or a preset), its window and batch.
 Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
   zero3::PlanRequest r;
-  if (!o.model_dir.empty()) {
+  if (!o.model_dir.empty() && !o.model_config.empty()) {
+    return Status::invalid_argument("--model-dir and --model-config both give the model: use one");
+  }
+  if (!o.model_config.empty()) {
+    auto config = zero3::model_config_from_hf_file(o.model_config);
+    if (!config.is_ok()) return config.status().with_context("--model-config");
+    r.make_model = [json = std::move(config).value(), source = o.model_config](bool recompute) {
+      return model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
+    };
+  } else if (!o.model_dir.empty()) {
     auto hf = zero3::HfFolder::open(o.model_dir);
     if (!hf.is_ok()) return hf.status().with_context("--model-dir");
     auto folder = std::make_shared<const zero3::HfFolder>(std::move(hf).value());
@@ -128,7 +139,8 @@ Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, r.make_model(false));
   *hidden = m->hidden_size();
   // The window as zinf train takes it: --seq, else a preset's positions, else min(positions, 2048).
-  r.seq = o.model.seq.value_or(o.model_dir.empty() ? m->max_seq() : std::min(m->max_seq(), 2048));
+  const bool hf_model = !o.model_dir.empty() || !o.model_config.empty();
+  r.seq = o.model.seq.value_or(hf_model ? std::min(m->max_seq(), 2048) : m->max_seq());
   if (r.seq < 1 || r.seq > m->max_seq()) {
     return Status::invalid_argument(fmt::format("--seq {} must be between 1 and the model's max positions ({})", r.seq,
                                                 m->max_seq()));
@@ -353,6 +365,8 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   o->model.add_to(*cmd, "gpt2", "50257, GPT-2's; zinf train takes the data's, 256 for its built-in corpus");
   o->autos.add_to(*cmd);
   cmd->add_option("--model-dir", o->model_dir, "a Hugging Face model folder (its config.json decides the model)");
+  cmd->add_option("--model-config", o->model_config,
+                  "a Hugging Face config.json, or a folder holding one: the model (no weights needed)");
   o->machine.add_to(*cmd, true);
   cmd->add_flag("--json", o->json, "print the plan as one JSON object");
   cmd->add_flag("--show-dropped", o->show_dropped, "list every candidate that does not fit, with the reason");

@@ -65,6 +65,7 @@ struct TrainOptions {
   std::string json_log;
   std::string init_from;
   std::string model_dir;            // --model-dir: an HF folder's architecture and weights
+  std::string model_config;         // --model-config: an HF config.json's architecture, freshly initialised
   bool model_given = false;         // a --model or dimension option (not --seq) was on the command line
   bool seq_given = false;           // --seq: the training window (a preset's positions too)
   bool activation_checkpointing = false;
@@ -400,6 +401,22 @@ Result<int> training_window(const TrainOptions& o, const std::optional<SavedRun>
 Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenDataset& data,
                                    const std::optional<SavedRun>& saved) {
   RunModel r;
+  if (!o.model_config.empty()) {
+    if (o.model_given) {
+      return Status::invalid_argument("--model-config takes the model from that config.json: drop --model, --layers, "
+                                      "--hidden, --heads and --vocab (--seq sets the training window)");
+    }
+    if (!o.model_dir.empty()) {
+      return Status::invalid_argument("--model-config and --model-dir both give the model: --model-dir starts from "
+                                      "the folder's weights, --model-config from a fresh initialisation; use one");
+    }
+    auto config = zero3::model_config_from_hf_file(o.model_config);
+    if (!config.is_ok()) return config.status().with_context("--model-config");
+    r.make = [json = std::move(config).value(), source = o.model_config](bool recompute) {
+      return model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
+    };
+    return r;
+  }
   if (!o.model_dir.empty()) {
     if (o.model_given) {
       return Status::invalid_argument("--model-dir takes the model from the folder's config.json: drop --model, "
@@ -787,6 +804,11 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--model-dir", o->model_dir,
                   "a Hugging Face model folder (config.json + safetensors; model_type gpt2, llama, mistral, qwen2 or "
                   "qwen3): its architecture and weights (--seq: the window, default min(max positions, 2048))");
+  cmd->add_option("--model-config", o->model_config,
+                  "a Hugging Face config.json, or a folder holding one (model_type gpt2, llama, mistral, qwen2 or "
+                  "qwen3): its architecture, trained from zinf's own initialisation (normal(0, 0.02) weights from "
+                  "--seed, as transformers' from_config; no weights are read); --seq: the window, default "
+                  "min(max positions, 2048)");
   cmd->add_flag("--activation-checkpointing", o->activation_checkpointing, "recompute blocks in backward");
   cmd->add_option("--device", o->device,
                   "where the model computes: auto (cuda when this build has the GPU layer and a CUDA device is "

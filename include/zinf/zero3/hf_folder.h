@@ -49,6 +49,11 @@ class HfFolder {
 // (errors name `source` and the key). For tools and tests that build the model without weights.
 Result<std::string> model_config_from_hf(const std::string& config_text, const std::string& source);
 
+// The same for a config.json file, or a folder holding one (its weights, if any, are not read):
+// the architecture alone, for a run that starts from the built-in model's own initialisation (as
+// transformers' from_config does). Errors name the file.
+Result<std::string> model_config_from_hf_file(const std::string& path);
+
 // Writes a checkpoint's fp32 weights, rounded to `torch_dtype` ("float32", "bfloat16" or
 // "float16", to nearest even; config.json's torch_dtype and dtype say it), as an HF folder
 // `out_dir` (created if missing) that
