@@ -397,6 +397,8 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     loss_sum += loss.value();
     r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
   }
+  // The early stepper's stats and remaining steps read the sums through step_views().
+  ZINF_RETURN_IF_ERROR(grads->end_accumulation());
   r.live_high_water = coordinator->stats().live_high_water;
   r.gather_s = coordinator->stats().gather_s - gather_before;
   r.grad_store_s = coordinator->stats().grad_store_s - grad_store_before;

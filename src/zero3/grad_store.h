@@ -31,6 +31,9 @@ class GradStore {
   // engine says so before each micro-batch). A store may take what the norm needs from them then,
   // instead of reading the sums back; stats() is the same either way. Default: every one may be.
   virtual void set_last_micro_batch(bool) {}
+  // After the step's last accumulation: partitions no micro-batch reached read as zero from here
+  // on (stats() calls it too). step_views() are the step's sums only after it.
+  virtual Status end_accumulation() { return Status::ok(); }
   // After the last micro-batch: grad_stats over each sub-group's whole padded array, folded in
   // sub-group order (the norm every store gives bit for bit alike).
   virtual Result<optim::GradStats> stats() = 0;

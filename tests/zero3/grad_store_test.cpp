@@ -168,6 +168,45 @@ TEST(GradStore, TheNormReadsBackOnlyTheBlocksThatPartitionsShare) {
   EXPECT_EQ(swapped_norm_read_elements(layout), 8192u);  // what zinf plan counts
 }
 
+// The in-memory store does not clear itself at begin_step (a partition's first accumulation writes
+// 0 + g): after end_accumulation(), without stats(), the views the optimizer steps (the early
+// stepper reads them so) hold this step's sums, zero for a partition no micro-batch reached
+// though the last step filled it, +0 where a first gradient was -0, and zero padding.
+TEST(GradStore, MemoryViewsAfterEndAccumulationAreThisStepsSums) {
+  std::vector<swap::ParamPartition> parts = {{"a", 3000}, {"b", 17}, {"c", 5000}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1 << 20);
+  ASSERT_EQ(layout.subgroups.size(), 1u);
+  auto store = make_memory_grad_store(layout);
+  ASSERT_TRUE(store.is_ok());
+  GradStore& s = *store.value();
+  for (int step = 0; step < 3; ++step) {
+    ASSERT_TRUE(s.begin_step().is_ok());
+    const int micro_batches = step == 2 ? 1 : 2;
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      for (std::size_t p : {2u, 1u, 0u}) {
+        if (step == 1 && p == 1) continue;  // "b" is not reached in step 1
+        std::vector<float> g(layout.params[p].numel);
+        for (std::size_t i = 0; i < g.size(); ++i) g[i] = value(p, i, micro + 3 * step);
+        ASSERT_TRUE(s.accumulate(p, g).is_ok());
+      }
+    }
+    ASSERT_TRUE(s.end_accumulation().is_ok());
+    const std::vector<optim::GradView> views = s.step_views();
+    ASSERT_EQ(views.size(), 1u);
+    const auto* got = static_cast<const float*>(views[0].data);
+    std::vector<float> want(layout.subgroups[0].numel, 0.0f);
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      if (step == 1 && p == 1) continue;
+      for (std::size_t i = 0; i < layout.params[p].numel; ++i) {
+        float sum = 0.0f;
+        for (int micro = 0; micro < micro_batches; ++micro) sum += value(p, i, micro + 3 * step);
+        want[layout.offset_in_subgroup[p] + i] = sum;
+      }
+    }
+    EXPECT_EQ(std::memcmp(got, want.data(), want.size() * sizeof(float)), 0) << "step " << step;
+  }
+}
+
 // A partition large enough to be added by the thread pool in chunks (add_into): every element the
 // sum of its micro-batches in order, bit for bit, including the last partial chunk.
 TEST(GradStore, ALargePartitionAddsTheSameBitsAsOneLoop) {
