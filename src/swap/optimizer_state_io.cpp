@@ -47,7 +47,7 @@ Status OptimizerSwapper::init_master(const MasterSource& source) {
 
 Status OptimizerSwapper::write_gradients(std::size_t subgroup, const void* data) {
   if (!grad_store_) return Status::invalid_argument("write_gradients: gradients are not swapped (swap_gradients)");
-  ZINF_RETURN_IF_ERROR(wait_gradient_write());
+  ZINF_RETURN_IF_ERROR(wait_gradient_transfers());
   if (subgroup >= layout_.subgroups.size()) {
     return Status::invalid_argument(fmt::format("write_gradients: no sub-group {}", subgroup));
   }
@@ -95,7 +95,7 @@ Status OptimizerSwapper::write_gradient_range(std::size_t subgroup, std::uint64_
                                               const float* buffer) {
   ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
                                                                         config_.gradient_dtype, subgroup, start, count));
-  ZINF_RETURN_IF_ERROR(wait_gradient_write());
+  ZINF_RETURN_IF_ERROR(wait_gradient_transfers());
   return grad_store_->write(grad_key(subgroup), start * sizeof(float), buffer, bytes);
 }
 
@@ -104,20 +104,46 @@ Status OptimizerSwapper::start_gradient_range_write(std::size_t subgroup, std::u
   ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
                                                                         config_.gradient_dtype, subgroup, start, count));
   ZINF_RETURN_IF_ERROR(wait_gradient_write());
-  ZINF_ASSIGN_OR_RETURN(grad_write_, grad_store_->write_async(grad_key(subgroup), start * sizeof(float), buffer, bytes));
+  const std::uint64_t end = start + bytes / sizeof(float);
+  if (grad_read_.overlaps(subgroup, start, end)) ZINF_RETURN_IF_ERROR(wait_gradient_read());
+  ZINF_ASSIGN_OR_RETURN(IoBatch b, grad_store_->write_async(grad_key(subgroup), start * sizeof(float), buffer, bytes));
+  grad_write_ = GradRange{std::move(b), subgroup, start, end};
   return Status::ok();
 }
 
 Status OptimizerSwapper::wait_gradient_write() {
-  if (grad_write_.empty()) return Status::ok();
-  return grad_store_->wait(grad_write_);  // empties the batch, failed or not
+  if (grad_write_.batch.empty()) return Status::ok();
+  return grad_store_->wait(grad_write_.batch);  // empties the batch, failed or not
+}
+
+Status OptimizerSwapper::start_gradient_range_read(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
+                                                   float* buffer) {
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
+                                                                        config_.gradient_dtype, subgroup, start, count));
+  ZINF_RETURN_IF_ERROR(wait_gradient_read());
+  const std::uint64_t end = start + bytes / sizeof(float);
+  if (grad_write_.overlaps(subgroup, start, end)) ZINF_RETURN_IF_ERROR(wait_gradient_write());
+  ZINF_ASSIGN_OR_RETURN(IoBatch b, grad_store_->read_async(grad_key(subgroup), start * sizeof(float), buffer, bytes));
+  grad_read_ = GradRange{std::move(b), subgroup, start, end};
+  return Status::ok();
+}
+
+Status OptimizerSwapper::wait_gradient_read() {
+  if (grad_read_.batch.empty()) return Status::ok();
+  return grad_store_->wait(grad_read_.batch);
+}
+
+Status OptimizerSwapper::wait_gradient_transfers() {
+  const Status read = wait_gradient_read();
+  const Status write = wait_gradient_write();
+  return read.is_ok() ? write : read;
 }
 
 Status OptimizerSwapper::read_gradient_range(std::size_t subgroup, std::uint64_t start, std::uint64_t count,
                                              float* buffer) {
   ZINF_ASSIGN_OR_RETURN(const std::uint64_t bytes, gradient_range_bytes(layout_, grad_store_ != nullptr,
                                                                         config_.gradient_dtype, subgroup, start, count));
-  ZINF_RETURN_IF_ERROR(wait_gradient_write());
+  ZINF_RETURN_IF_ERROR(wait_gradient_transfers());
   return grad_store_->read(grad_key(subgroup), start * sizeof(float), buffer, bytes);
 }
 

@@ -34,7 +34,7 @@ OptimizerSwapper::OptimizerSwapper(OptimizerSwapConfig config, optim::Optimizer 
     : config_(std::move(config)), optimizer_(std::move(optimizer)) {}
 
 OptimizerSwapper::~OptimizerSwapper() {
-  (void)wait_gradient_write();
+  (void)wait_gradient_transfers();
   (void)drain();
   slots_.clear();  // blocks go back before the pool goes
   pool_.reset();
@@ -404,6 +404,9 @@ Status OptimizerSwapper::step(const StepArgs& in) {
   // The gradients the step reads: a range write still in flight is part of them.
   ZINF_RETURN_IF_ERROR(wait_gradient_write().with_context(
       fmt::format("optimizer step {}: the last gradient write failed", in.ctx.step)));
+  // A range read still in flight reads what the step does not change, into its caller's buffer.
+  ZINF_RETURN_IF_ERROR(wait_gradient_read().with_context(
+      fmt::format("optimizer step {}: a gradient read started before it failed", in.ctx.step)));
   const auto t0 = Clock::now();
   stats_ = StepStats{};
   // The step takes over the read-ahead's reads (waited below, or by drain() on failure).

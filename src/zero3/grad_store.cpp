@@ -143,17 +143,44 @@ std::pair<std::uint64_t, std::uint64_t> norm_blocks_inside(std::uint64_t n, std:
   return {first, std::max(first, last)};
 }
 
+std::uint64_t largest_partition(const swap::PartitionLayout& layout) {
+  std::uint64_t largest = swap::PartitionLayout::kAlign;
+  for (const swap::ParamPartition& p : layout.params) largest = std::max(largest, p.numel);
+  return largest;
+}
+
+// The first buffer's elements: stats() reads through it too.
+std::uint64_t first_buffer_elements(const swap::PartitionLayout& layout) {
+  constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;  // stats()' least read, in elements
+  return swap::align_up(std::max(largest_partition(layout), kStatsChunk), optim::kGradStatsBlock);
+}
+
+// The second's: a padded partition.
+std::uint64_t second_buffer_elements(const swap::PartitionLayout& layout) {
+  return swap::align_up(largest_partition(layout), swap::PartitionLayout::kAlign);
+}
+
 class SwappedGradStore final : public GradStore {
  public:
   SwappedGradStore(const swap::PartitionLayout& layout, swap::OptimizerSwapper& swapper)
-      : layout_(layout), swapper_(swapper), touched_(layout.params.size(), false) {}
-  // The buffer may still be the source of a write in flight.
-  ~SwappedGradStore() override { (void)swapper_.wait_gradient_write(); }
+      : layout_(layout),
+        swapper_(swapper),
+        touched_(layout.params.size(), false),
+        next_(layout.params.size(), kNone),
+        micro_of_(layout.params.size(), 0) {}
+  // The buffers may still be the source of a write or the target of a read in flight.
+  ~SwappedGradStore() override {
+    (void)swapper_.wait_gradient_read();
+    (void)swapper_.wait_gradient_write();
+  }
 
   Status allocate() {
-    // A multiple of the norm's blocks, so stats() reads whole blocks at a time.
-    chunk_ = swapped_gradient_buffer_bytes(layout_) / sizeof(float);
-    ZINF_ASSIGN_OR_RETURN(buffer_, aio::PinnedBuffer::allocate(chunk_ * sizeof(float), swap::kSwapAlignment));
+    // The first a multiple of the norm's blocks, so stats() reads whole blocks at a time.
+    chunk_ = first_buffer_elements(layout_);
+    const std::uint64_t elements[kBuffers] = {chunk_, second_buffer_elements(layout_)};
+    for (int i = 0; i < kBuffers; ++i) {
+      ZINF_ASSIGN_OR_RETURN(buffers_[i], aio::PinnedBuffer::allocate(elements[i] * sizeof(float), swap::kSwapAlignment));
+    }
     for (const swap::SubGroup& sg : layout_.subgroups) {
       const std::uint64_t blocks = (sg.numel + kNormBlock - 1) / kNormBlock;
       block_sums_.emplace_back(blocks, 0.0);
@@ -165,24 +192,35 @@ class SwappedGradStore final : public GradStore {
   Status begin_step() override {
     std::fill(touched_.begin(), touched_.end(), false);
     for (std::vector<char>& c : block_current_) std::fill(c.begin(), c.end(), 0);
+    last_ = kNone;
+    // A read ahead left by a step that failed before stats(): nothing reads it.
+    ahead_ = kNone;
+    (void)swapper_.wait_gradient_read();
     return Status::ok();
   }
 
   // A micro-batch before the last would have its block sums replaced by the last one's.
-  void set_last_micro_batch(bool last) override { last_micro_batch_ = last; }
+  void set_last_micro_batch(bool last) override {
+    last_micro_batch_ = last;
+    ++micro_;
+  }
 
   Status accumulate(std::size_t p, std::span<const float> in) override {
     ZINF_RETURN_IF_ERROR(check_partition(layout_, p, in.size()));
     const std::size_t sg = layout_.subgroup_of[p];
     const std::uint64_t start = layout_.offset_in_subgroup[p];
-    float* acc = buf();
-    // The last partition's write reads the buffer until it lands; it ran under the model's work
-    // since (the next module's backward). A failed write leaves that partition's sum unknown.
-    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_write());
     // The padding up to kAlign is written too, and must stay zero.
     const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
+    // The sum so far: read ahead into the free buffer when p was predicted, else read now. The
+    // other buffer is the source of the last partition's write, still in flight; it ran under
+    // the model's work since (the next module's backward). A failed transfer leaves that
+    // partition's sum unknown.
+    const bool predicted = ahead_ == p;
+    ahead_ = kNone;
+    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_read());  // a wrong prediction's read is dropped
+    float* acc = buf(free_);
     if (touched_[p]) {
-      ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
+      if (!predicted) ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
       bytes_ += padded * sizeof(float);
       add_into(acc, in);
     } else {
@@ -191,21 +229,37 @@ class SwappedGradStore final : public GradStore {
     }
     if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
     // Not waited for here: the next accumulate, stats() or the step waits (the swapper's
-    // gradient reads and the step wait for it too).
+    // gradient reads and the step wait for it too). It waits for the last partition's write.
     ZINF_RETURN_IF_ERROR(swapper_.start_gradient_range_write(sg, start, in.size(), acc));
     bytes_ += padded * sizeof(float);
     touched_[p] = true;
+    micro_of_[p] = micro_;
+    free_ ^= 1;  // the buffer the last write came from: its write is done
+    // The next partition in the order of the accumulations so far (backward's, the same every
+    // micro-batch), whose sum the next micro-batch's accumulation reads: read it into the free
+    // buffer while the caller goes on. Not after the step's last accumulations (nothing reads
+    // them again this step).
+    if (last_ != kNone) next_[last_] = p;
+    last_ = p;
+    const std::size_t q = next_[p];
+    if (q != kNone && q != p && touched_[q] && (micro_of_[q] != micro_ || !last_micro_batch_)) {
+      ZINF_RETURN_IF_ERROR(swapper_.start_gradient_range_read(layout_.subgroup_of[q], layout_.offset_in_subgroup[q],
+                                                              layout_.params[q].numel, buf(free_)));
+      ahead_ = q;
+    }
     return Status::ok();
   }
 
   Result<optim::GradStats> stats() override {
+    ahead_ = kNone;
+    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_read());
     ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_write());  // before buf() is reused
     // Partitions no micro-batch reached still hold the last step's sums: zero them.
     for (std::size_t p = 0; p < layout_.params.size(); ++p) {
       if (touched_[p] || layout_.params[p].numel == 0) continue;
-      std::memset(buf(), 0, swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float));
+      std::memset(buf(0), 0, swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float));
       ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(layout_.subgroup_of[p], layout_.offset_in_subgroup[p],
-                                                         layout_.params[p].numel, buf()));
+                                                         layout_.params[p].numel, buf(0)));
       bytes_ += swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float);
       touched_[p] = true;
     }
@@ -225,9 +279,9 @@ class SwappedGradStore final : public GradStore {
         std::uint64_t end = j;
         while (end < current.size() && !current[end] && (end - j + 1) * kNormBlock <= chunk_) ++end;
         const std::uint64_t first = j * kNormBlock, count = std::min(n, end * kNormBlock) - first;
-        ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, first, count, buf()));
+        ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, first, count, buf(0)));
         bytes_ += count * sizeof(float);
-        ZINF_RETURN_IF_ERROR(optim::grad_block_sums(optim::GradView{buf(), optim::DType::kF32, count, 1.0},
+        ZINF_RETURN_IF_ERROR(optim::grad_block_sums(optim::GradView{buf(0), optim::DType::kF32, count, 1.0},
                                                     std::span<double>(block_sums_[sg]).subspan(j, end - j)));
         j = end;
       }
@@ -241,7 +295,7 @@ class SwappedGradStore final : public GradStore {
 
   std::vector<optim::GradView> step_views() const override { return {}; }
   std::uint64_t host_bytes() const override {
-    std::uint64_t b = chunk_ * sizeof(float);
+    std::uint64_t b = swapped_gradient_buffer_bytes(layout_);
     for (const std::vector<double>& s : block_sums_) b += s.size() * (sizeof(double) + 1);
     return b;
   }
@@ -250,7 +304,7 @@ class SwappedGradStore final : public GradStore {
  private:
   static constexpr std::uint64_t kNormBlock = optim::kGradStatsBlock;
 
-  float* buf() const { return static_cast<float*>(buffer_.data()); }
+  float* buf(int i) const { return static_cast<float*>(buffers_[i].data()); }
 
   // The block sums of the blocks of sub-group sg that lie inside [start, start + padded), whose
   // sums so far are in acc (acc[0] is element start): those blocks are then current, and the
@@ -270,9 +324,19 @@ class SwappedGradStore final : public GradStore {
   const swap::PartitionLayout& layout_;
   swap::OptimizerSwapper& swapper_;
   std::vector<bool> touched_;  // per partition: accumulated this step
-  std::uint64_t chunk_ = 0;    // elements of buffer_
+  std::uint64_t chunk_ = 0;    // elements of the first buffer (stats()' reads)
   std::uint64_t bytes_ = 0;    // read and written
-  aio::PinnedBuffer buffer_;
+  // Two buffers: the last partition's write comes from one while the next sum is read (ahead)
+  // into the other, `free_`.
+  static constexpr int kBuffers = 2;
+  aio::PinnedBuffer buffers_[kBuffers];
+  int free_ = 0;
+  static constexpr std::size_t kNone = SIZE_MAX;
+  std::vector<std::size_t> next_;   // per partition: the one accumulated after it last time
+  std::vector<std::uint64_t> micro_of_;  // per partition: the micro-batch it was last accumulated in
+  std::uint64_t micro_ = 0;         // set_last_micro_batch calls so far
+  std::size_t last_ = kNone;        // the partition accumulated last this step
+  std::size_t ahead_ = kNone;       // the partition whose sum is being read ahead
   // Per sub-group and kNormBlock block: its sum of squares, and whether that is of this step's
   // gradients as they stand (note_block_sums).
   std::vector<std::vector<double>> block_sums_;
@@ -293,11 +357,9 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
   return std::unique_ptr<GradStore>(std::move(store));
 }
 
+
 std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout) {
-  constexpr std::uint64_t kStatsChunk = std::uint64_t{1} << 20;  // stats()' least read, in elements
-  std::uint64_t largest = swap::PartitionLayout::kAlign;
-  for (const swap::ParamPartition& p : layout.params) largest = std::max(largest, p.numel);
-  return sizeof(float) * swap::align_up(std::max(largest, kStatsChunk), optim::kGradStatsBlock);
+  return sizeof(float) * (first_buffer_elements(layout) + second_buffer_elements(layout));
 }
 
 std::uint64_t swapped_norm_read_elements(const swap::PartitionLayout& layout) {

@@ -55,15 +55,20 @@ class GradStore {
 
 // One fp32 array per sub-group in host memory. `layout` must outlive the store.
 Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionLayout& layout);
-// In `swapper`'s gradient store (made with swap_gradients, fp32), through one buffer of the
-// largest partition: each accumulation reads the partition's sum so far (unless it is the
+// In `swapper`'s gradient store (made with swap_gradients, fp32), through two buffers of the
+// largest partition: each accumulation takes the partition's sum so far (unless it is the
 // step's first for that partition), adds, and starts writing it back; the write runs while the
 // caller goes on (the next module's backward) and the next accumulation, stats() or the step
-// waits for it. A failed write fails the next of those. `swapper` must outlive the store.
+// waits for it. A failed write fails the next of those. The sum so far is read ahead: after
+// each accumulation the store starts reading the sum of the partition that followed this one
+// last time (backward's order repeats every micro-batch) into the other buffer, beside the
+// write; an accumulation of another partition drops that read and reads its own. `swapper`
+// must outlive the store.
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
                                                            swap::OptimizerSwapper& swapper);
-// Bytes of the swapped store's one pinned buffer: the largest partition, at least the norm's read
-// chunk, in whole norm blocks. With the optimizer on NVMe this is all of the gradients the host
+// Bytes of the swapped store's two pinned buffers, each the largest partition, at least the
+// norm's read chunk, in whole norm blocks (one is written back while the next partition's sum is
+// read ahead into the other). With the optimizer on NVMe this is all of the gradients the host
 // holds (the host-memory budget and zinf plan count it).
 std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout);
 // acc[i] += in[i]: the accumulation loop both stores run, so their sums are the same floats. Large

@@ -187,16 +187,19 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   double opt_total = c.optimizer_s;
   if (c.optimizer_device == OffloadDevice::kNvme) {
     // The gradients live in the swapper's gradient store (grad_store.cpp): each micro-step writes
-    // its partitions' sums and, after the first, reads the sums so far (synchronously); before
-    // the step the norm reads back the blocks two partitions share. A partition's write runs
-    // under the next module's backward, so a micro-step shows what its backward cannot cover,
-    // and the step the last partition's write, which the norm waits for.
+    // its partitions' sums and, after the first, reads the sums so far; before the step the norm
+    // reads back the blocks two partitions share. A partition's write runs under the next
+    // module's backward and the next partition's sum is read ahead beside it (both on the one
+    // drive), so a micro-step shows what its backward cannot cover, and the step the last
+    // partition's write, which the norm waits for.
     const double grads = 4.0 * shard;
     const double backward_share = c.activation_checkpointing ? 0.75 : 2.0 / 3.0;  // of the flops
     const double backward_s = c.compute_s / gas * backward_share;
     const double writes_s = grads / roofs.engine_write();
+    const double reads_s = grads / roofs.engine_read();
     const double last_write_s = 4.0 * static_cast<double>(c.memory.largest_partition) / roofs.engine_write();
-    c.grad_io_s = gas * std::max(0.0, writes_s - backward_s) + last_write_s + (gas - 1.0) * grads / roofs.engine_read();
+    c.grad_io_s = std::max(0.0, writes_s - backward_s) + (gas - 1.0) * std::max(0.0, writes_s + reads_s - backward_s) +
+                  last_write_s;
     const double norm_bytes = 4.0 * static_cast<double>(c.memory.norm_read_elements);
     const double norm_s = norm_bytes / roofs.engine_read();
     // The step's tiles read master, states and gradient, and write master and states (and the

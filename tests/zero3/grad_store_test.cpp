@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "temp_dir.h"
@@ -131,6 +132,90 @@ TEST(GradStore, AFailedWriteFailsTheNextCallThatNeedsTheStore) {
     EXPECT_NE(st.message().find("grad"), std::string::npos) << st.to_string();
     EXPECT_GT(faults->injected(), 0u);
   }
+}
+
+// The sums so far are read ahead in the order of the last accumulations (backward's, the same
+// every micro-batch): with that order kept, every read is one the accumulation needs (none read
+// twice, none after the step's last accumulations); with the order changed in one micro-batch,
+// the wrong guesses are dropped; the sums are the in-memory store's bits either way.
+TEST(GradStore, TheSumsSoFarAreReadAheadInTheLastOrder) {
+  std::vector<swap::ParamPartition> parts = {{"a", 5000}, {"b", 1}, {"c", 9000}, {"d", 30000}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 16000);
+  for (const bool reorder : {false, true}) {
+    SCOPED_TRACE(reorder ? "micro-batch 2 in another order" : "one order");
+    // A 1 us delay on every read completion: injected() counts the reads.
+    auto faults = std::make_shared<aio::FaultInjector>();
+    aio::FaultRule counting;
+    counting.action = aio::FaultAction::kDelay;
+    counting.op = aio::FaultOp::kRead;
+    counting.count = UINT64_MAX;
+    counting.delay = std::chrono::microseconds(1);
+    faults->add(counting);
+    BothStores stores;
+    ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
+    constexpr int kMicro = 4;
+    for (GradStore* s : {stores.memory.value().get(), stores.swapped.value().get()}) {
+      ASSERT_TRUE(s->begin_step().is_ok());
+      for (int micro = 0; micro < kMicro; ++micro) {
+        s->set_last_micro_batch(micro == kMicro - 1);
+        const std::vector<std::size_t> order =
+            reorder && micro == 2 ? std::vector<std::size_t>{3, 2, 1, 0} : std::vector<std::size_t>{3, 1, 2, 0};
+        for (std::size_t p : order) {
+          std::vector<float> g(layout.params[p].numel);
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = value(p, i, micro);
+          ASSERT_TRUE(s->accumulate(p, g).is_ok());
+        }
+      }
+    }
+    // Each partition is at most 30000 elements (one aio chunk): one read each micro-batch after
+    // the first, 12 in all. The changed order costs 5 more: guesses dropped in micro-batch 2, and
+    // in micro-batch 3, whose guesses follow micro-batch 2's order.
+    EXPECT_EQ(faults->injected(), reorder ? 17u : 12u);
+    auto a = stores.memory.value()->stats();
+    auto b = stores.swapped.value()->stats();
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
+    const std::vector<optim::GradView> views = stores.memory.value()->step_views();
+    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+      const std::size_t n = layout.subgroups[sg].numel;
+      auto got = aio::PinnedBuffer::allocate(n * sizeof(float));
+      ASSERT_TRUE(got.is_ok());
+      ASSERT_TRUE(stores.swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
+      EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "sub-group " << sg;
+    }
+  }
+}
+
+// A read ahead that fails fails the accumulation that needed it, naming the gradients, and
+// nothing before it.
+TEST(GradStore, AFailedReadAheadFailsTheAccumulationThatNeedsIt) {
+  std::vector<swap::ParamPartition> parts = {{"a", 5000}, {"b", 9000}, {"c", 3000}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1u << 20);
+  auto faults = std::make_shared<aio::FaultInjector>();
+  BothStores stores;
+  ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
+  GradStore& store = *stores.swapped.value();
+  ASSERT_TRUE(store.begin_step().is_ok());
+  auto pass = [&](int micro) -> Status {
+    store.set_last_micro_batch(micro == 1);
+    for (std::size_t p : {2u, 1u, 0u}) {
+      std::vector<float> g(layout.params[p].numel, 1.0f);
+      Status st = store.accumulate(p, g);
+      if (!st.is_ok()) return st.with_context(fmt::format("partition {}", p));
+    }
+    return Status::ok();
+  };
+  ASSERT_TRUE(pass(0).is_ok());
+  // Micro-batch 1 reads c's sum now, then b's ahead (while c's write runs): b's read fails.
+  aio::FaultRule rule;
+  rule.op = aio::FaultOp::kRead;
+  rule.skip = 1;
+  faults->add(rule);
+  const Status st = pass(1);
+  ASSERT_FALSE(st.is_ok());
+  EXPECT_NE(st.message().find("partition 1"), std::string::npos) << st.to_string();
+  EXPECT_NE(st.message().find("grad"), std::string::npos) << st.to_string();
+  EXPECT_EQ(faults->injected(), 1u);
 }
 
 // The norm takes each block's sum when a partition is accumulated (the sums are then in memory)

@@ -142,6 +142,15 @@ class OptimizerSwapper {
   // Waits for the write start_gradient_range_write started, if one is pending; its error, if it
   // failed (the range then holds unknown values: the step must not use it).
   Status wait_gradient_write();
+  // read_gradient_range, started and not waited for (a read-ahead): `buffer` must not be used
+  // until wait_gradient_read() returns. One such read at a time (a second waits for the first).
+  // It runs beside a pending write of another range (one of the same range is waited for
+  // first); a write started over its range waits for it, and every other gradient transfer
+  // (range reads and writes, write_gradients, step()) waits for it first.
+  Status start_gradient_range_read(std::size_t subgroup, std::uint64_t start, std::uint64_t count, float* buffer);
+  // Waits for the read start_gradient_range_read started, if one is pending; its error, if it
+  // failed (the buffer then holds unknown values).
+  Status wait_gradient_read();
   // Starts reading the committed master weights and optimizer states of the first tiles, one
   // per pipeline slot, into the slots' pinned buffers (no memory beyond them), so that the next
   // step() finds them read: call it while other work (the forward and backward passes) runs.
@@ -210,7 +219,19 @@ class OptimizerSwapper {
   PartitionLayout layout_;
   std::unique_ptr<SwapStore> store_;
   std::unique_ptr<SwapStore> grad_store_;
-  IoBatch grad_write_;  // start_gradient_range_write's pending write (empty: none)
+  // A pending range transfer of the gradient store: the batch (empty: none) and its elements.
+  struct GradRange {
+    IoBatch batch;
+    std::size_t subgroup = 0;
+    std::uint64_t start = 0, end = 0;
+    bool overlaps(std::size_t sg, std::uint64_t s, std::uint64_t e) const {
+      return !batch.empty() && subgroup == sg && s < end && start < e;
+    }
+  };
+  GradRange grad_write_;  // start_gradient_range_write's
+  GradRange grad_read_;   // start_gradient_range_read's
+  // Both of them; the first error.
+  Status wait_gradient_transfers();
   std::unique_ptr<PinnedPool> pool_;
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<Tile> tiles_;
