@@ -30,9 +30,10 @@ constexpr double kGradBytes = 16.0;
 // Adam's fp32 arrays per element besides the gradient: the master weights and two states.
 constexpr double kOptimizerArrays = 3.0;
 // The engine's NVMe transfers are assumed to run at these shares of the drive roofs, whatever
-// the tile size (docs/plan.md, "Time", has the runs they come from): the synchronous reads (the
-// parameters' in the passes, the gradient store's, the norm's read-back), the synchronous
-// writes (the gradient store's, one partition at a time: a few blocks in flight), and the
+// the tile size (docs/plan.md, "Time", has the runs they come from): the reads of one request
+// at a time (the parameters' in the passes, the gradient store's, the norm's read-back), the
+// writes of one at a time (the gradient store's, one partition at a time: a few blocks in
+// flight), and the
 // optimizer step's pipelined tiles, whose reads and writes share the drive.
 constexpr double kSyncReadShare = 0.65;
 constexpr double kSyncWriteShare = 0.3;
