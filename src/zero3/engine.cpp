@@ -366,6 +366,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   const double gather_before = coordinator->stats().gather_s;
   const double grad_store_before = coordinator->stats().grad_store_s;
   const std::uint64_t gathered_before = coordinator->stats().gathered_elements;
+  r.setup_s = since(t0);
   for (const MicroBatch& mb : micro_batches) {
     const auto p0 = Clock::now();
     coordinator->set_hold_gradients(&mb != &micro_batches.back());
@@ -397,6 +398,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
     loss_sum += loss.value();
     r.tokens += static_cast<std::uint64_t>(mb.B) * static_cast<std::uint64_t>(mb.T);
   }
+  const auto passes_end = Clock::now();
   // The early stepper's stats and remaining steps read the sums through step_views().
   ZINF_RETURN_IF_ERROR(grads->end_accumulation());
   r.live_high_water = coordinator->stats().live_high_water;
@@ -417,6 +419,7 @@ Result<StepReport> Engine::Impl::train_step(std::span<const MicroBatch> micro_ba
   std::vector<double> reduced = {loss_sum / gas, 0.0, 0.0};
   // Global squared norm and overflow over the rank's partitions, in sub-group order.
   const auto o0 = Clock::now();
+  r.after_passes_s = std::chrono::duration<double>(o0 - passes_end).count();
   optim::GradStats all;
   if (early) {
     // The early steps' per-sub-group stats, folded in sub-group order as the store folds them.

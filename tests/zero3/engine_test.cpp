@@ -398,6 +398,13 @@ TEST(EngineTest, HostDeviceStepReportsItsTraffic) {
       EXPECT_GT(r->h2d_copy_s, 0.0);
       EXPECT_GT(r->d2h_copy_s, 0.0);
       EXPECT_LE(r->live_high_water, static_cast<std::uint64_t>(s.max_live));
+      // The step's parts are disjoint pieces of it: before the passes, the passes, after them,
+      // the optimizer phase.
+      const double parts = r->setup_s + r->forward_s + r->backward_s + r->after_passes_s + r->optimizer_s;
+      EXPECT_GE(r->setup_s, 0.0);
+      EXPECT_GE(r->after_passes_s, 0.0);
+      EXPECT_GT(r->forward_s + r->backward_s, 0.0);
+      EXPECT_LE(parts, r->seconds + 1e-9) << "step " << step;
     }
   }
 }

@@ -737,6 +737,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                              {"forward_s", r.forward_s},
                              {"backward_s", r.backward_s},
                              {"optimizer_s", r.optimizer_s},
+                             {"setup_s", r.setup_s},
+                             {"after_passes_s", r.after_passes_s},
                              {"io_wait_s", r.io_wait_s},
                              {"gather_s", r.gather_s},
                              {"grad_store_s", r.grad_store_s},

@@ -117,6 +117,9 @@ struct StepReport {
   double grad_norm = 0;   // unscaled global norm (before clipping)
   bool skipped = false;   // overflow: no update
   double seconds = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, io_wait_s = 0;
+  // Of `seconds`: before the first pass (starting the gradient store's step, the optimizer's
+  // read-ahead), and after the last pass until the optimizer phase (optimizer_s) begins.
+  double setup_s = 0, after_passes_s = 0;
   // Of the passes (forward_s + backward_s): seconds in gathers (an NVMe tier's reads and their
   // conversion, the all-gather; with an asynchronous device target only the starts) and in the
   // gradient store's accumulations (with the optimizer on NVMe, its synchronous reads and writes).
