@@ -15,7 +15,6 @@
 #include "model_options.h"
 #include "plan_cli.h"
 #include "zinf/model/gpt.h"
-#include "zinf/model/registry.h"
 #include "zinf/zero3/hf_folder.h"
 
 namespace zinf::cli {
@@ -117,11 +116,7 @@ Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
     return Status::invalid_argument("--model-dir and --model-config both give the model: use one");
   }
   if (!o.model_config.empty()) {
-    auto config = zero3::model_config_from_hf_file(o.model_config);
-    if (!config.is_ok()) return config.status().with_context("--model-config");
-    r.make_model = [json = std::move(config).value(), source = o.model_config](bool recompute) {
-      return model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
-    };
+    ZINF_ASSIGN_OR_RETURN(r.make_model, model_from_config_option(o.model_config));
   } else if (!o.model_dir.empty()) {
     auto hf = zero3::HfFolder::open(o.model_dir);
     if (!hf.is_ok()) return hf.status().with_context("--model-dir");

@@ -410,11 +410,7 @@ Result<RunModel> resolve_run_model(const TrainOptions& o, const model::TokenData
       return Status::invalid_argument("--model-config and --model-dir both give the model: --model-dir starts from "
                                       "the folder's weights, --model-config from a fresh initialisation; use one");
     }
-    auto config = zero3::model_config_from_hf_file(o.model_config);
-    if (!config.is_ok()) return config.status().with_context("--model-config");
-    r.make = [json = std::move(config).value(), source = o.model_config](bool recompute) {
-      return model::make_builtin_model(json, source, model::BuiltinOptions{recompute});
-    };
+    ZINF_ASSIGN_OR_RETURN(r.make, model_from_config_option(o.model_config));
     return r;
   }
   if (!o.model_dir.empty()) {

@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include "zinf/model/registry.h"
+#include "zinf/zero3/hf_folder.h"
+
 namespace zinf::cli {
 
 void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset, const std::string& vocab_default) {
@@ -15,7 +18,8 @@ void ModelOptions::add_to(CLI::App& cmd, const std::string& default_preset, cons
   cmd.add_option("--heads", heads, "attention heads (overrides the preset)");
   cmd.add_option("--seq", seq,
                  "the training window T, tokens per row (a new preset's max positions too; at most the model's max "
-                 "positions; default for --model-dir: min(max positions, 2048), on --resume the checkpoint's)");
+                 "positions; default for --model-dir and --model-config: min(max positions, 2048), on --resume the "
+                 "checkpoint's)");
   cmd.add_option("--vocab", vocab, "vocabulary size (default: " + vocab_default + ")");
 }
 
@@ -40,6 +44,14 @@ Result<model::GptConfig> ModelOptions::resolve(int default_vocab) const {
         c.n_head, c.max_seq, c.vocab_size, s.message()));
   }
   return c;
+}
+
+Result<ModelMaker> model_from_config_option(const std::string& path) {
+  auto config = zero3::model_config_from_hf_file(path);
+  if (!config.is_ok()) return config.status().with_context("--model-config");
+  return ModelMaker([json = std::move(config).value(), path](bool recompute) {
+    return model::make_builtin_model(json, path, model::BuiltinOptions{recompute});
+  });
 }
 
 }  // namespace zinf::cli

@@ -1,12 +1,15 @@
 // zinf CLI: the model options shared by train, estimate and config check (--model or dimensions).
 #pragma once
 
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "zinf/model/config.h"
+#include "zinf/model/model.h"
 #include "zinf/status.h"
 
 namespace zinf::cli {
@@ -24,5 +27,10 @@ struct ModelOptions {
   Result<model::GptConfig> resolve(int default_vocab) const;
   bool given() const { return !preset.empty() || layers || hidden || heads || seq; }
 };
+
+// --model-config (train and plan): the built-in model that an HF config.json, or a folder
+// holding one, describes, made freshly initialised on each call; errors name the option and file.
+using ModelMaker = std::function<Result<std::unique_ptr<model::Model>>(bool activation_checkpointing)>;
+Result<ModelMaker> model_from_config_option(const std::string& path);
 
 }  // namespace zinf::cli
