@@ -33,8 +33,7 @@ constexpr double kOptimizerArrays = 3.0;
 // the tile size (docs/plan.md, "Time", has the runs they come from): the reads of one request
 // at a time (the parameters' in the passes, the gradient store's, the norm's read-back), the
 // writes of one at a time (the gradient store's, one partition at a time: a few blocks in
-// flight), and the
-// optimizer step's pipelined tiles, whose reads and writes share the drive.
+// flight), and the optimizer step's pipelined tiles, whose reads and writes share the drive.
 constexpr double kSyncReadShare = 0.65;
 constexpr double kSyncWriteShare = 0.3;
 constexpr double kTileDriveShare = 0.7;
