@@ -12,6 +12,7 @@
 
 #include "aio/pinned_cuda.h"
 #include "zinf/log.h"
+#include "zinf/thread_pool.h"
 
 namespace zinf::aio {
 
@@ -46,7 +47,7 @@ Result<PinnedBuffer> PinnedBuffer::allocate(std::size_t bytes, std::size_t align
   buffer.size_ = bytes;
   advise_huge_pages(ptr, rounded);
   // Pre-fault: touch every page now so timed I/O never pays for first-touch faults.
-  std::memset(ptr, 0, rounded);
+  zero_fill(ptr, rounded);
   if (mlock(ptr, rounded) == 0) {
     buffer.locked_ = true;
   } else {

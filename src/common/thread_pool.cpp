@@ -1,12 +1,27 @@
 // Persistent worker pool: workers sleep on a condition variable between batches.
 #include "zinf/thread_pool.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "zinf/topology.h"
 
 namespace zinf {
+
+namespace {
+// The pool whose task this thread is running, if any: a task that calls run() on its own pool
+// gets its tasks run inline instead of a deadlock on run_mutex_.
+thread_local const ThreadPool* tl_task_pool = nullptr;
+
+struct TaskScope {
+  const ThreadPool* saved;
+  explicit TaskScope(const ThreadPool* pool) : saved(tl_task_pool) { tl_task_pool = pool; }
+  ~TaskScope() { tl_task_pool = saved; }
+};
+}  // namespace
 
 ThreadPool::ThreadPool(std::size_t threads, bool pin) {
   const std::size_t workers = threads > 1 ? threads - 1 : 0;
@@ -26,6 +41,7 @@ ThreadPool::~ThreadPool() {
 }
 
 void ThreadPool::take_tasks() {
+  const TaskScope scope(this);
   for (;;) {
     const std::size_t i = next_task_.fetch_add(1, std::memory_order_relaxed);
     if (i >= tasks_) return;
@@ -35,7 +51,7 @@ void ThreadPool::take_tasks() {
 
 void ThreadPool::run_batch(std::size_t tasks, TaskFn fn, void* ctx) {
   if (tasks == 0) return;
-  if (workers_.empty() || tasks == 1) {
+  if (workers_.empty() || tasks == 1 || tl_task_pool == this) {
     for (std::size_t i = 0; i < tasks; ++i) fn(ctx, i);
     return;
   }
@@ -89,6 +105,20 @@ std::size_t default_thread_count() {
 ThreadPool& default_thread_pool() {
   static ThreadPool pool(default_thread_count());
   return pool;
+}
+
+void zero_fill(void* p, std::size_t bytes) {
+  constexpr std::size_t kPiece = std::size_t{8} << 20;
+  auto* base = static_cast<std::byte*>(p);
+  if (bytes <= kPiece) {
+    if (bytes > 0) std::memset(base, 0, bytes);
+    return;
+  }
+  const std::size_t pieces = (bytes + kPiece - 1) / kPiece;
+  default_thread_pool().run(pieces, [&](std::size_t i) {
+    const std::size_t first = i * kPiece;
+    std::memset(base + first, 0, std::min(kPiece, bytes - first));
+  });
 }
 
 }  // namespace zinf

@@ -1,5 +1,6 @@
 // LocalParams: all parameters and gradients in two flat allocations, handed out by pointer.
 #include "zinf/model/local_params.h"
+#include "zinf/thread_pool.h"
 
 #include <fmt/format.h>
 
@@ -34,7 +35,7 @@ Result<LocalParams> LocalParams::create(std::span<const ParamSpec> params,
         fmt::format("LocalParams: cannot allocate 2 x {} bytes for {} parameters",
                     total * sizeof(float), total));
   }
-  std::memset(lp.values_.data(), 0, total * sizeof(float));
+  zero_fill(lp.values_.data(), total * sizeof(float));
   lp.zero_grads();
   return lp;
 }

@@ -12,6 +12,7 @@
 
 #include "zinf/log.h"
 #include "zinf/swap/types.h"
+#include "zinf/thread_pool.h"
 
 namespace zinf::swap::detail {
 
@@ -32,7 +33,7 @@ Result<HostBuffer> HostBuffer::allocate(std::size_t bytes, bool pin) {
   }
   aio::advise_huge_pages(ptr, buffer.size_);
   // Pre-fault now so that timed I/O never pays for first-touch page faults.
-  std::memset(ptr, 0, buffer.size_);
+  zero_fill(ptr, buffer.size_);
   buffer.plain_.reset(static_cast<std::byte*>(ptr));
   return buffer;
 }

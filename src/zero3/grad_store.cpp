@@ -65,7 +65,7 @@ class MemoryGradStore final : public GradStore {
         return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", sg.numel));
       }
       // The padding between partitions is never accumulated into: zero once, it stays zero.
-      std::memset(acc_.back().data(), 0, acc_.back().size() * sizeof(float));
+      zero_fill(acc_.back().data(), acc_.back().size() * sizeof(float));
     }
     return begin_step();
   }

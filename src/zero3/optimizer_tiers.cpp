@@ -6,6 +6,7 @@
 #include "zero3/tiers.h"
 #include "zinf/model/float_buffer.h"
 #include "zinf/optim/half.h"
+#include "zinf/thread_pool.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -27,7 +28,7 @@ class MemoryOptimizerTier final : public OptimizerTier {
           return Status::resource_exhausted(
               fmt::format("optimizer state in memory: cannot allocate {} fp32 elements", sg.numel));
         }
-        std::memset(b.data(), 0, sg.numel * sizeof(float));
+        zero_fill(b.data(), sg.numel * sizeof(float));
         arrays_[which].push_back(std::move(b));
       }
     }

@@ -8,6 +8,7 @@
 #include "model/rng.h"
 #include "model_test_util.h"
 #include "zinf/model/gpt.h"
+#include "zinf/thread_pool.h"
 
 namespace zinf::model {
 namespace {
@@ -51,6 +52,26 @@ TEST(InitTest, ElementDependsOnlyOnSeedParamAndIndex) {
   std::vector<float> other_param(w.numel);
   init_param(moved, 42, other_param, 0);
   EXPECT_NE(whole, other_param);
+}
+
+// Spans longer than one chunk are filled on the default pool: the same bits as element by
+// element, at an offset, and when called from a task of that pool (then run inline).
+TEST(InitTest, ThreadedFillMatchesElementByElement) {
+  GptModel model = testing::make_gpt(testing::must(gpt_preset("tiny", 256)));
+  ParamSpec big = model.params()[2 + 2];
+  big.numel = 5 * (size_t{1} << 16) + 1234;
+  const size_t offset = 777;
+  std::vector<float> threaded(big.numel - offset);
+  init_param(big, 9, threaded, offset);
+  std::vector<float> single(threaded.size());
+  for (size_t i = 0; i < single.size(); ++i) init_param(big, 9, std::span<float>(single).subspan(i, 1), offset + i);
+  EXPECT_EQ(std::memcmp(threaded.data(), single.data(), single.size() * sizeof(float)), 0);
+  std::vector<float> nested(threaded.size());
+  default_thread_pool().run(1, [&](size_t) { init_param(big, 9, nested, offset); });
+  default_thread_pool().run(2, [&](size_t t) {
+    if (t == 1) init_param(big, 9, nested, offset);
+  });
+  EXPECT_EQ(std::memcmp(threaded.data(), nested.data(), nested.size() * sizeof(float)), 0);
 }
 
 TEST(InitTest, Gpt2Statistics) {

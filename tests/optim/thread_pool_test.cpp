@@ -54,6 +54,26 @@ TEST(ThreadPool, ConcurrentCallersAreServedOneBatchAtATime) {
   EXPECT_EQ(total.load(), 2 * 200 * 45);
 }
 
+// A task that runs a batch on its own pool (e.g. a kernel that uses the default pool, called from
+// a task of it) gets it run inline: every index once, and no deadlock on the one-batch lock.
+TEST(ThreadPool, RunFromItsOwnTaskRunsInline) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(4 * 8);
+  pool.run(4, [&](std::size_t outer) {
+    const std::thread::id me = std::this_thread::get_id();
+    pool.run(8, [&](std::size_t inner) {
+      EXPECT_EQ(std::this_thread::get_id(), me);
+      hits[outer * 8 + inner].fetch_add(1);
+    });
+  });
+  for (const std::atomic<int>& h : hits) EXPECT_EQ(h.load(), 1);
+  // Another pool's batch from inside a task still uses that pool's threads.
+  ThreadPool other(2);
+  std::atomic<int> n{0};
+  pool.run(2, [&](std::size_t) { other.run(5, [&](std::size_t) { n.fetch_add(1); }); });
+  EXPECT_EQ(n.load(), 10);
+}
+
 TEST(ThreadPool, DefaultPoolExists) { EXPECT_GE(default_thread_pool().threads(), 1u); }
 
 }  // namespace

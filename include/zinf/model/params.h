@@ -99,7 +99,8 @@ class ParamAccess {
 // initialised from `seed` (GPT-2 init: normal(0, init_std) weights, zero biases, unit LayerNorm
 // weights). Element i depends only on (seed, spec.index, i), computed with integer hashing and
 // IEEE-exact arithmetic, so any shard or chunk can be made alone and every machine gets the same
-// bits. Thread-safe; requires element_offset + out.size() <= spec.numel.
+// bits. Long spans are filled on default_thread_pool() (same bits). Thread-safe; requires
+// element_offset + out.size() <= spec.numel.
 void init_param(const ParamSpec& spec, uint64_t seed, std::span<float> out, size_t element_offset);
 
 }  // namespace zinf::model
