@@ -585,6 +585,11 @@ Status Coordinator::hold_or_download(std::size_t g) {
     }
   }
   const GatherBlock& src = held.data() != nullptr ? held : grad;
+  // The host runs ahead of the device's compute: without a bound, the last backward would start
+  // a download (and its pinned staging) for every group before the first lands, 4 bytes a
+  // parameter of host memory. Past the target's bound the oldest is waited for and added first.
+  const std::size_t bound = std::max<std::size_t>(target_.max_downloads_in_flight(), 1);
+  if (downloads_.size() >= bound) ZINF_RETURN_IF_ERROR(drain_downloads(true, bound - 1));
   ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(src, 0, plan_.group(g).per_rank));
   downloads_.push_back({g, ticket});
   ++stats_.grad_downloads;
@@ -608,11 +613,12 @@ Status Coordinator::accumulate(std::size_t group, const float* reduced) {
   return Status::ok();
 }
 
-Status Coordinator::drain_downloads(bool wait) {
+Status Coordinator::drain_downloads(bool wait, std::size_t leave) {
   std::size_t done = 0;
   for (; done < downloads_.size(); ++done) {
     const PendingDownload& d = downloads_[done];
-    ZINF_ASSIGN_OR_RETURN(std::span<const float> landed, target_.finish_download(d.ticket, wait));
+    const bool must = wait && downloads_.size() - done > leave;
+    ZINF_ASSIGN_OR_RETURN(std::span<const float> landed, target_.finish_download(d.ticket, must));
     if (landed.data() == nullptr) break;  // still in flight: later ones wait for their turn
     ZINF_RETURN_IF_ERROR(accumulate(d.group, landed.data()));
     target_.release_download(d.ticket);

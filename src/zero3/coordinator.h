@@ -191,8 +191,9 @@ class Coordinator final : public model::ParamAccess {
   // Starts gathering the groups of the event after `event` (asynchronous targets), within the
   // live budget's free room: no eviction for it.
   Status gather_ahead(std::size_t event);
-  // Adds landed gradient downloads into their partitions, oldest first (wait: all of them).
-  Status drain_downloads(bool wait);
+  // Adds landed gradient downloads into their partitions, oldest first; with wait, blocks until at
+  // most `leave` are still in flight (all, by default).
+  Status drain_downloads(bool wait, std::size_t leave = 0);
   Status accumulate(std::size_t group, const float* reduced);  // into the gradient store
   // An asynchronous target's gradient of group g with one rank (flush_bucket's case with nothing
   // reduced): into its held sum, or (with that sum) downloaded for accumulate().

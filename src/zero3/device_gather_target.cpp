@@ -169,6 +169,12 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     return GatherTarget::add(acc, in);
   }
 
+  // One buffer is left to uploads (a backward re-gathers while gradients go down), so that
+  // neither takes a buffer past staging_buffers (but with one buffer, one download goes on).
+  std::size_t max_downloads_in_flight() const override {
+    return options_.staging_buffers > 1 ? options_.staging_buffers - 1 : 1;
+  }
+
   void release_download(std::uint64_t ticket) override {
     auto it = downloads_.find(ticket);
     if (it == downloads_.end()) return;

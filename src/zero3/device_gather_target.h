@@ -46,7 +46,8 @@ struct DeviceGatherOptions {
   enum class Consumer { kHostThread, kComputeStream };
   Consumer consumer = Consumer::kHostThread;
   // Staging buffers for uploads and downloads in flight at once (each the size of the largest
-  // slice it carried so far). More in flight waits for the oldest.
+  // slice it carried so far). More in flight waits for the oldest; the coordinator keeps at most
+  // one fewer gradient downloads in flight (max_downloads_in_flight), so uploads find one free.
   std::size_t staging_buffers = 4;
   // Test hook: leave out one wait so that the tests can show they catch it. Never set elsewhere.
   enum class SkipWait { kNone, kUploadBeforeUse, kStagingReuse, kDownloadBeforeRead, kComputeBeforeCopy };

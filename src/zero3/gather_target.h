@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -75,6 +76,9 @@ class GatherTarget {
   virtual Result<std::uint64_t> start_download(const GatherBlock& src, std::size_t offset, std::size_t n);
   virtual Result<std::span<const float>> finish_download(std::uint64_t ticket, bool wait);
   virtual void release_download(std::uint64_t ticket);
+  // Downloads started and not yet released that this target holds staging for; the coordinator
+  // finishes the oldest before starting one past it, so that pinned staging stays bounded.
+  virtual std::size_t max_downloads_in_flight() const { return SIZE_MAX; }
   // acc[i] += in[i] for i < acc.size() (in at least as large), both blocks of this target: a
   // gradient summed across micro-batches where it was computed (Coordinator::set_hold_gradients).
   // fp32 adds, the sums the gradient store would make. An asynchronous target orders it after the

@@ -459,6 +459,26 @@ TEST(DeviceCoordinatorTest, AStagingBufferIsReusedOnlyAfterItsUploadLanded) {
   }
 }
 
+// The host enqueues a compute-stream model's backward far ahead of the device: the gradient
+// downloads it starts must not each take a new staging buffer (the whole model's gradients in
+// pinned memory). At most staging_buffers exist, each of one slice, and the results stay exact.
+TEST(DeviceCoordinatorTest, GradientDownloadsInFlightStayWithinTheStagingBuffers) {
+  for (std::uint64_t seed : {31u, 32u, 33u}) {
+    DeviceGatherOptions g = on_stream();
+    g.staging_buffers = 2;
+    device::HostDeviceOptions d = delays(seed);
+    d.max_delay = std::chrono::microseconds(2000);  // the compute stream falls well behind
+    DeviceHarness h(options(), d, g);
+    for (int pass = 1; pass <= 3; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_EQ(loss.value(), DeviceHarness::expected_loss());
+    }
+    EXPECT_EQ(h.gradient_mismatch(3), "") << "seed " << seed;
+    EXPECT_LE(h.target->device_stats().staging_bytes, g.staging_buffers * kSize * sizeof(float)) << "seed " << seed;
+  }
+}
+
 TEST(DeviceCoordinatorTest, OneStagingBufferStillGivesExactResults) {
   DeviceGatherOptions g;
   g.staging_buffers = 1;
