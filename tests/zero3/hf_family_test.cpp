@@ -222,6 +222,22 @@ TEST(HfModelConfigTest, TheGpuChecksLlama3bConfigBuildsLlama32_3b) {
   EXPECT_NE(missing.status().message().find("no_such_folder/config.json"), std::string::npos) << missing.status().message();
 }
 
+// The GPU check's 7B (b) model: bench/gpu/llama2_7b_config.json has Llama 2 7B's shapes
+// (6,738,415,616 parameters: 32 x 4096, 32 heads of 128, SwiGLU 11008, vocabulary 32000, untied).
+TEST(HfModelConfigTest, TheGpuChecks7bConfigBuildsLlama2_7b) {
+  auto json = model_config_from_hf_file(std::string(ZINF_BENCH_GPU_DIR) + "/llama2_7b_config.json");
+  ASSERT_TRUE(json.is_ok()) << json.status().to_string();
+  auto m = model::make_builtin_model(json.value(), "llama2_7b_config.json");
+  ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+  std::size_t n = 0;
+  for (const model::ParamSpec& p : m.value()->params()) n += p.numel;
+  EXPECT_EQ(n, 6'738'415'616u);
+  const auto* llama = dynamic_cast<const model::LlamaModel*>(m.value().get());
+  ASSERT_NE(llama, nullptr);
+  EXPECT_EQ(llama->config().n_layer, 32);
+  EXPECT_EQ(llama->config().n_kv_head, 32);
+}
+
 // ---- RoPE ----------------------------------------------------------------------------------------
 
 TEST(RopeScalingTest, FrequenciesMatchTransformers) {
