@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "zero3/device_gather_target.h"
 #include "zero3/grad_store.h"
 #include "zero3/host_budget.h"
 #include "zero3/model_partition.h"
@@ -56,7 +57,8 @@ std::uint64_t MemoryPrediction::pinned_bytes() const {
   return s;
 }
 
-Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T) {
+Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T,
+                                        ComputeOn on) {
   const int world = static_cast<int>(ds.world_size);
   ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params(), model.modules().size(), world));
   const swap::PartitionLayout layout = swap::PartitionLayout::build(
@@ -74,9 +76,20 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   auto add = [&m](std::string name, std::uint64_t bytes, bool pinned = false) {
     m.host.push_back({std::move(name), bytes, pinned});
   };
-  add("process base (program, libraries, corpus)", kProcessBaseBytes);
+  const bool gpu = on == ComputeOn::kGpu;
+  add(gpu ? "process base (program, libraries, corpus, CUDA runtime and context)"
+          : "process base (program, libraries, corpus)",
+      gpu ? kCudaProcessBaseBytes : kProcessBaseBytes);
 
   const config::ZeroSection& z = ds.zero;
+  const GatheredSizes g = gathered_sizes(model, plan, z, world);
+  if (gpu && world == 1 && z.offload_param.device == config::OffloadDevice::kNone &&
+      z.offload_optimizer.device == config::OffloadDevice::kNone) {
+    // tier_factory.cpp state_on_device: master weights, optimizer state, gradients and the
+    // parameters all in GPU memory; nothing is staged through the host.
+    add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+    return m;
+  }
   const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
   const bool param_nvme = z.offload_param.device == config::OffloadDevice::kNvme;
   if (opt_nvme) {
@@ -117,9 +130,20 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     add(fmt::format("parameter partitions ({})", swap::dtype_name(dtype)), dsize * shard, true);
   }
 
+  if (gpu) {
+    // device_gather_target.cpp: pinned staging for parameter uploads and gradient downloads, each
+    // buffer grown to the largest slice it carried; the gathered values, the gradients and the
+    // activations are in GPU memory.
+    const std::uint64_t per_rank = (g.largest + static_cast<std::uint64_t>(world) - 1) / static_cast<std::uint64_t>(world);
+    const std::size_t buffers = DeviceGatherOptions{}.staging_buffers;
+    add(fmt::format("pinned staging for the GPU's copies ({} x the largest slice, fp32)", buffers),
+        buffers * page_up(4 * per_rank), true);
+    add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+    return m;
+  }
+
   // Gathered full values the coordinator may hold at once: the persistent groups plus the rest
   // under stage3_max_live_parameters, never less than two of the largest group.
-  const GatheredSizes g = gathered_sizes(model, plan, z, world);
   const std::uint64_t live = std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
   add("gathered parameters, persistent (fp32)", 4 * g.persistent);
   add("gathered parameters, live (fp32, stage3_max_live_parameters)", 4 * live);

@@ -9,7 +9,9 @@
 #  (e) zinf train --plan prints the plan, then trains with it;
 #  (f) short of host memory for every candidate as configured but not under the engine's budget
 #      sizing: the winner's config carries zinf.host_memory_budget, zinf train runs it within that
-#      budget, and zinf train --plan accepts the budget it planned.
+#      budget, and zinf train --plan accepts the budget it planned;
+#  (g) zinf train refuses, before any work, a run whose predicted host memory is far above what
+#      the machine has (exit 1, the shortfall, the largest terms and what to change named).
 # Usage: plan_cli_test.sh ZINF
 set -euo pipefail
 zinf=$1
@@ -101,4 +103,17 @@ grep -q "^host memory budget " "$tmp/budget_train.out"
   > "$tmp/budget_plan.out"
 grep -q "^plan: training with #1" "$tmp/budget_plan.out"
 grep -q "^done: 1 steps" "$tmp/budget_plan.out"
+# (g): about 160e9 parameters, 2.9 TB of host state in memory: no machine that runs this has it.
+avail_kib=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
+if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((2 * 1024 * 1024 * 1024)) ]; then
+  set +e
+  "$zinf" train --model small --layers 200 --hidden 8192 --heads 64 --seq 64 --steps 1 \
+    > "$tmp/huge.out" 2> "$tmp/huge.err"
+  rc=$?
+  set -e
+  [ "$rc" -eq 1 ] || { cat "$tmp/huge.err"; echo "FAIL: a run far above the host memory: exit $rc, not 1"; exit 1; }
+  grep -q "GiB short" "$tmp/huge.err" || { cat "$tmp/huge.err"; echo "FAIL: no shortfall named"; exit 1; }
+  grep -q -- "--no-memory-check" "$tmp/huge.err" || { cat "$tmp/huge.err"; echo "FAIL: no way past named"; exit 1; }
+  grep -q "GiB of host memory (largest: " "$tmp/huge.err" || { cat "$tmp/huge.err"; echo "FAIL: no term named"; exit 1; }
+fi
 echo "plan_cli: ok"

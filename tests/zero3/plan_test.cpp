@@ -3,6 +3,7 @@
 // written config that parses back. No timings are asserted (bench/plan_accuracy.sh measures them).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -10,6 +11,8 @@
 #include "engine_harness.h"
 #include "zero3/host_budget.h"
 #include "zinf/model/gpt.h"
+#include "zinf/model/registry.h"
+#include "zinf/zero3/hf_folder.h"
 #include "zinf/swap/pinned_pool.h"
 #include "zinf/zero3/plan.h"
 
@@ -102,6 +105,46 @@ TEST_F(PlanTest, MemoryUsesTheSwapLayersPoolSizing) {
   EXPECT_EQ(term(*cpu, "fp32 gradient partitions"), 4 * cpu->shard_elements);
   EXPECT_GE(term(*cpu, "optimizer state in memory"), 12 * m->num_params());
   EXPECT_EQ(term(*cpu, "activations"), m->activation_bytes(testing::kB, testing::kT));
+}
+
+// zinf train --device cuda (ComputeOn::kGpu) against the peak RSS of real GPU runs
+// (docs/gpu-runs/2026-11-27-run28-summary.txt, an H200 machine): within 10% above, never below.
+// Llama 2 7B's shape with parameters and optimizer on the CPU: 118154.0 MiB; the 1.3B GPT with
+// everything on the GPU: 883.5 MiB.
+TEST(PlanGpuMemoryTest, GpuRunsPeakRssIsPredictedWithinTenPercentAndNeverBelow) {
+  const std::string dir = ZINF_BENCH_GPU_DIR;
+  auto within = [](const MemoryPrediction& m, double measured_mib) {
+    const double predicted = static_cast<double>(m.host_bytes()) / (1 << 20);
+    std::printf("predicted %.1f MiB, measured %.1f MiB: %.3f\n", predicted, measured_mib, predicted / measured_mib);
+    EXPECT_GE(predicted, measured_mib);
+    EXPECT_LE(predicted, 1.10 * measured_mib);
+  };
+  {
+    auto json = model_config_from_hf_file(dir + "/llama2_7b_config.json");
+    ASSERT_TRUE(json.is_ok()) << json.status().to_string();
+    auto m = model::make_builtin_model(json.value(), "llama2_7b_config.json");
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    auto ds = config::load_ds_config(dir + "/b_llama7b_offload_cpu_resident.json", config::AutoContext{});
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    auto mem = predict_memory(*m.value(), ds.value(), 4, 2048, ComputeOn::kGpu);
+    ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+    within(mem.value(), 118154.0);
+    // On the host the same run would also hold activations and gathered values.
+    auto host = predict_memory(*m.value(), ds.value(), 4, 2048);
+    ASSERT_TRUE(host.is_ok());
+    EXPECT_GT(host->host_bytes(), mem->host_bytes());
+  }
+  {
+    auto c = model::gpt_preset("1.3b", 50257);
+    ASSERT_TRUE(c.is_ok());
+    auto m = model::GptModel::create(c.value());
+    ASSERT_TRUE(m.is_ok());
+    auto ds = config::load_ds_config(dir + "/a_1p3b_gpu.json", config::AutoContext{});
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    auto mem = predict_memory(*m.value(), ds.value(), 4, 2048, ComputeOn::kGpu);
+    ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+    within(mem.value(), 883.5);
+  }
 }
 
 // The engine's own high-water marks of a real run stay within the prediction: the gathered

@@ -42,6 +42,7 @@
 #include "zinf/zero3/checkpoint_keep.h"
 #include "zinf/zero3/engine.h"
 #include "zinf/zero3/hf_folder.h"
+#include "zinf/zero3/plan.h"
 #include "zinf/model/registry.h"
 
 namespace zinf::cli {
@@ -76,6 +77,7 @@ struct TrainOptions {
   std::string device_grad_sums = "auto";  // --device-grad-sums: auto | none | SIZE
   std::string gpu_gather = "auto";  // --gpu-gather: auto | host (the bridge) | device (the engine gathers into GPU memory)
   bool overlap_optimizer = false;  // --overlap-optimizer: sub-groups stepped during the last backward
+  bool no_memory_check = false;    // --no-memory-check: start even when the host memory predicted is not there
   std::uint32_t host_device_delay_us = 0;
   bool plan = false;            // --plan: train with `zinf plan`'s winner (printed first)
   std::string host_memory_budget;  // --host-memory-budget: e.g. 6GiB (default: the config's zinf block, else none)
@@ -510,6 +512,52 @@ std::uint64_t checkpoints_to_write(const TrainOptions& o, const std::optional<Sa
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 // `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
+// Before any state is allocated: the host memory zinf plan predicts for this run (the engine's own
+// layout and sizing) against MemAvailable. A run that cannot fit even 10% under the prediction
+// (its stated accuracy, docs/plan.md) is refused with the shortfall and what to change, instead of
+// being killed for memory minutes into its set-up; one that may not fit gets a notice. Skipped
+// with a host memory budget (the engine sizes and checks the run against it), with W > 1 (ranks
+// may share a machine's memory or not), and for the GPU bridge (--gpu-gather host), whose host
+// terms the prediction does not model.
+Status check_host_memory(const TrainOptions& o, const zero3::EngineOptions& eo, const model::Model& m, int T,
+                         const zero3::Communicator& comm, bool cuda) {
+  if (o.no_memory_check || comm.world_size() > 1 || eo.host_memory_budget != 0 || eo.ds.zinf.host_memory_budget != 0) {
+    return Status::ok();
+  }
+  const bool on_gpu = eo.device.kind == zero3::EngineDevice::Kind::kModelDevice;
+  if (cuda && !on_gpu) return Status::ok();
+  ZINF_ASSIGN_OR_RETURN(const zero3::Machine machine, zero3::describe_machine({}));
+  if (machine.host_available == 0) return Status::ok();
+  const int B = static_cast<int>(eo.ds.batch.train_micro_batch_size_per_gpu);
+  ZINF_ASSIGN_OR_RETURN(const zero3::MemoryPrediction mem,
+                        zero3::predict_memory(m, eo.ds, B, T, on_gpu ? zero3::ComputeOn::kGpu : zero3::ComputeOn::kHost));
+  const double need = static_cast<double>(mem.host_bytes());
+  const double have = static_cast<double>(machine.host_available);
+  if (need <= have) return Status::ok();
+  std::vector<zero3::MemoryTerm> terms = mem.host;
+  std::sort(terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+  std::string largest;
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
+    largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
+  }
+  const std::string what = fmt::format(
+      "{}: this run is predicted to need {:.1f} GiB of host memory (largest: {}), and {:.1f} GiB are available ({})",
+      eo.ds.source, need / (1 << 30), largest, have / (1 << 30), machine.host_source);
+  if (0.9 * need <= have) {
+    log(LogLevel::kNotice, what + "; the prediction may be up to 10% high, so it may still fit");
+    return Status::ok();
+  }
+  const config::ZeroSection& z = eo.ds.zero;
+  std::string change;
+  if (z.offload_optimizer.device != config::OffloadDevice::kNvme) change += "offload the optimizer state to NVMe (offload_optimizer.device nvme), ";
+  if (z.offload_param.device != config::OffloadDevice::kNvme) change += "offload the parameters to NVMe (offload_param.device nvme), ";
+  if (!on_gpu) change += "use a smaller micro-batch or activation checkpointing, ";
+  return Status::resource_exhausted(fmt::format(
+      "{}: at least {:.1f} GiB short. To fit: {}give a host memory budget (--host-memory-budget) for the engine to "
+      "size its buffers to, or let `zinf plan` find a configuration that fits; --no-memory-check starts anyway",
+      what, (0.9 * need - have) / (1 << 30), change));
+}
+
 Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_by) {
   // The device first: a --device cuda that cannot be honoured fails before any work.
   ZINF_ASSIGN_OR_RETURN(DeviceChoice device,
@@ -620,6 +668,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       return hf->read_param(index, out).with_context("--model-dir");
     };
   }
+  ZINF_RETURN_IF_ERROR(check_host_memory(o, eo, *the_model, T, comm, device.device == ComputeDevice::kCuda));
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(the_model), eo, comm));
   out << engine->describe() << "\n";
   if (engine->host_budget().budget != 0) out << engine->host_budget().summary << "\n";
@@ -828,6 +877,9 @@ void add_train_command(CLI::App& app, int* exit_code) {
                   "--host-device), the device memory that may hold gradients summed across a step's micro-batches, "
                   "so that only the step's sums come back: auto (up to 40% of the device memory free at the start; "
                   "the default), none, or a size such as 8G; the same results");
+  cmd->add_flag("--no-memory-check", o->no_memory_check,
+                "start even when the host memory this run is predicted to need (zinf plan's prediction) is more "
+                "than the machine has available; without it such a run is refused before any work");
   cmd->add_flag("--overlap-optimizer", o->overlap_optimizer,
                 "step each sub-group's optimizer during the last backward as soon as its gradients are final, and "
                 "keep it unless the step clips or overflows (then it is redone at the end): the same results; needs "

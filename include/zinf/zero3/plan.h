@@ -69,13 +69,25 @@ inline constexpr std::uint64_t kProcessBaseBytes = std::uint64_t{176} << 20;
 // candidates under a budget are sized with it (docs/plan.md, "Short of memory").
 inline constexpr std::uint64_t kProcessBeforeEngineBytes = std::uint64_t{184} << 20;
 
+// The process of `zinf train --device cuda` before any model state: kProcessBaseBytes plus the
+// CUDA runtime, cuBLAS and the device context (runs 27-28: 878.9 and 883.5 MiB peak RSS at
+// 1.3B with the whole state on the GPU, where nothing else is on the host).
+inline constexpr std::uint64_t kCudaProcessBaseBytes = std::uint64_t{896} << 20;
+
+// Where the model computes. kGpu: on a GPU whose memory the engine gathers into (zinf train
+// --device cuda with one rank): no activations, gathered values or gradient buckets on the host,
+// but pinned staging for the copies; with offload_param and offload_optimizer none the whole
+// state is on the GPU. The GPU's own bytes are not predicted (MemoryPrediction::gpu stays 0).
+enum class ComputeOn { kHost, kGpu };
+
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
 // no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
 // ds.world_size ranks. With ds.zinf.host_memory_budget the knobs are sized as the engine sizes
-// them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine.
-// Errors: the engine's own (a layout it refuses, a pool that overflows, a budget below
-// least_budget).
-Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T);
+// them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine
+// (kHost only: on a GPU the budget's terms are not modelled). Errors: the engine's own (a
+// layout it refuses, a pool that overflows, a budget below least_budget).
+Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T,
+                                        ComputeOn on = ComputeOn::kHost);
 
 // A roof and where its figure came from.
 struct Roof {
