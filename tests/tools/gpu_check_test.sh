@@ -22,7 +22,8 @@ done
 # (b) with the parameters resident; --with-c: aio_bench on the scratch folder, then (c) on the
 # largest preset whose NVMe state fits (a preset name, never empty).
 "$script" -C "$build" --phase 2 --with-c --dry-run > "$tmp/dry_c.out" 2>&1 || { cat "$tmp/dry_c.out"; fail "--with-c --dry-run failed"; }
-for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json "--model-config" llama32_3b_config.json; do
+for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json "--model-config" llama32_3b_config.json \
+            llama2_7b_config.json b_llama7b_offload_cpu_resident.json; do
   grep -qF -- "$want" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no step runs $want"; }
 done
 grep -n "aio_bench_c, bench\|c_nvme_offload, figure" "$tmp/dry_c.out" | cut -d: -f1 | tr '\n' ' ' > "$tmp/order"
@@ -47,6 +48,12 @@ rc=0; "$script" -C "$build" --phase 3 > "$tmp/bad.out" 2>&1 || rc=$?
 if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then
   echo "a GPU is present: the no-GPU run is not checked here"
 else
+  # A step that needs more than the machine has (the 7B (b): an H200's memory) is not run, and
+  # the reason names what it needs and what is here; a step with no needs runs anywhere.
+  bash -c 'source <(sed -n "/^declare -A step_needs=/,/^}/p" "$1"); if fits_machine b_llama7b_resident; then exit 1; fi
+           echo "$fits_why"; fits_machine a_1p3b_gpu' _ "$script" > "$tmp/fits" || { cat "$tmp/fits"; fail "fits_machine"; }
+  grep -q "^not run here: it needs 110000 MiB of GPU memory and 125829120 KiB of RAM; this machine has no MiB" "$tmp/fits" ||
+    { cat "$tmp/fits"; fail "the 7B step's reason: $(cat "$tmp/fits")"; }
   rc=0; "$script" -C "$build" --phase 1,2 -o "$tmp/run" > "$tmp/run.out" 2>&1 || rc=$?
   [ "$rc" -eq 1 ] || { cat "$tmp/run.out"; fail "phase 1 without a GPU: exit $rc, want 1"; }
   [ "$(ls "$tmp/run" | tr '\n' ' ')" = "gpu-check-phase1-2.tar.xz summary.txt " ] || fail "output folder holds: $(ls "$tmp/run")"
