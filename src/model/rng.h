@@ -2,7 +2,9 @@
 // the same counters give the same bits on every machine, with no library RNG involved.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 
 namespace zinf::model::detail {
 
@@ -33,5 +35,19 @@ double portable_log(double x);
 
 // A standard normal sample determined by `key` (Marsaglia's polar method on a counter stream).
 double normal_from_key(uint64_t key);
+
+// out[i] = float(std_dev * normal_from_key(splitmix64(param_key ^ (first_index + i)))): init_param's
+// normal weights. With `vector` and AVX2, four at a time with the same operations in the same
+// order (the same bits; tests compare both ways); else one at a time.
+void fill_normal(uint64_t param_key, double std_dev, size_t first_index, std::span<float> out, bool vector);
+#if defined(__x86_64__)
+// The AVX2 part of fill_normal: the first multiple of 4 elements; returns how many it wrote.
+size_t fill_normal_avx2(uint64_t param_key, double std_dev, size_t first_index, std::span<float> out);
+// Its parts, for the bit-exact tests (callers check AVX2): portable_log of four normal x in
+// (0, 1); and normal_from_key of four keys from each one's first candidate pair, returning the
+// mask of lanes whose pair was rejected (their outputs are meaningless).
+void portable_log_avx2(const double* x4, double* out4);
+int normals_avx2(const uint64_t* keys4, double* out4);
+#endif
 
 }  // namespace zinf::model::detail

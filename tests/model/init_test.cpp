@@ -74,6 +74,65 @@ TEST(InitTest, ThreadedFillMatchesElementByElement) {
   EXPECT_EQ(std::memcmp(threaded.data(), nested.data(), nested.size() * sizeof(float)), 0);
 }
 
+// The AVX2 fill (four lanes, rejected lanes redone one at a time) gives the scalar fill's bits:
+// several keys, scales, offsets (one past 2^32, where the 64-bit lane arithmetic carries) and
+// lengths that are not multiples of 4. On a machine without AVX2 both are the scalar path.
+TEST(InitTest, VectorFillMatchesScalarBits) {
+  for (const uint64_t param_key : {0ull, 1ull, 0x67707432ull, 0xfedcba9876543210ull}) {
+    for (const double std_dev : {0.02, 1.0, 0.0028867513459481291}) {
+      for (const size_t first : {size_t{0}, size_t{13}, (size_t{1} << 32) - 7}) {
+        std::vector<float> vec(100003), ref(vec.size());
+        detail::fill_normal(param_key, std_dev, first, vec, /*vector=*/true);
+        detail::fill_normal(param_key, std_dev, first, ref, /*vector=*/false);
+        ASSERT_EQ(std::memcmp(vec.data(), ref.data(), vec.size() * sizeof(float)), 0)
+            << "key " << param_key << " std " << std_dev << " first " << first;
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+// The AVX2 parts at double precision, where the float outputs above would hide a last-bit
+// difference: portable_log over (0, 1) (random mantissas and exponents down to 2^-104, the least
+// s can be, and both sides of the sqrt(1/2) split) and the first-pair normals of 400,000 keys.
+TEST(InitTest, VectorPartsMatchScalarBitsInDouble) {
+  if (!__builtin_cpu_supports("avx2")) GTEST_SKIP() << "no AVX2 on this CPU: only the scalar path runs";
+  uint64_t state = 12345;
+  size_t compared = 0, rejected_lanes = 0;
+  for (int round = 0; round < 100000; ++round) {
+    double x[4], got[4];
+    for (double& v : x) {
+      state = detail::splitmix64(state);
+      const int exponent = -1 - static_cast<int>(state % 104);
+      v = std::ldexp(1.0 + detail::unit_double(detail::splitmix64(state + 1)), exponent);
+      if (v >= 1.0) v = 0.70710678118654752440;
+    }
+    detail::portable_log_avx2(x, got);
+    for (int l = 0; l < 4; ++l) {
+      const double want = detail::portable_log(x[l]);
+      ASSERT_EQ(std::memcmp(&got[l], &want, sizeof(double)), 0) << "x " << x[l];
+    }
+    uint64_t keys[4];
+    for (uint64_t& k : keys) k = state = detail::splitmix64(state);
+    double normals[4];
+    const int rejected = detail::normals_avx2(keys, normals);
+    for (int l = 0; l < 4; ++l) {
+      if ((rejected >> l) & 1) {
+        ++rejected_lanes;
+        continue;
+      }
+      const double want = detail::normal_from_key(keys[l]);
+      ASSERT_EQ(std::memcmp(&normals[l], &want, sizeof(double)), 0) << "key " << keys[l];
+      ++compared;
+    }
+  }
+  // About 1 - pi/4 of the lanes are rejected (and redone one at a time by fill_normal).
+  EXPECT_GT(rejected_lanes, 400000u / 6);
+  EXPECT_LT(rejected_lanes, 400000u / 4);
+  EXPECT_EQ(compared + rejected_lanes, 400000u);
+}
+#endif
+
 TEST(InitTest, Gpt2Statistics) {
   GptModel model = testing::make_gpt(testing::must(gpt_preset("mini", 256)));
   for (const ParamSpec& p : model.params()) {
