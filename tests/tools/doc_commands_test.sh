@@ -7,7 +7,7 @@
 # ds_config.json an in-memory ZeRO-3 config with "auto" batch and lr, corpus files small (text of bytes below 61, the tiny
 # models' vocabulary), --model gpt2 is tiny, --steps 1000/2000 are 2/4, --seq and --batch[es] fit
 # the tiny models. Commands that need what a test machine lacks (a drive to tune, several ranks,
-# the build system, a placeholder "...") are listed as skipped with the reason; any other command
+# the build system, a GPU, a placeholder "...") are listed as skipped with the reason; any other command
 # that fails, or one this test does not know how to run, fails the test.
 set -euo pipefail
 zinf=$(realpath "$1") root=$(realpath "$2")
@@ -55,6 +55,7 @@ while IFS=$'\t' read -r doc cmd; do
     *aio_bench*) skip="tunes a real drive (tests/tools/aio_bench_test.sh runs aio_bench)" ;;
     mpirun\ * | bench/*) skip="several ranks (tests/zero3 multirank tests run mpirun)" ;;
     *"..."*) skip="a placeholder (...)" ;;
+    *"--device cuda"*) skip="a GPU and a 7B model (scripts/gpu-check's b_llama7b_resident runs it on one)" ;;
     python3\ -m\ venv* | *pip\ install*) skip="installs the Python package (meson test's python suite tests it; pip needs the network)" ;;
   esac
   if [[ -n $skip ]]; then
