@@ -189,11 +189,7 @@ void init_param(const ParamSpec& spec, uint64_t seed, std::span<float> out, size
         detail::fill_normal(param_key, std_dev, element_offset + first,
                             out.subspan(first, std::min(kChunk, out.size() - first)), /*vector=*/true);
       };
-      if (chunks > 1) {
-        default_thread_pool().run(chunks, fill);
-      } else if (chunks == 1) {
-        fill(0);
-      }
+      default_thread_pool().run(chunks, fill);  // one chunk runs on this thread
       return;
     }
   }

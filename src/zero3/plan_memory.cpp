@@ -76,6 +76,11 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   auto add = [&m](std::string name, std::uint64_t bytes, bool pinned = false) {
     m.host.push_back({std::move(name), bytes, pinned});
   };
+  // Allocator slack and what the terms do not name (thread stacks, the aio rings, the data
+  // loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
+  auto add_margin = [&] {
+    add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+  };
   const bool gpu = on == ComputeOn::kGpu;
   add(gpu ? "process base (program, libraries, corpus, CUDA runtime and context)"
           : "process base (program, libraries, corpus)",
@@ -87,7 +92,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
       z.offload_optimizer.device == config::OffloadDevice::kNone) {
     // tier_factory.cpp state_on_device: master weights, optimizer state, gradients and the
     // parameters all in GPU memory; nothing is staged through the host.
-    add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+    add_margin();
     return m;
   }
   const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
@@ -138,7 +143,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     const std::size_t buffers = DeviceGatherOptions{}.staging_buffers;
     add(fmt::format("pinned staging for the GPU's copies ({} x the largest slice, fp32)", buffers),
         buffers * page_up(4 * per_rank), true);
-    add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+    add_margin();
     return m;
   }
 
@@ -150,10 +155,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   add("gathered gradients and reduce buckets (fp32)",
       gradient_buffer_bytes(g, static_cast<std::uint64_t>(z.reduce_bucket_size), world));
   add(fmt::format("activations and scratch (B {}, T {})", B, T), model.activation_bytes(B, T));
-  // Allocator slack and what the terms above do not name (thread stacks, the aio rings, the
-  // data loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
-  add("margin (allocator slack, small buffers)",
-      static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * kMarginShare));
+  add_margin();
 
   // The engine's budget sizing (engine.cpp, fit_budget) for the same run.
   HostBudgetRequest request{model, ds, plan, layout, states, B, T, ds.zinf.host_memory_budget,

@@ -509,9 +509,6 @@ std::uint64_t checkpoints_to_write(const TrainOptions& o, const std::optional<Sa
   return static_cast<std::uint64_t>(std::min(saves, std::max<std::int64_t>(1, o.save_keep + 1 - there)));
 }
 
-// Runs the training loop on `comm`, which the caller owns so that it can end the job when this
-// fails on one rank. Everything this creates (engine, swap files) is released before it returns.
-// `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
 // Before any state is allocated: the host memory zinf plan predicts for this run (the engine's own
 // layout and sizing) against MemAvailable. A run that cannot fit even 10% under the prediction
 // (its stated accuracy, docs/plan.md) is refused with the shortfall and what to change, instead of
@@ -558,6 +555,9 @@ Status check_host_memory(const TrainOptions& o, const zero3::EngineOptions& eo, 
       what, (0.9 * need - have) / (1 << 30), change));
 }
 
+// Runs the training loop on `comm`, which the caller owns so that it can end the job when this
+// fails on one rank. Everything this creates (engine, swap files) is released before it returns.
+// `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
 Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_by) {
   // The device first: a --device cuda that cannot be honoured fails before any work.
   ZINF_ASSIGN_OR_RETURN(DeviceChoice device,
