@@ -15,7 +15,9 @@
 #include <fmt/format.h>
 
 #include "common/cuda_last_error.h"
+#include "device/device.h"
 #include "zero3/comm_nccl_device.h"
+#include "zero3/device_collectives.h"
 #include "zero3/rank_order_sum.h"
 #include "zinf/zero3/comm_nccl.h"
 
@@ -316,9 +318,68 @@ Status set_up_device(int rank, int local_rank, int& device, StreamOwner& stream)
   return Status::ok();
 }
 
+// device_collectives.h on a GPU: the NCCL communicator's device collectives, enqueued through
+// the device's work items (which a GPU runs at enqueue time, with the role's native stream).
+class NcclOnDevice final : public DeviceCollectives {
+ public:
+  NcclOnDevice(device::Device& device, NcclDeviceCollectives& nccl, int rank)
+      : device_(device), nccl_(nccl), rank_(static_cast<std::size_t>(rank)) {}
+
+  std::string describe() const override { return fmt::format("NCCL on GPU {}", nccl_.device()); }
+
+  Status all_gather(device::StreamRole role, float* block, std::size_t n) override {
+    used_[static_cast<std::size_t>(role)] = true;
+    const float* mine = block + n * rank_;
+    return device_.enqueue(role, [this, mine, block, n](const device::StreamContext& ctx) {
+      return nccl_.all_gather_device(mine, block, n, static_cast<cudaStream_t>(ctx.native_stream));
+    }, "NCCL all-gather");
+  }
+
+  Status reduce_scatter(device::StreamRole role, float* block, std::size_t n) override {
+    used_[static_cast<std::size_t>(role)] = true;
+    float* mine = block + n * rank_;
+    return device_.enqueue(role, [this, mine, block, n](const device::StreamContext& ctx) {
+      return nccl_.reduce_scatter_device(block, mine, n, static_cast<cudaStream_t>(ctx.native_stream));
+    }, "NCCL reduce-scatter");
+  }
+
+  // Each stream a collective went on, drained while watching NCCL's errors (wait_device).
+  Status finish() override {
+    for (int r = 0; r < device::kStreamRoles; ++r) {
+      if (!used_[static_cast<std::size_t>(r)]) continue;
+      cudaStream_t stream = nullptr;
+      ZINF_RETURN_IF_ERROR(device_.enqueue(static_cast<device::StreamRole>(r), [&stream](const device::StreamContext& ctx) {
+        stream = static_cast<cudaStream_t>(ctx.native_stream);
+        return Status::ok();
+      }, "the stream of the device collectives"));
+      ZINF_RETURN_IF_ERROR(nccl_.wait_device(stream, "device collectives"));
+      used_[static_cast<std::size_t>(r)] = false;
+    }
+    return Status::ok();
+  }
+
+ private:
+  device::Device& device_;
+  NcclDeviceCollectives& nccl_;
+  std::size_t rank_;
+  std::array<bool, device::kStreamRoles> used_{};
+};
+
 }  // namespace
 
 bool nccl_available() { return true; }
+
+std::unique_ptr<DeviceCollectives> make_nccl_device_collectives(device::Device& device, Communicator& comm) {
+  NcclDeviceCollectives* nccl = nccl_device_collectives(comm);
+  if (nccl == nullptr || device.host_addressable()) return nullptr;
+  // The device's work runs with its GPU current: it must be the one the communicator was made on.
+  int current = -1;
+  const Status probed = device.enqueue(device::StreamRole::kCompute, [&current](const device::StreamContext&) {
+    return cuda_check("cudaGetDevice", cudaGetDevice(&current));
+  }, "which GPU");
+  if (!probed.is_ok() || current != nccl->device()) return nullptr;
+  return std::make_unique<NcclOnDevice>(device, *nccl, comm.rank());
+}
 
 NcclDeviceCollectives* nccl_device_collectives(Communicator& comm) {
   return dynamic_cast<NcclCommunicator*>(&comm);

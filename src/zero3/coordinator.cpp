@@ -108,6 +108,8 @@ Status Coordinator::end_pass() {
     }
   }
   ZINF_RETURN_IF_ERROR(drain_downloads(true));
+  // The engine's host collectives follow the pass (device_collectives.h).
+  ZINF_RETURN_IF_ERROR(target_.finish_collectives());
   for (std::size_t g = 0; g < gathered_.size(); ++g) {
     const std::string& name = model_.params()[plan_.group(g).params.front()].name;
     if (gathered_[g].users != 0) return Status::internal(fmt::format("{} still acquired at the end of a pass", name));
@@ -125,6 +127,7 @@ Status Coordinator::check_agreement(std::uint64_t module, std::uint64_t phase, c
   if (world == 1) return Status::ok();
   const std::array<std::uint64_t, 2> event = {module, phase};
   std::vector<std::uint64_t> all(world * event.size());
+  ZINF_RETURN_IF_ERROR(target_.finish_collectives());
   ZINF_RETURN_IF_ERROR(comm_.all_gather_u64(event, all));
   bool agree = true;
   for (std::size_t r = 0; r < world; ++r) agree = agree && all[r * 2] == module && all[r * 2 + 1] == phase;
@@ -143,6 +146,7 @@ Status Coordinator::check_agreement(std::uint64_t module, std::uint64_t phase, c
 
 Status Coordinator::check_trace_hash(const Trace& t) {
   if (comm_.world_size() == 1) return Status::ok();
+  ZINF_RETURN_IF_ERROR(target_.finish_collectives());
   std::uint64_t root_hash = t.hash;
   ZINF_RETURN_IF_ERROR(comm_.broadcast(std::as_writable_bytes(std::span<std::uint64_t>(&root_hash, 1)), 0));
   std::array<std::uint64_t, 1> differ = {root_hash != t.hash ? 1u : 0u};
@@ -496,8 +500,11 @@ Status Coordinator::grads_ready(int module) {
     bucket_.push_back(g);
     bucket_elements_ += plan_.group(static_cast<std::size_t>(g)).numel;
   }
-  // One rank has nothing to reduce: add each gradient in as soon as it is complete.
-  if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1) ZINF_RETURN_IF_ERROR(flush_bucket());
+  // One rank has nothing to reduce, and a target that reduces in its own memory reduces each
+  // gradient alone: add each gradient in (or start its reduction) as soon as it is complete.
+  if (bucket_elements_ >= opt_.reduce_bucket_size || comm_.world_size() == 1 || target_.reduces_in_place()) {
+    ZINF_RETURN_IF_ERROR(flush_bucket());
+  }
   return drain_downloads(false);
 }
 
@@ -507,9 +514,10 @@ Status Coordinator::flush_bucket() {
   std::size_t total = 0;
   for (int g : bucket_) total += plan_.group(static_cast<std::size_t>(g)).per_rank;
   // Where each group's reduced slice is read from: its own gradient with one rank (nothing to
-  // reduce), else the reduce-scatter's output.
+  // reduce) or when the target reduces it in its memory (hold_or_download), else the
+  // reduce-scatter's output.
   const float* reduced = nullptr;
-  if (world > 1) {
+  if (world > 1 && !target_.reduces_in_place()) {
     // send: W blocks of `total`, block r holding every bucket group's rank-r slice. A bucket of
     // one group is already laid out so (its gradient has the gathered layout): no packing.
     const std::size_t send_n = total * static_cast<std::size_t>(world);
@@ -584,13 +592,20 @@ Status Coordinator::hold_or_download(std::size_t g) {
       return Status::ok();
     }
   }
-  const GatherBlock& src = held.data() != nullptr ? held : grad;
+  GatherBlock& src = held.data() != nullptr ? held : grad;
   // The host runs ahead of the device's compute: without a bound, the last backward would start
   // a download (and its pinned staging) for every group before the first lands, 4 bytes a
   // parameter of host memory. Past the target's bound the oldest is waited for and added first.
   const std::size_t bound = std::max<std::size_t>(target_.max_downloads_in_flight(), 1);
   if (downloads_.size() >= bound) ZINF_RETURN_IF_ERROR(drain_downloads(true, bound - 1));
-  ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(src, 0, plan_.group(g).per_rank));
+  const std::size_t per_rank = plan_.group(g).per_rank;
+  std::size_t slice = 0;  // the gradient's own elements with one rank
+  if (comm_.world_size() > 1) {
+    // Reduced across ranks where it is, once per step's sum: only this rank's slice comes down.
+    ZINF_RETURN_IF_ERROR(target_.reduce_scatter(src, per_rank));
+    slice = per_rank * static_cast<std::size_t>(comm_.rank());
+  }
+  ZINF_ASSIGN_OR_RETURN(std::uint64_t ticket, target_.start_download(src, slice, per_rank));
   downloads_.push_back({g, ticket});
   ++stats_.grad_downloads;
   if (held.data() != nullptr) {

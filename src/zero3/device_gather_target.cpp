@@ -49,10 +49,10 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
 
   Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
                 GatherBlock& block) override {
-    if (on_stream() && comm.world_size() > 1) {
-      return Status::unsupported(fmt::format(
-          "{}: gathering into device memory for kernels on its compute stream with {} ranks needs device "
-          "collectives, which the coordinator does not use yet; run one rank per engine, or the host path",
+    if (on_stream() && comm.world_size() > 1 && options_.collectives == nullptr) {
+      return Status::internal(fmt::format(
+          "{}: gathering into device memory for kernels on its compute stream with {} ranks, and no device "
+          "collectives were given",
           device_.describe(), comm.world_size()));
     }
     BlockState& state = state_of(block);
@@ -81,7 +81,15 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     state.ready = landed;
     stats_.h2d_bytes += bytes;
     ++stats_.uploads;
-    if (comm.world_size() > 1) {
+    if (comm.world_size() > 1 && on_stream()) {
+      // On the D2H stream once the slice has landed. The upload waited for the compute work
+      // that may still read a reused block, so the all-gather's writes come after it too.
+      if (options_.skip_wait != SkipWait::kUploadBeforeCollective) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kD2H, landed));
+      ZINF_RETURN_IF_ERROR(options_.collectives->all_gather(StreamRole::kD2H, block.data(), per_rank));
+      state.block.record_use(device_.stream_key(StreamRole::kD2H));
+      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kD2H));
+      ++stats_.all_gathers;
+    } else if (comm.world_size() > 1) {
       // The host collective runs on this thread, in the order every rank issues them: the slice
       // must have landed first.
       ZINF_RETURN_IF_ERROR(ready(block));
@@ -167,6 +175,24 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     // may still be queued on the compute stream and reads blocks like these: it goes first.
     ZINF_RETURN_IF_ERROR(compute_done_on_host());
     return GatherTarget::add(acc, in);
+  }
+
+  bool reduces_in_place() const override { return on_stream() && options_.collectives != nullptr; }
+
+  Status reduce_scatter(GatherBlock& grad, std::size_t per_rank) override {
+    if (!reduces_in_place()) return GatherTarget::reduce_scatter(grad, per_rank);
+    BlockState& state = state_of(grad);
+    // After the kernels that wrote the gradient (enqueued before grads_ready()); the download of
+    // the rank's slice follows on the same stream.
+    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kD2H));
+    ZINF_RETURN_IF_ERROR(options_.collectives->reduce_scatter(StreamRole::kD2H, grad.data(), per_rank));
+    state.block.record_use(device_.stream_key(StreamRole::kD2H));
+    ++stats_.reduce_scatters;
+    return Status::ok();
+  }
+
+  Status finish_collectives() override {
+    return options_.collectives != nullptr ? options_.collectives->finish() : Status::ok();
   }
 
   // One buffer is left to uploads (a backward re-gathers while gradients go down), so that

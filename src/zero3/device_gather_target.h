@@ -22,12 +22,18 @@
 //    model::Model::compute_device()). ready() makes the compute stream wait for the upload (the
 //    host goes on), zero() is enqueued there, and every copy into or out of a block first waits
 //    for the compute work enqueued so far: a reused block may still be read, and a gradient still
-//    written, by kernels the model enqueued before release() or grads_ready(). W > 1 is refused:
-//    the host all-gather and reduce-scatter cannot read device memory (NCCL's device collectives
-//    are not wired to the coordinator yet).
+//    written, by kernels the model enqueued before release() or grads_ready(). With W > 1 the
+//    host collectives cannot read device memory: the collectives are DeviceGatherOptions::
+//    collectives (device_collectives.h), all on the D2H stream. A gather's all-gather waits there
+//    for its upload; a gradient is reduce-scattered there after the compute work enqueued so far,
+//    and its rank's slice downloaded after that, in the stream's order. One stream for every
+//    collective gives each rank the same order of NCCL operations on the GPU, which NCCL needs
+//    (two collectives of one communicator on two streams may wait for each other).
 // Invariants (each one has a test that breaks when it is removed, under random delays):
 //  - a staging buffer is reused only after the upload that reads it has completed;
 //  - a block's values are handed to the model only after its upload (and all-gather) completed;
+//  - a device all-gather starts after this rank's slice has landed, and a device reduce-scatter
+//    after the kernels that wrote the gradient;
 //  - a gradient is read on the host only after its download has completed, and its block goes
 //    back to the allocator fenced by the D2H stream;
 //  - device bytes never exceed the device's cap (the allocator refuses), and the coordinator
@@ -38,6 +44,7 @@
 #include <memory>
 
 #include "device/device.h"
+#include "zero3/device_collectives.h"
 #include "zero3/gather_target.h"
 
 namespace zinf::zero3 {
@@ -49,8 +56,19 @@ struct DeviceGatherOptions {
   // slice it carried so far). More in flight waits for the oldest; the coordinator keeps at most
   // one fewer gradient downloads in flight (max_downloads_in_flight), so uploads find one free.
   std::size_t staging_buffers = 4;
+  // W > 1 with kComputeStream: the collectives on the device's memory (must outlive the target).
+  // Unused with kHostThread, whose all-gathers and reduce-scatters are the communicator's own, on
+  // the driving thread.
+  std::shared_ptr<DeviceCollectives> collectives = nullptr;
   // Test hook: leave out one wait so that the tests can show they catch it. Never set elsewhere.
-  enum class SkipWait { kNone, kUploadBeforeUse, kStagingReuse, kDownloadBeforeRead, kComputeBeforeCopy };
+  enum class SkipWait {
+    kNone,
+    kUploadBeforeUse,
+    kStagingReuse,
+    kDownloadBeforeRead,
+    kComputeBeforeCopy,
+    kUploadBeforeCollective
+  };
   SkipWait skip_wait = SkipWait::kNone;
 };
 
@@ -64,6 +82,8 @@ struct DeviceGatherStats {
   double download_wait_s = 0;  // ... blocked in finish_download(wait = true)
   double staging_wait_s = 0;   // ... blocked for a staging buffer still in flight
   std::uint64_t staging_bytes = 0;  // pinned staging held
+  std::uint64_t all_gathers = 0;     // device collectives enqueued (W > 1, compute-stream consumer)
+  std::uint64_t reduce_scatters = 0;
 };
 
 class DeviceGatherTarget : public GatherTarget {

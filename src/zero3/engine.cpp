@@ -185,10 +185,14 @@ Status Engine::Impl::init() {
           model->type()));
     }
     if (comm.world_size() > 1) {
-      return Status::unsupported(fmt::format(
-          "gathering into GPU memory with {} ranks needs device collectives (NCCL), which the coordinator does not "
-          "use yet; with W > 1 the GPU model takes host memory through its bridge",
-          comm.world_size()));
+      // The model's kernels read device memory, which the host collectives cannot.
+      ZINF_ASSIGN_OR_RETURN(std::unique_ptr<DeviceCollectives> collectives, make_device_collectives(*device_view, comm));
+      with_device.collectives = std::move(collectives);
+      if (comm.rank() == 0) {
+        log(LogLevel::kInfo, fmt::format("{} ranks: parameters all-gathered and gradients reduce-scattered in device "
+                                         "memory ({})",
+                                         comm.world_size(), with_device.collectives->describe()));
+      }
     }
     ZINF_RETURN_IF_ERROR(model->use_device_memory());
     with_device.consumer = DeviceGatherOptions::Consumer::kComputeStream;

@@ -59,6 +59,10 @@ Status GatherTarget::add(GatherBlock& acc, const GatherBlock& in) {
   return Status::ok();
 }
 
+Status GatherTarget::reduce_scatter(GatherBlock&, std::size_t) {
+  return Status::internal(fmt::format("the {} gather target does not reduce gradients: the communicator does", name()));
+}
+
 std::unique_ptr<GatherTarget> make_host_gather_target() { return std::make_unique<HostGatherTarget>(); }
 
 }  // namespace zinf::zero3

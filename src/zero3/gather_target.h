@@ -85,6 +85,17 @@ class GatherTarget {
   // compute work enqueued so far; `in` may be handed back right after.
   virtual Status add(GatherBlock& acc, const GatherBlock& in);
 
+  // Gradient reduction across ranks, for targets whose memory the host collectives cannot read
+  // (W > 1 on a GPU). When reduces_in_place(), the coordinator hands each complete gradient to
+  // reduce_scatter instead of the communicator, and then downloads the rank's slice
+  // [rank * per_rank, (rank + 1) * per_rank) of it; the target orders the reduction after the
+  // compute work enqueued so far and the download after the reduction.
+  virtual bool reduces_in_place() const { return false; }
+  virtual Status reduce_scatter(GatherBlock& grad, std::size_t per_rank);
+  // Returns once the collectives this target has enqueued have completed: the coordinator calls
+  // it before each host collective of its own and at the end of a pass (device_collectives.h).
+  virtual Status finish_collectives() { return Status::ok(); }
+
  protected:
   // Wraps memory this target allocated; free() gets it back.
   GatherBlock adopt(float* data, std::size_t n) { return GatherBlock(data, detail::GatherRelease{this, n}); }

@@ -168,6 +168,7 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
   if (context.device != nullptr) {
     DeviceGatherOptions gather_options;
     gather_options.consumer = context.consumer;
+    gather_options.collectives = context.collectives;
     ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device, gather_options));
   } else {
     t.gather = make_host_gather_target();

@@ -36,6 +36,8 @@ struct TierContext {
   // Whether the model reads the gathered memory on the driving thread or from kernels on the
   // device's compute stream (device_gather_target.h).
   DeviceGatherOptions::Consumer consumer = DeviceGatherOptions::Consumer::kHostThread;
+  // W > 1 with kComputeStream: the collectives on the device's memory (DeviceGatherOptions).
+  std::shared_ptr<DeviceCollectives> collectives = nullptr;
   int world_size = 1;  // ranks: the state lives on the device with one only
   // fp32 elements per offload_optimizer pinned buffer (a host-memory budget's); 0: the largest
   // sub-group, as the reference.

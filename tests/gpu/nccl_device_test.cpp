@@ -9,9 +9,12 @@
 #include <cstring>
 #include <vector>
 
+#include "zinf/aio/pinned.h"
+#include "gpu/cuda_device.h"
 #include "gpu/device_buffer.h"
 #include "gpu/stream.h"
 #include "gpu_test_util.h"
+#include "zero3/device_collectives.h"
 #include "zinf/zero3/comm_nccl.h"
 
 namespace zinf::zero3 {
@@ -108,6 +111,36 @@ TEST_F(NcclDeviceTest, EmptyIsANoOpAndNullIsAnError) {
   EXPECT_EQ(st.code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(st.message().find("reduce_scatter_device"), std::string::npos) << st.message();
   EXPECT_TRUE(dc_->wait_device(stream_.get(), "nothing").is_ok());
+}
+
+// What the device-resident engine all-gathers and reduce-scatters with at W > 1
+// (device_collectives.h), on a CUDA device: NCCL's collectives enqueued through the device's work
+// items on its D2H stream. At W = 1 both are in-place identities, which checks the plumbing (the
+// native stream, the in-place pointers, finish()) on a GPU; W > 1 needs two GPUs.
+TEST_F(NcclDeviceTest, DeviceCollectivesOnACudaDeviceAreNcclsInPlace) {
+  auto dev = gpu::make_cuda_device({.device = dc_->device()});
+  ASSERT_TRUE(dev.is_ok()) << dev.status().to_string();
+  auto made = make_device_collectives(*dev.value(), *comm_);
+  ASSERT_TRUE(made.is_ok()) << made.status().to_string();
+  EXPECT_NE(made.value()->describe().find("NCCL"), std::string::npos) << made.value()->describe();
+  constexpr std::size_t n = 1000;
+  const std::vector<float> in = pattern(n);
+  auto block = dev.value()->allocate(n * sizeof(float), device::StreamRole::kD2H, "collectives test");
+  ASSERT_TRUE(block.is_ok()) << block.status().to_string();
+  auto host = aio::PinnedBuffer::allocate(n * sizeof(float));
+  ASSERT_TRUE(host.is_ok()) << host.status().to_string();
+  std::memcpy(host->data(), in.data(), n * sizeof(float));
+  device::Device& d = *dev.value();
+  ASSERT_TRUE(d.copy_h2d(block->data(), host->data(), n * sizeof(float), "collectives test").is_ok());
+  ASSERT_TRUE(d.wait(device::StreamRole::kD2H, d.record(device::StreamRole::kH2D).value()).is_ok());
+  ASSERT_TRUE(made.value()->all_gather(device::StreamRole::kD2H, block->as<float>(), n).is_ok());
+  ASSERT_TRUE(made.value()->reduce_scatter(device::StreamRole::kD2H, block->as<float>(), n).is_ok());
+  std::memset(host->data(), 0xFF, n * sizeof(float));
+  ASSERT_TRUE(d.copy_d2h(host->data(), block->data(), n * sizeof(float), "collectives test").is_ok());
+  const Status finished = made.value()->finish();
+  ASSERT_TRUE(finished.is_ok()) << finished.to_string();
+  ASSERT_TRUE(d.synchronize(d.record(device::StreamRole::kD2H).value()).is_ok());
+  EXPECT_EQ(std::memcmp(host->data(), in.data(), n * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -202,7 +202,7 @@ class RecordingTier final : public ParamTier {
     reads.push_back(p);
     if (!pending_[p]) ++unprefetched_reads;
     pending_[p] = false;
-    std::fill(dst.begin(), dst.end(), static_cast<float>(p + 1));
+    std::fill(dst.begin(), dst.end(), static_cast<float>(p + 1) + value_offset);
     return Status::ok();
   }
   swap::ParamSink& sink() override { return sink_; }
@@ -218,6 +218,7 @@ class RecordingTier final : public ParamTier {
   int pinned_reads = 0;            // partitions offered as pinned bf16 (pinned_values)
   int unprefetched_reads = 0;      // reads with no prefetch before them
   int prefetches = 0;
+  float value_offset = 0;  // read_f32 serves p + 1 + value_offset (a rank's own values, across ranks)
 
  private:
   std::vector<bool> pending_;

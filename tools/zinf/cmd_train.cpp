@@ -632,21 +632,23 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
                                                 "with --device cuda",
                                                 o.gpu_gather));
   }
-  if (o.gpu_gather == "device" && comm.world_size() > 1) {
+  if (o.gpu_gather == "device" && comm.world_size() > 1 && comm.name() != "nccl") {
     return Status::invalid_argument(fmt::format(
-        "--gpu-gather device runs one rank per engine ({} ranks here): with W > 1 the gathers need device "
-        "collectives, which are not wired yet; use --gpu-gather host",
-        comm.world_size()));
+        "--gpu-gather device with {} ranks all-gathers and reduce-scatters in GPU memory, which needs NCCL: add "
+        "--comm nccl (this run's communicator is {}), or use --gpu-gather host",
+        comm.world_size(), comm.name()));
   }
-  // auto: into GPU memory with one rank (the faster path, the same bits), through the host bridge with more.
+  // auto: into GPU memory with one rank (the faster path, the same bits) or with NCCL across ranks
+  // (its collectives on device memory); through the host bridge with another communicator.
+  const bool device_collectives = comm.world_size() == 1 || comm.name() == "nccl";
   if (device.device == ComputeDevice::kCuda &&
-      (o.gpu_gather == "device" || (o.gpu_gather == "auto" && comm.world_size() == 1))) {
+      (o.gpu_gather == "device" || (o.gpu_gather == "auto" && device_collectives))) {
     eo.device.kind = zero3::EngineDevice::Kind::kModelDevice;
   }
   if (o.device_grad_sums != "auto" && eo.device.kind == zero3::EngineDevice::Kind::kHostMemory) {
     return Status::invalid_argument(fmt::format(
         "--device-grad-sums {}: gradients are summed on a device only where the engine gathers into device memory "
-        "(--device cuda with one rank, or --host-device); this run gathers into host memory",
+        "(--device cuda with one rank or --comm nccl, or --host-device); this run gathers into host memory",
         o.device_grad_sums));
   }
   if (o.device_grad_sums == "none" || o.device_grad_sums == "0") {
@@ -868,9 +870,10 @@ void add_train_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--gpu-gather", o->gpu_gather,
                   "with --device cuda, where the engine gathers parameters and gradients: device (GPU memory, "
                   "through the copy streams: prefetched along the trace, gradients downloaded while backward goes "
-                  "on; with offload none the whole state stays on the GPU and AdamW runs there; one rank), host "
+                  "on; with offload none and one rank the whole state stays on the GPU and AdamW runs there; with "
+                  "more ranks NCCL all-gathers and reduce-scatters in GPU memory, so --comm nccl), host "
                   "(host memory; the model uploads each module and downloads its gradients, synchronously), or "
-                  "auto (device with one rank, host with more; the default)")
+                  "auto (device with one rank or --comm nccl, host otherwise; the default)")
       ->check(CLI::IsMember({"auto", "host", "device"}));
   cmd->add_option("--device-grad-sums", o->device_grad_sums,
                   "with gradient_accumulation_steps > 1 and gathers into device memory (--gpu-gather device, "
