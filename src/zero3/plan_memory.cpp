@@ -44,7 +44,93 @@ Result<std::size_t> pool_bytes(const swap::PoolBudget& budget) {
   return budget.bytes();
 }
 
+// What a GPU run's caching allocator reserves at its peak (the run's "peak device memory"): the
+// model's workspace, the training state or the gathered values, the gradients held or in flight,
+// and a share of those for what they leave out: the allocator's rounding (a block serves requests
+// down to 4/5 of its size) and the freed blocks it keeps reserved, some fenced by copies still in
+// flight. The share is calibrated: the smallest that covers the peaks of five real runs (1.3B to
+// 7B, H100 and H200; docs/plan.md, "On a GPU"), where the named terms came to 0.87-0.94 of them.
+constexpr double kGpuAllocatorShare = 0.17;
+
+void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const GatheredSizes& g, std::uint64_t shard,
+                   std::size_t states, swap::DType dtype, bool state_on_gpu, const GpuRun& run) {
+  auto add = [&m](std::string name, std::uint64_t bytes) { m.gpu_terms.push_back({std::move(name), bytes, false}); };
+  const config::ZeroSection& z = ds.zero;
+  const int world = static_cast<int>(ds.world_size);
+  add("the model's activations and scratch (its workspace)", run.workspace_bytes);
+  // The coordinator's gradient blocks (fp32, gathered size) from a module's backward until their
+  // download or device addition: the module computing and the downloads in flight
+  // (DeviceGatherTarget::max_downloads_in_flight), of the largest group at most.
+  const std::uint64_t in_flight = DeviceGatherOptions{}.staging_buffers;
+  if (state_on_gpu) {
+    // device_state.cpp: master weights and optimizer states (fp32), the gradient partitions
+    // (fp32), and the parameters' 16-bit copy, which the GPU model reads in place: nothing is
+    // gathered or cast.
+    add(fmt::format("training state (fp32 master, {} states and gradients; {} parameters)", states,
+                    swap::dtype_name(dtype)),
+        shard * (4 * (2 + states) + swap::dtype_size(dtype)));
+    add(fmt::format("gradient blocks in flight ({} x the largest group, fp32)", in_flight), in_flight * 4 * g.largest);
+  } else {
+    const std::uint64_t live =
+        std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
+    add("gathered parameters, persistent (fp32)", 4 * g.persistent);
+    add("gathered parameters, live (fp32, stage3_max_live_parameters)", 4 * live);
+    // The GPU model casts a module's values to bf16 while it holds them: the module computing and
+    // the one whose gather runs ahead.
+    add("16-bit casts of the modules in use (2 modules)", 2 * 2 * g.module_need);
+    // engine.cpp (kAutoHold): with gradient accumulation and one rank, the sums across
+    // micro-batches stay on the GPU, up to 40% of the memory free at the start.
+    std::uint64_t held = 0;
+    if (ds.batch.gradient_accumulation_steps > 1 && world == 1) {
+      held = 4 * g.total;
+      if (run.free_bytes != 0) held = std::min(held, run.free_bytes / 10 * 4);
+      add("gradient sums held across micro-batches (fp32; up to 40% of the free memory)", held);
+    }
+    if (held < 4 * g.total) {
+      add(fmt::format("gradient blocks in flight ({} x the largest group, fp32)", in_flight), in_flight * 4 * g.largest);
+    }
+  }
+  std::uint64_t sum = 0;
+  for (const MemoryTerm& t : m.gpu_terms) sum += t.bytes;
+  add("allocator rounding and cached blocks (calibrated share)", static_cast<std::uint64_t>(static_cast<double>(sum) * kGpuAllocatorShare));
+  m.gpu = sum + m.gpu_terms.back().bytes;
+}
+
 }  // namespace
+
+GpuFit check_gpu_fit(const MemoryPrediction& m, const config::DsConfig& ds, std::uint64_t room, const std::string& gpu) {
+  GpuFit fit;
+  const double need = static_cast<double>(m.gpu);
+  const double have = static_cast<double>(room);
+  if (need <= have) return fit;
+  fit.verdict = need / 1.15 <= have ? GpuFit::Verdict::kMayNotFit : GpuFit::Verdict::kDoesNotFit;
+  std::vector<MemoryTerm> terms = m.gpu_terms;
+  std::sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  std::string largest;
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
+    largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
+  }
+  constexpr double kGiB = 1 << 30;
+  fit.message = fmt::format("{}: this run is predicted to need {:.1f} GiB of GPU memory (largest: {}), and {} has {:.1f} GiB free",
+                            ds.source, need / kGiB, largest, gpu, have / kGiB);
+  if (fit.verdict == GpuFit::Verdict::kMayNotFit) {
+    fit.message += "; the prediction may be up to 15% high, so it may still fit";
+    return fit;
+  }
+  const config::ZeroSection& z = ds.zero;
+  std::string change;
+  if (z.offload_param.device == config::OffloadDevice::kNone && z.offload_optimizer.device == config::OffloadDevice::kNone) {
+    change += "offload the optimizer state and the parameters to the CPU (offload_optimizer and offload_param device cpu), ";
+  } else {
+    change += fmt::format("lower stage3_max_live_parameters ({}) or stage3_max_reuse_distance, ", z.max_live_parameters);
+    if (ds.batch.gradient_accumulation_steps > 1) change += "hold fewer gradient sums on the GPU (--device-grad-sums SIZE or none), ";
+  }
+  change += "use a smaller micro-batch or activation checkpointing";
+  fit.message += fmt::format(": at least {:.1f} GiB short. To fit: {}, or let `zinf plan` find a configuration; "
+                             "--no-memory-check starts anyway",
+                             (need / 1.15 - have) / kGiB, change);
+  return fit;
+}
 
 std::uint64_t MemoryPrediction::host_bytes() const {
   return std::accumulate(host.begin(), host.end(), std::uint64_t{0},
@@ -58,7 +144,7 @@ std::uint64_t MemoryPrediction::pinned_bytes() const {
 }
 
 Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T,
-                                        ComputeOn on) {
+                                        ComputeOn on, const GpuRun& gpu_run) {
   const int world = static_cast<int>(ds.world_size);
   ZINF_ASSIGN_OR_RETURN(PartitionPlan plan, model_partition_plan(model.params(), model.modules().size(), world));
   const swap::PartitionLayout layout = swap::PartitionLayout::build(
@@ -93,6 +179,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     // tier_factory.cpp state_on_device: master weights, optimizer state, gradients and the
     // parameters all in GPU memory; nothing is staged through the host.
     add_margin();
+    add_gpu_terms(m, ds, g, shard, states, dtype, true, gpu_run);
     return m;
   }
   const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
@@ -144,6 +231,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     add(fmt::format("pinned staging for the GPU's copies ({} x the largest slice, fp32)", buffers),
         buffers * page_up(4 * per_rank), true);
     add_margin();
+    add_gpu_terms(m, ds, g, shard, states, dtype, false, gpu_run);
     return m;
   }
 

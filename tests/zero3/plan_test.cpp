@@ -71,12 +71,14 @@ class PlanTest : public ::testing::Test {
   std::filesystem::path dir_;
 };
 
-std::uint64_t term(const MemoryPrediction& m, const std::string& prefix) {
-  for (const MemoryTerm& t : m.host) {
+// The first term whose name starts with `prefix`; 0 when none does.
+std::uint64_t term_of(const std::vector<MemoryTerm>& terms, const std::string& prefix) {
+  for (const MemoryTerm& t : terms) {
     if (t.name.rfind(prefix, 0) == 0) return t.bytes;
   }
   return 0;
 }
+std::uint64_t term(const MemoryPrediction& m, const std::string& prefix) { return term_of(m.host, prefix); }
 
 TEST_F(PlanTest, MemoryUsesTheSwapLayersPoolSizing) {
   const config::DsConfig ds = testing::ds_config("nvme", dir_.string());
@@ -144,6 +146,34 @@ TEST(PlanGpuMemoryTest, GpuRunsPeakRssIsPredictedWithinTenPercentAndNeverBelow) 
     auto mem = predict_memory(*m.value(), ds.value(), 4, 2048, ComputeOn::kGpu);
     ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
     within(mem.value(), 883.5);
+  }
+}
+
+// A GPU run's bytes against the room on its GPU: fits, may not fit (within the prediction's 15%),
+// does not fit (the message names the need, the room, the largest term and what to change). The
+// state on the GPU is 18 bytes a parameter with AdamW in bf16 (master, two states, gradients,
+// the bf16 copy), whatever the workspace.
+TEST(PlanGpuMemoryTest, AGpuRunThatCannotFitItsGpuIsToldWhatToChange) {
+  auto c = model::gpt_preset("1.3b", 50257);
+  ASSERT_TRUE(c.is_ok());
+  auto m = model::GptModel::create(c.value());
+  ASSERT_TRUE(m.is_ok());
+  auto ds = config::load_ds_config(std::string(ZINF_BENCH_GPU_DIR) + "/a_1p3b_gpu.json", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  const std::uint64_t workspace = std::uint64_t{3} << 30;
+  auto mem = predict_memory(*m.value(), ds.value(), 4, 2048, ComputeOn::kGpu, GpuRun{workspace, 0});
+  ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+  EXPECT_GE(term_of(mem->gpu_terms, "training state"), 18 * m.value()->num_params());
+  EXPECT_EQ(term_of(mem->gpu_terms, "the model's activations"), workspace);
+  EXPECT_EQ(term_of(mem->gpu_terms, "gathered parameters"), 0u) << "the model reads the bf16 copy in place";
+  EXPECT_EQ(check_gpu_fit(mem.value(), ds.value(), mem->gpu, "GPU 0").verdict, GpuFit::Verdict::kFits);
+  const GpuFit close = check_gpu_fit(mem.value(), ds.value(), mem->gpu * 9 / 10, "GPU 0");
+  EXPECT_EQ(close.verdict, GpuFit::Verdict::kMayNotFit) << close.message;
+  const GpuFit short_fit = check_gpu_fit(mem.value(), ds.value(), mem->gpu / 2, "GPU 0: test");
+  ASSERT_EQ(short_fit.verdict, GpuFit::Verdict::kDoesNotFit);
+  for (const char* part : {"a_1p3b_gpu.json", "GiB of GPU memory", "GPU 0: test", "training state", "short",
+                           "offload_optimizer and offload_param device cpu"}) {
+    EXPECT_NE(short_fit.message.find(part), std::string::npos) << part << " missing: " << short_fit.message;
   }
 }
 

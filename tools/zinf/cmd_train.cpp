@@ -26,6 +26,7 @@
 #include "common/file_io.h"
 #include "commands.h"
 #include "default_config.h"
+#include "device/device.h"
 #include "device_choice.h"
 #include "device_traffic.h"
 #include "model_options.h"
@@ -510,49 +511,64 @@ std::uint64_t checkpoints_to_write(const TrainOptions& o, const std::optional<Sa
 }
 
 // Before any state is allocated: the host memory zinf plan predicts for this run (the engine's own
-// layout and sizing) against MemAvailable. A run that cannot fit even 10% under the prediction
-// (its stated accuracy, docs/plan.md) is refused with the shortfall and what to change, instead of
-// being killed for memory minutes into its set-up; one that may not fit gets a notice. Skipped
-// with a host memory budget (the engine sizes and checks the run against it), with W > 1 (ranks
-// may share a machine's memory or not), and for the GPU bridge (--gpu-gather host), whose host
-// terms the prediction does not model.
-Status check_host_memory(const TrainOptions& o, const zero3::EngineOptions& eo, const model::Model& m, int T,
-                         const zero3::Communicator& comm, bool cuda) {
+// layout and sizing) against MemAvailable, and with --device cuda (the engine gathering into GPU
+// memory) the GPU memory against the room on the model's GPU. A run that cannot fit even under
+// the prediction's stated error (10% for the host, 15% for the GPU: docs/plan.md) is refused with
+// the shortfall and what to change, instead of failing for memory minutes into its set-up; one
+// that may not fit gets a notice. Skipped with a host memory budget (the engine sizes and checks
+// the run against it), with W > 1 (ranks may share a machine's memory or not), and for the GPU
+// bridge (--gpu-gather host), whose terms the prediction does not model.
+Status check_memory(const TrainOptions& o, const zero3::EngineOptions& eo, model::Model& m, int T,
+                    const zero3::Communicator& comm, bool cuda) {
   if (o.no_memory_check || comm.world_size() > 1 || eo.host_memory_budget != 0 || eo.ds.zinf.host_memory_budget != 0) {
     return Status::ok();
   }
   const bool on_gpu = eo.device.kind == zero3::EngineDevice::Kind::kModelDevice;
   if (cuda && !on_gpu) return Status::ok();
-  ZINF_ASSIGN_OR_RETURN(const zero3::Machine machine, zero3::describe_machine({}));
-  if (machine.host_available == 0) return Status::ok();
   const int B = static_cast<int>(eo.ds.batch.train_micro_batch_size_per_gpu);
+  zero3::GpuRun gpu_run;
+  std::string gpu_name;
+  if (on_gpu && m.compute_device() != nullptr) {
+    device::Device& d = *m.compute_device();
+    ZINF_ASSIGN_OR_RETURN(gpu_run.free_bytes, d.memory_room());
+    gpu_run.workspace_bytes = m.activation_bytes(B, T);  // a GPU model's device workspace
+    gpu_name = d.describe();
+  }
   ZINF_ASSIGN_OR_RETURN(const zero3::MemoryPrediction mem,
-                        zero3::predict_memory(m, eo.ds, B, T, on_gpu ? zero3::ComputeOn::kGpu : zero3::ComputeOn::kHost));
+                        zero3::predict_memory(m, eo.ds, B, T, on_gpu ? zero3::ComputeOn::kGpu : zero3::ComputeOn::kHost,
+                                              gpu_run));
+  ZINF_ASSIGN_OR_RETURN(const zero3::Machine machine, zero3::describe_machine({}));
   const double need = static_cast<double>(mem.host_bytes());
   const double have = static_cast<double>(machine.host_available);
-  if (need <= have) return Status::ok();
-  std::vector<zero3::MemoryTerm> terms = mem.host;
-  std::sort(terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
-  std::string largest;
-  for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
-    largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
+  if (machine.host_available != 0 && need > have) {
+    std::vector<zero3::MemoryTerm> terms = mem.host;
+    std::sort(terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
+    std::string largest;
+    for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
+      largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
+    }
+    const std::string what = fmt::format(
+        "{}: this run is predicted to need {:.1f} GiB of host memory (largest: {}), and {:.1f} GiB are available ({})",
+        eo.ds.source, need / (1 << 30), largest, have / (1 << 30), machine.host_source);
+    if (0.9 * need <= have) {
+      log(LogLevel::kNotice, what + "; the prediction may be up to 10% high, so it may still fit");
+    } else {
+      const config::ZeroSection& z = eo.ds.zero;
+      std::string change;
+      if (z.offload_optimizer.device != config::OffloadDevice::kNvme) change += "offload the optimizer state to NVMe (offload_optimizer.device nvme), ";
+      if (z.offload_param.device != config::OffloadDevice::kNvme) change += "offload the parameters to NVMe (offload_param.device nvme), ";
+      if (!on_gpu) change += "use a smaller micro-batch or activation checkpointing, ";
+      return Status::resource_exhausted(fmt::format(
+          "{}: at least {:.1f} GiB short. To fit: {}give a host memory budget (--host-memory-budget) for the engine to "
+          "size its buffers to, or let `zinf plan` find a configuration that fits; --no-memory-check starts anyway",
+          what, (0.9 * need - have) / (1 << 30), change));
+    }
   }
-  const std::string what = fmt::format(
-      "{}: this run is predicted to need {:.1f} GiB of host memory (largest: {}), and {:.1f} GiB are available ({})",
-      eo.ds.source, need / (1 << 30), largest, have / (1 << 30), machine.host_source);
-  if (0.9 * need <= have) {
-    log(LogLevel::kNotice, what + "; the prediction may be up to 10% high, so it may still fit");
-    return Status::ok();
-  }
-  const config::ZeroSection& z = eo.ds.zero;
-  std::string change;
-  if (z.offload_optimizer.device != config::OffloadDevice::kNvme) change += "offload the optimizer state to NVMe (offload_optimizer.device nvme), ";
-  if (z.offload_param.device != config::OffloadDevice::kNvme) change += "offload the parameters to NVMe (offload_param.device nvme), ";
-  if (!on_gpu) change += "use a smaller micro-batch or activation checkpointing, ";
-  return Status::resource_exhausted(fmt::format(
-      "{}: at least {:.1f} GiB short. To fit: {}give a host memory budget (--host-memory-budget) for the engine to "
-      "size its buffers to, or let `zinf plan` find a configuration that fits; --no-memory-check starts anyway",
-      what, (0.9 * need - have) / (1 << 30), change));
+  if (!on_gpu || gpu_name.empty() || gpu_run.free_bytes == UINT64_MAX) return Status::ok();
+  const zero3::GpuFit fit = zero3::check_gpu_fit(mem, eo.ds, gpu_run.free_bytes, gpu_name);
+  if (fit.verdict == zero3::GpuFit::Verdict::kDoesNotFit) return Status::resource_exhausted(fit.message);
+  if (fit.verdict == zero3::GpuFit::Verdict::kMayNotFit) log(LogLevel::kNotice, fit.message);
+  return Status::ok();
 }
 
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
@@ -670,7 +686,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       return hf->read_param(index, out).with_context("--model-dir");
     };
   }
-  ZINF_RETURN_IF_ERROR(check_host_memory(o, eo, *the_model, T, comm, device.device == ComputeDevice::kCuda));
+  ZINF_RETURN_IF_ERROR(check_memory(o, eo, *the_model, T, comm, device.device == ComputeDevice::kCuda));
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(the_model), eo, comm));
   out << engine->describe() << "\n";
   if (engine->host_budget().budget != 0) out << engine->host_budget().summary << "\n";

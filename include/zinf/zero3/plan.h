@@ -37,7 +37,10 @@ struct MemoryPrediction {
   std::vector<MemoryTerm> host;  // process memory (RSS), the base term included
   std::uint64_t disk_optimizer = 0;  // the optimizer's swap files (offload_optimizer.nvme_path)
   std::uint64_t disk_params = 0;     // the parameters' swap files (offload_param.nvme_path)
-  std::uint64_t gpu = 0;         // 0: the CPU engine computes on the host
+  // ComputeOn::kGpu: the GPU's peak bytes (its caching allocator's peak reserved, what a run's
+  // "peak device memory" reports), as the named terms of gpu_terms; 0 on the host.
+  std::uint64_t gpu = 0;
+  std::vector<MemoryTerm> gpu_terms;
   std::uint64_t shard_elements = 0;  // this rank's sub-groups' elements, padded as the layout pads them
   std::uint64_t largest_partition = 0;  // elements of this rank's largest parameter partition
   // With the optimizer on NVMe: the gradient elements the norm reads back each step.
@@ -75,10 +78,20 @@ inline constexpr std::uint64_t kProcessBeforeEngineBytes = std::uint64_t{184} <<
 inline constexpr std::uint64_t kCudaProcessBaseBytes = std::uint64_t{896} << 20;
 
 // Where the model computes. kGpu: on a GPU whose memory the engine gathers into (zinf train
-// --device cuda with one rank): no activations, gathered values or gradient buckets on the host,
-// but pinned staging for the copies; with offload_param and offload_optimizer none the whole
-// state is on the GPU. The GPU's own bytes are not predicted (MemoryPrediction::gpu stays 0).
+// --device cuda, --gpu-gather device): no activations, gathered values or gradient buckets on the
+// host, but pinned staging for the copies; with offload_param and offload_optimizer none (one
+// rank) the whole state is on the GPU. The GPU's bytes are MemoryPrediction::gpu.
 enum class ComputeOn { kHost, kGpu };
+
+// What predict_memory needs of a GPU run that only the GPU build knows.
+struct GpuRun {
+  // The GPU model's activations and scratch at B x T (gpu::GptGpu::workspace_bytes,
+  // gpu::LlamaGpu::workspace_bytes).
+  std::uint64_t workspace_bytes = 0;
+  // Device memory free when the engine starts: gradient sums held across micro-batches take up
+  // to 40% of it (EngineDevice::kAutoHold). 0: unknown, as if every sum fits.
+  std::uint64_t free_bytes = 0;
+};
 
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
 // no parameter is allocated) with the resolved `ds` at micro-batch B and window T on
@@ -86,8 +99,20 @@ enum class ComputeOn { kHost, kGpu };
 // them (`budgeted`), assuming the process holds kProcessBeforeEngineBytes before the engine
 // (kHost only: on a GPU the budget's terms are not modelled). Errors: the engine's own (a
 // layout it refuses, a pool that overflows, a budget below least_budget).
+// kGpu also predicts the GPU's bytes from `gpu_run` (ignored on the host).
 Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T,
-                                        ComputeOn on = ComputeOn::kHost);
+                                        ComputeOn on = ComputeOn::kHost, const GpuRun& gpu_run = {});
+
+// Whether a GPU run's predicted bytes (MemoryPrediction::gpu) fit `room` bytes of its GPU's memory
+// (Device::memory_room when the engine starts). The prediction came to 1.02-1.10 of five real
+// runs' peaks (docs/plan.md, "On a GPU"): over the room by up to 15% the run may still fit
+// (kMayNotFit); by more it will not (kDoesNotFit: zinf train refuses before any work).
+struct GpuFit {
+  enum class Verdict { kFits, kMayNotFit, kDoesNotFit };
+  Verdict verdict = Verdict::kFits;
+  std::string message;  // unless kFits: the need and the room, the largest terms, what to change
+};
+GpuFit check_gpu_fit(const MemoryPrediction& m, const config::DsConfig& ds, std::uint64_t room, const std::string& gpu);
 
 // A roof and where its figure came from.
 struct Roof {

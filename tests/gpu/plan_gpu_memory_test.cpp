@@ -1,0 +1,145 @@
+// The planner's GPU bytes (predict_memory with ComputeOn::kGpu) against the peak device memory of
+// real GPU runs (docs/gpu-runs/*, the caching allocator's peak reserved bytes that gpu-check
+// prints), with the GPU models' own workspace sizes. Host only: runs on every CUDA build.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <memory>
+#include <string>
+
+#include "gpu/gpt_gpu.h"
+#include "gpu/llama_gpu.h"
+#include "zinf/config/ds_config.h"
+#include "zinf/model/gpt.h"
+#include "zinf/model/llama.h"
+#include "zinf/model/registry.h"
+#include "zinf/zero3/hf_folder.h"
+#include "zinf/zero3/plan.h"
+
+namespace zinf::zero3 {
+namespace {
+
+constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
+// Device memory free when the engine started: each GPU's total less about 1 GiB of CUDA context
+// and libraries (H100 80GB HBM3: 81559 MiB; H200: 143771 MiB).
+constexpr std::uint64_t kH100Free = (81559 - 1024) * kMiB;
+constexpr std::uint64_t kH200Free = (143771 - 1024) * kMiB;
+
+struct GpuRunRecord {
+  const char* name;
+  const char* model;   // a GPT preset, or an HF config.json under bench/gpu
+  const char* config;  // under bench/gpu
+  int seq;
+  bool recompute;
+  std::uint64_t free_bytes;
+  double peak_mib;  // measured
+  const char* where;
+  // The live gathered values are predicted at the engine's bound (stage3_max_live_parameters),
+  // which a run with the parameters on NVMe stays well under: checked as a bound only.
+  bool bound_only = false;
+};
+
+// Each gpu-check step as it ran, its latest run on code that gathers into GPU memory as today.
+const GpuRunRecord kRuns[] = {
+    {"b_1p3b_ga8", "1.3b", "b_1p3b_offload_cpu_ga8.json", 2048, false, kH100Free, 24937.9, "run 24, H100"},
+    {"b_1p3b_resident", "1.3b", "b_1p3b_offload_cpu_resident.json", 2048, false, kH200Free, 28039.9, "run 25, H200"},
+    {"b_2p7b_resident", "2.7b", "b_2p7b_offload_cpu_resident.json", 2048, false, kH200Free, 49303.2, "run 26, H200"},
+    {"b_llama3b_resident", "llama32_3b_config.json", "b_llama3b_offload_cpu_resident.json", 2048, false, kH100Free,
+     56611.7, "run 27, H100"},
+    {"b_llama7b_resident", "llama2_7b_config.json", "b_llama7b_offload_cpu_resident.json", 2048, false, kH200Free,
+     94100.5, "run 28, H200"},
+    {"c_nvme_offload", "gpt2-xl", "c_nvme_offload.json", 1024, true, kH200Free, 3305.2, "run 25, H200", true},
+};
+
+struct Made {
+  std::unique_ptr<model::Model> model;
+  std::uint64_t workspace = 0;
+};
+
+Made make(const GpuRunRecord& run, int bt) {
+  const std::string dir = ZINF_BENCH_GPU_DIR;
+  Made out;
+  const std::string name = run.model;
+  if (name.ends_with(".json")) {
+    auto json = model_config_from_hf_file(dir + "/" + name);
+    EXPECT_TRUE(json.is_ok()) << json.status().to_string();
+    auto m = model::make_builtin_model(json.value(), name);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    const auto* llama = dynamic_cast<const model::LlamaModel*>(m.value().get());
+    EXPECT_NE(llama, nullptr) << name;
+    if (llama != nullptr) out.workspace = gpu::LlamaGpu::workspace_bytes(llama->config(), bt);
+    out.model = std::move(m).value();
+    return out;
+  }
+  auto c = model::gpt_preset(name, 50257);
+  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+  c.value().activation_checkpointing = run.recompute;
+  out.workspace = gpu::GptGpu::workspace_bytes(c.value(), bt);
+  auto m = model::GptModel::create(c.value());
+  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+  out.model = std::move(m).value();
+  return out;
+}
+
+// A gpu-check config; c_nvme_offload's @NVME_PATH@ (filled in by gpu-check) is a folder here.
+Result<config::DsConfig> load_config(const std::string& name) {
+  const std::string path = std::string(ZINF_BENCH_GPU_DIR) + "/" + name;
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string json = text.str();
+  const char* tmp = std::getenv("ZINF_TEST_TMPDIR");
+  for (std::size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;) {
+    json.replace(at, 11, tmp != nullptr ? tmp : "/tmp");
+  }
+  return config::parse_ds_config(json, path, config::AutoContext{});
+}
+
+// Within 15% above the measured peak, never below (NVMe parameters: never below).
+TEST(PlanGpuMemory, GpuRunsPeakDeviceMemoryIsPredictedWithinFifteenPercentAndNeverBelow) {
+  for (const GpuRunRecord& run : kRuns) {
+    SCOPED_TRACE(run.name);
+    auto ds = load_config(run.config);
+    ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+    const int B = static_cast<int>(ds->batch.train_micro_batch_size_per_gpu);
+    const Made made = make(run, B * run.seq);
+    ASSERT_NE(made.model, nullptr);
+    auto mem = predict_memory(*made.model, ds.value(), B, run.seq, ComputeOn::kGpu, GpuRun{made.workspace, run.free_bytes});
+    ASSERT_TRUE(mem.is_ok()) << mem.status().to_string();
+    const double predicted = static_cast<double>(mem->gpu) / kMiB;
+    std::printf("%-20s predicted %9.1f MiB, measured %9.1f MiB (%s): %.3f\n", run.name, predicted, run.peak_mib,
+                run.where, predicted / run.peak_mib);
+    for (const MemoryTerm& t : mem->gpu_terms) std::printf("    %9.1f MiB  %s\n", static_cast<double>(t.bytes) / kMiB, t.name.c_str());
+    EXPECT_GE(predicted, run.peak_mib);
+    if (!run.bound_only) {
+      EXPECT_LE(predicted, 1.15 * run.peak_mib);
+    }
+  }
+}
+
+// On the host (ComputeOn::kHost) nothing is on a GPU; a GPU run's terms add up to its total.
+TEST(PlanGpuMemory, TheGpuTermsAddUpAndTheHostHasNone) {
+  const GpuRunRecord& run = kRuns[1];
+  auto ds = load_config(run.config);
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  const Made made = make(run, 4 * run.seq);
+  auto host = predict_memory(*made.model, ds.value(), 4, run.seq);
+  ASSERT_TRUE(host.is_ok()) << host.status().to_string();
+  EXPECT_EQ(host->gpu, 0u);
+  EXPECT_TRUE(host->gpu_terms.empty());
+  auto gpu = predict_memory(*made.model, ds.value(), 4, run.seq, ComputeOn::kGpu, GpuRun{made.workspace, run.free_bytes});
+  ASSERT_TRUE(gpu.is_ok()) << gpu.status().to_string();
+  std::uint64_t sum = 0;
+  for (const MemoryTerm& t : gpu->gpu_terms) sum += t.bytes;
+  EXPECT_EQ(sum, gpu->gpu);
+  // A smaller GPU holds fewer gradient sums: at most 40% of its free memory.
+  auto small = predict_memory(*made.model, ds.value(), 4, run.seq, ComputeOn::kGpu, GpuRun{made.workspace, 4ull << 30});
+  ASSERT_TRUE(small.is_ok());
+  EXPECT_LT(small->gpu, gpu->gpu);
+}
+
+}  // namespace
+}  // namespace zinf::zero3
