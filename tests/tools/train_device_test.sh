@@ -48,6 +48,17 @@ grep -q -- '--device-grad-sums' "$tmp/sums.err" || fail "--device-grad-sums lots
 "$zinf" train --host-device --model tiny --steps 1 --device-grad-sums 1M > /dev/null 2> "$tmp/sums.err" ||
   fail "--host-device --device-grad-sums 1M: $(cat "$tmp/sums.err")"
 
+# With the whole state on the device nothing moves, and the run still reports its device memory.
+cat > "$tmp/none.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+ "zero_optimization": {"stage": 3, "offload_param": {"device": "none"}, "offload_optimizer": {"device": "none"}}}
+JSON
+"$zinf" train --host-device --model tiny --steps 2 --config "$tmp/none.json" --json-log "$tmp/none.jsonl" \
+  > "$tmp/none.out" 2> "$tmp/none.err" || fail "--host-device, offload none: $(cat "$tmp/none.err")"
+grep -q '^device: 2 steps; nothing moved between host and device (the state is on the device); peak device memory [0-9.]* MiB$' \
+  "$tmp/none.out" || fail "offload none on the host device: no device summary: $(grep '^device' "$tmp/none.out")"
+grep -q '"device_peak_bytes":[1-9]' "$tmp/none.jsonl" || fail "offload none: no device_peak_bytes in --json-log"
+
 set +e
 "$zinf" train --device cuda --model tiny --steps 2 --save "$tmp/ckpt" > "$tmp/cuda.out" 2> "$tmp/cuda.err"
 rc=$?

@@ -517,14 +517,15 @@ std::uint64_t checkpoints_to_write(const TrainOptions& o, const std::optional<Sa
 // the shortfall and what to change, instead of failing for memory minutes into its set-up; one
 // that may not fit gets a notice. Skipped with a host memory budget (the engine sizes and checks
 // the run against it), with W > 1 (ranks may share a machine's memory or not), and for the GPU
-// bridge (--gpu-gather host), whose terms the prediction does not model.
-Status check_memory(const TrainOptions& o, const zero3::EngineOptions& eo, model::Model& m, int T,
-                    const zero3::Communicator& comm, bool cuda) {
+// bridge (--gpu-gather host), whose terms the prediction does not model. Returns the predicted peak
+// device memory (0: not predicted), which the end-of-run summary prints beside the measured one.
+Result<std::uint64_t> check_memory(const TrainOptions& o, const zero3::EngineOptions& eo, model::Model& m, int T,
+                                   const zero3::Communicator& comm, bool cuda) {
   if (o.no_memory_check || comm.world_size() > 1 || eo.host_memory_budget != 0 || eo.ds.zinf.host_memory_budget != 0) {
-    return Status::ok();
+    return std::uint64_t{0};
   }
   const bool on_gpu = eo.device.kind == zero3::EngineDevice::Kind::kModelDevice;
-  if (cuda && !on_gpu) return Status::ok();
+  if (cuda && !on_gpu) return std::uint64_t{0};
   const int B = static_cast<int>(eo.ds.batch.train_micro_batch_size_per_gpu);
   zero3::GpuRun gpu_run;
   std::string gpu_name;
@@ -564,11 +565,11 @@ Status check_memory(const TrainOptions& o, const zero3::EngineOptions& eo, model
           what, (0.9 * need - have) / (1 << 30), change));
     }
   }
-  if (!on_gpu || gpu_name.empty() || gpu_run.free_bytes == UINT64_MAX) return Status::ok();
+  if (!on_gpu || gpu_name.empty() || gpu_run.free_bytes == UINT64_MAX) return std::uint64_t{0};
   const zero3::GpuFit fit = zero3::check_gpu_fit(mem, eo.ds, gpu_run.free_bytes, gpu_name);
   if (fit.verdict == zero3::GpuFit::Verdict::kDoesNotFit) return Status::resource_exhausted(fit.message);
   if (fit.verdict == zero3::GpuFit::Verdict::kMayNotFit) log(LogLevel::kNotice, fit.message);
-  return Status::ok();
+  return mem.gpu;
 }
 
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
@@ -686,7 +687,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       return hf->read_param(index, out).with_context("--model-dir");
     };
   }
-  ZINF_RETURN_IF_ERROR(check_memory(o, eo, *the_model, T, comm, device.device == ComputeDevice::kCuda));
+  ZINF_ASSIGN_OR_RETURN(const std::uint64_t predicted_device_peak,
+                        check_memory(o, eo, *the_model, T, comm, device.device == ComputeDevice::kCuda));
   ZINF_ASSIGN_OR_RETURN(auto engine, zero3::Engine::create(std::move(the_model), eo, comm));
   out << engine->describe() << "\n";
   if (engine->host_budget().budget != 0) out << engine->host_budget().summary << "\n";
@@ -737,6 +739,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   std::vector<std::vector<std::int32_t>> inputs(static_cast<std::size_t>(gas)), targets(static_cast<std::size_t>(gas));
   std::vector<zero3::MicroBatch> micro(static_cast<std::size_t>(gas));
   DeviceTraffic traffic;
+  traffic.set_predicted_peak(predicted_device_peak);
   const auto start_step = static_cast<int>(engine->counters().steps);
   Progress progress(o.steps, start_step, ds->steps_per_print);
   double first_loss = NAN, last_loss = NAN;
