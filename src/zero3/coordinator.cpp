@@ -280,10 +280,10 @@ Status Coordinator::start_gather(int g, GatherBlock full) {
   const std::size_t per_rank = plan_.group(idx).per_rank;
   const std::size_t size = gathered_size(idx);
   if (full.data() == nullptr) full = spare_.take(size);
-  if (full.data() == nullptr) full = target_.allocate(size);
+  if (full.data() == nullptr) full = target_.allocate_values(size);
   if (full.data() == nullptr && size > 0) {
-    return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 elements of {} memory to gather {}", size,
-                                                  target_.name(),
+    return Status::resource_exhausted(fmt::format("cannot allocate {} {} elements of {} memory to gather {}", size,
+                                                  swap::dtype_name(target_.values_dtype()), target_.name(),
                                                   model_.params()[plan_.group(idx).params.front()].name));
   }
   const auto t0 = std::chrono::steady_clock::now();
@@ -380,15 +380,24 @@ const std::uint16_t* Coordinator::device_bf16(int g) {
 Status Coordinator::acquire_bf16(int module, model::Phase phase, std::span<const std::uint16_t*> values) {
   const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
   const std::vector<int>& groups = groups_of(module);
-  if (comm_.world_size() != 1) return Status::unsupported("bf16 values in place: one rank only");
-  for (int g : groups) {
-    if (device_bf16(g) == nullptr) {
-      return Status::unsupported(fmt::format("{}: its parameters are not kept as bf16 in device memory", spec.name));
-    }
-  }
   if (values.size() != spec.params.size()) {
     return Status::internal(fmt::format("acquire_bf16 '{}': {} value slots for {} parameters", spec.name,
                                         values.size(), spec.params.size()));
+  }
+  bool in_place = comm_.world_size() == 1;
+  for (int g : groups) in_place = in_place && device_bf16(g) != nullptr;
+  if (!in_place && target_.values_dtype() == swap::DType::kBF16) {
+    // The target gathers bf16 values: handed out from the gathered blocks as acquire() does.
+    ZINF_RETURN_IF_ERROR(acquire_gathered(module, phase));
+    for (std::size_t k = 0; k < spec.params.size(); ++k) {
+      const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
+      values[k] = reinterpret_cast<const std::uint16_t*>(gathered_[place.group].buf.data()) + place.offset;
+    }
+    return after_acquire();
+  }
+  if (comm_.world_size() != 1) return Status::unsupported("bf16 values in place: one rank only");
+  if (!in_place) {
+    return Status::unsupported(fmt::format("{}: its parameters are not kept as bf16 in device memory", spec.name));
   }
   ZINF_RETURN_IF_ERROR(note_event(module, phase));
   // users pairs with release(); nothing is gathered, so release never drops anything here. The
@@ -406,6 +415,25 @@ Status Coordinator::acquire_bf16(int module, model::Phase phase, std::span<const
 
 Status Coordinator::acquire(int module, model::Phase phase, std::span<const float*> values) {
   const model::ModuleSpec& spec = model_.modules()[static_cast<std::size_t>(module)];
+  if (target_.values_dtype() != swap::DType::kF32) {
+    return Status::unsupported(fmt::format("{}: the {} gather target holds {} values (acquire_bf16)", spec.name,
+                                           target_.name(), swap::dtype_name(target_.values_dtype())));
+  }
+  ZINF_RETURN_IF_ERROR(acquire_gathered(module, phase));
+  for (std::size_t k = 0; k < spec.params.size(); ++k) {
+    const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
+    values[k] = gathered_[place.group].buf.data() + place.offset;
+  }
+  return after_acquire();
+}
+
+Status Coordinator::after_acquire() {
+  ++position_;
+  prefetch_after(position_ - 1);
+  return gather_ahead(position_ - 1);
+}
+
+Status Coordinator::acquire_gathered(int module, model::Phase phase) {
   const std::vector<int>& groups = groups_of(module);
   ZINF_RETURN_IF_ERROR(note_event(module, phase));
   std::uint64_t need = 0;
@@ -435,13 +463,7 @@ Status Coordinator::acquire(int module, model::Phase phase, std::span<const floa
     for (int g : groups) --gathered_[static_cast<std::size_t>(g)].users;
     return s;
   }
-  for (std::size_t k = 0; k < spec.params.size(); ++k) {
-    const ParamPlace& place = plan_.place(static_cast<std::size_t>(spec.params[k]));
-    values[k] = gathered_[place.group].buf.data() + place.offset;
-  }
-  ++position_;
-  prefetch_after(position_ - 1);
-  return gather_ahead(position_ - 1);
+  return Status::ok();
 }
 
 Status Coordinator::release(int module, model::Phase) {

@@ -185,6 +185,11 @@ class Coordinator final : public model::ParamAccess {
   Status note_event(int module, model::Phase phase);
   // Group g's values as bf16 in device memory (ParamTier::device_values), else nullptr.
   const std::uint16_t* device_bf16(int g);
+  // What acquire() and acquire_bf16() of gathered values share: the module's groups gathered,
+  // ready and pinned (users), before the caller hands out pointers; then after_acquire().
+  Status acquire_gathered(int module, model::Phase phase);
+  // The event done: prefetches and gathers ahead of the next.
+  Status after_acquire();
   // `block`: a spare of the group's exact size taken for it, or empty (then a spare, else a new one).
   Status ensure_gathered(int g, GatherBlock block);
   Status start_gather(int g, GatherBlock block);  // fills group g's gathered block (bookkeeping included)

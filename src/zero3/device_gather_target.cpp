@@ -11,6 +11,7 @@
 
 #include "device/ops.h"
 #include "zinf/aio/pinned.h"
+#include "zinf/optim/half.h"
 
 namespace zinf::zero3 {
 namespace {
@@ -31,6 +32,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   }
 
   std::string_view name() const override { return "device"; }
+  swap::DType values_dtype() const override { return options_.values; }
   bool asynchronous() const override { return true; }
   const DeviceGatherStats& device_stats() const override { return stats_; }
   device::Device& device() const override { return device_; }
@@ -47,6 +49,17 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     return adopt(p, n);
   }
 
+  GatherBlock allocate_values(std::size_t n) override {
+    if (options_.values == swap::DType::kF32) return allocate(n);
+    if (n == 0) return {};
+    auto block = device_.allocate(n * swap::dtype_size(options_.values), StreamRole::kCompute,
+                                  fmt::format("gathered parameters ({})", swap::dtype_name(options_.values)));
+    if (!block.is_ok()) return {};
+    auto* p = block.value().as<float>();  // the block's memory, n 16-bit values
+    blocks_.emplace(p, BlockState{std::move(block).value(), device::Event(), Narrow{}});
+    return adopt(p, n);
+  }
+
   Status gather(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
                 GatherBlock& block) override {
     if (on_stream() && comm.world_size() > 1 && options_.collectives == nullptr) {
@@ -56,6 +69,7 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
           device_.describe(), comm.world_size()));
     }
     BlockState& state = state_of(block);
+    if (options_.values != swap::DType::kF32) return gather_narrow(tier, group, per_rank, comm, block, state);
     const std::size_t bytes = per_rank * sizeof(float);
     if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr) {
       // A device-resident tier (device_state.h, one rank): copied on the compute stream, in order
@@ -246,6 +260,49 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     return Status::ok();
   }
 
+  // gather() into a block of 16-bit values (DeviceGatherOptions::values): the tier's own 16-bit
+  // copy where it has one (in device memory: converted on the compute stream; pinned: uploaded as
+  // it is), else its fp32 values rounded on the host in the staging buffer and uploaded.
+  Status gather_narrow(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
+                       GatherBlock& block, BlockState& state) {
+    const swap::DType dtype = options_.values;
+    if (comm.world_size() != 1) {
+      return Status::internal(fmt::format("{}: {} gathers are for one rank, not {}", device_.describe(),
+                                          swap::dtype_name(dtype), comm.world_size()));
+    }
+    const std::size_t bytes = per_rank * swap::dtype_size(dtype);
+    if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr) {
+      if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
+      ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), dtype, v.data, v.dtype, per_rank));
+      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
+      return Status::ok();
+    }
+    const ParamTier::HostValues h = tier.pinned_values(group);
+    const void* src = h.data;
+    Staging* staging = nullptr;
+    if (src == nullptr || h.dtype != dtype) {
+      ZINF_ASSIGN_OR_RETURN(staging, take_staging(per_rank * sizeof(float)));
+      float* f = staging->buf.as_floats();
+      ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(f, per_rank)));
+      // In place, front to back: value i's 16 bits land where values <= i were read.
+      auto* out = static_cast<std::uint16_t*>(staging->buf.data());
+      for (std::size_t i = 0; i < per_rank; ++i) {
+        out[i] = optim::f32_to_bf16_bits(f[i]);
+      }
+      src = staging->buf.data();
+    }
+    // A reused block may still be read by kernels enqueued before it was released.
+    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
+    ZINF_RETURN_IF_ERROR(device_.copy_h2d(block.data(), src, bytes, "parameter upload (16-bit)"));
+    state.block.record_use(device_.stream_key(StreamRole::kH2D));
+    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
+    if (staging != nullptr && options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
+    state.ready = landed;
+    stats_.h2d_bytes += bytes;
+    ++stats_.uploads;
+    return Status::ok();
+  }
+
   // The compute stream waits for the 16-bit upload and widens it into the block; ready() then
   // waits for the widening (on the host for a host-thread consumer; nothing more on the stream).
   Status widen(GatherBlock& block, BlockState& state) {
@@ -354,6 +411,12 @@ Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::De
         device.describe()));
   }
   if (options.staging_buffers == 0) return Status::invalid_argument("device gather target: staging_buffers is 0");
+  if (options.values != swap::DType::kF32 &&
+      (options.values != swap::DType::kBF16 || options.consumer != DeviceGatherOptions::Consumer::kComputeStream)) {
+    return Status::invalid_argument(fmt::format(
+        "device gather target: {} values; the values are fp32, or bf16 for a model on the compute stream",
+        swap::dtype_name(options.values)));
+  }
   return std::unique_ptr<DeviceGatherTarget>(new DeviceGatherTargetImpl(device, options));
 }
 

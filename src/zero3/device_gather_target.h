@@ -56,6 +56,12 @@ struct DeviceGatherOptions {
   // slice it carried so far). More in flight waits for the oldest; the coordinator keeps at most
   // one fewer gradient downloads in flight (max_downloads_in_flight), so uploads find one free.
   std::size_t staging_buffers = 4;
+  // The gathered values' element type. kBF16 (kComputeStream, one rank): a bf16 run's values in
+  // the GPU model's compute dtype, handed out by the coordinator's acquire_bf16 (acquire refuses):
+  // half the device memory and upload bytes of fp32, and neither a widening on the device nor the
+  // model's cast back. A memory tier's pinned bf16 partition goes up as it is; other values are
+  // rounded to bf16 on the host (optim::f32_to_bf16_bits, what the model's cast would give).
+  swap::DType values = swap::DType::kF32;
   // W > 1 with kComputeStream: the collectives on the device's memory (must outlive the target).
   // Unused with kHostThread, whose all-gathers and reduce-scatters are the communicator's own, on
   // the driving thread.
@@ -92,7 +98,8 @@ class DeviceGatherTarget : public GatherTarget {
   virtual device::Device& device() const = 0;
 };
 
-// `device` must outlive the target. kHostThread needs a host-addressable device (the host device).
+// `device` must outlive the target. kHostThread needs a host-addressable device (the host device);
+// values other than fp32 need kComputeStream.
 Result<std::unique_ptr<DeviceGatherTarget>> make_device_gather_target(device::Device& device,
                                                                       DeviceGatherOptions options = {});
 

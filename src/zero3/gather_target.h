@@ -55,6 +55,11 @@ class GatherTarget {
   // A block of n elements, contents undefined; an empty block (data() == nullptr) when n == 0 or
   // the memory is exhausted (the caller names what it was for).
   virtual GatherBlock allocate(std::size_t n) = 0;
+  // The element type of the value blocks (allocate_values, gather): fp32 (what acquire hands
+  // out), or bf16 for a target that gathers in a GPU model's compute dtype (acquire_bf16).
+  virtual swap::DType values_dtype() const { return swap::DType::kF32; }
+  // A block for n gathered values of values_dtype(); size() counts elements, not floats.
+  virtual GatherBlock allocate_values(std::size_t n) { return allocate(n); }
   // Fills `block` (W * per_rank elements) with `group`'s full values: this rank's slice
   // [rank * per_rank, (rank + 1) * per_rank) from the tier, then the all-gather in place.
   // Returns once the values are usable by the model, unless the target is asynchronous().

@@ -73,11 +73,15 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
   } else {
     const std::uint64_t live =
         std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
-    add("gathered parameters, persistent (fp32)", 4 * g.persistent);
-    add("gathered parameters, live (fp32, stage3_max_live_parameters)", 4 * live);
-    // The GPU model casts a module's values to bf16 while it holds them: the module computing and
-    // the one whose gather runs ahead.
-    add("16-bit casts of the modules in use (2 modules)", 2 * 2 * g.module_need);
+    // engine.cpp: a bf16 run on one rank gathers bf16 values, which the model reads in place;
+    // otherwise fp32, which the GPU model casts to bf16 per module while it holds them (the
+    // module computing and the one whose gather runs ahead).
+    const bool bf16 = dtype == swap::DType::kBF16 && world == 1 && !run.fp32_gathers;
+    const std::uint64_t vsize = bf16 ? 2 : 4;
+    const char* vname = bf16 ? "bf16" : "fp32";
+    add(fmt::format("gathered parameters, persistent ({})", vname), vsize * g.persistent);
+    add(fmt::format("gathered parameters, live ({}, stage3_max_live_parameters)", vname), vsize * live);
+    if (!bf16) add("16-bit casts of the modules in use (2 modules)", 2 * 2 * g.module_need);
     // engine.cpp (kAutoHold): with gradient accumulation and one rank, the sums across
     // micro-batches stay on the GPU, up to 40% of the memory free at the start.
     std::uint64_t held = 0;

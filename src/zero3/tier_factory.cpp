@@ -169,6 +169,7 @@ Result<Tiers> make_tiers(const TierContext& context, optim::Optimizer optimizer)
     DeviceGatherOptions gather_options;
     gather_options.consumer = context.consumer;
     gather_options.collectives = context.collectives;
+    gather_options.values = context.gather_values;
     ZINF_ASSIGN_OR_RETURN(t.gather, make_device_gather_target(*context.device, gather_options));
   } else {
     t.gather = make_host_gather_target();

@@ -38,6 +38,8 @@ struct TierContext {
   DeviceGatherOptions::Consumer consumer = DeviceGatherOptions::Consumer::kHostThread;
   // W > 1 with kComputeStream: the collectives on the device's memory (DeviceGatherOptions).
   std::shared_ptr<DeviceCollectives> collectives = nullptr;
+  // The gathered values' element type (DeviceGatherOptions::values).
+  swap::DType gather_values = swap::DType::kF32;
   int world_size = 1;  // ranks: the state lives on the device with one only
   // fp32 elements per offload_optimizer pinned buffer (a host-memory budget's); 0: the largest
   // sub-group, as the reference.

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "chain_model.h"
+#include "temp_dir.h"
 #include "device/host_device.h"
 #include "zero3/coordinator.h"
 #include "zero3/device_gather_target.h"
@@ -63,7 +64,8 @@ struct DeviceHarness {
   DeviceHarness(const CoordinatorOptions& o, const device::HostDeviceOptions& d, DeviceGatherOptions g = {},
                 bool pinned_bf16 = false)
       : device(device::HostDevice::create(d)),
-        model(kModules, g.consumer == DeviceGatherOptions::Consumer::kComputeStream ? device.get() : nullptr),
+        model(kModules, g.consumer == DeviceGatherOptions::Consumer::kComputeStream ? device.get() : nullptr,
+              /*bf16_first=*/g.values == swap::DType::kBF16),
         plan(model_partition_plan(model.params(), model.modules().size(), 1).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     grads = std::move(make_memory_grad_store(layout)).value();
@@ -257,10 +259,12 @@ TEST(DeviceCoordinatorTest, DroppedHeldGradientsNeverComeBack) {
 
 // Whether some seed of [first, first + 5) gives a wrong loss or gradient within 3 passes, for a
 // compute-stream consumer with `skip` left out (and one staging buffer: reuse comes at once).
-bool goes_wrong_without(SkipWait skip, std::uint64_t first, bool pinned_bf16) {
+bool goes_wrong_without(SkipWait skip, std::uint64_t first, bool pinned_bf16,
+                        swap::DType values = swap::DType::kF32) {
   for (std::uint64_t seed = first; seed < first + 5; ++seed) {
     DeviceGatherOptions g = on_stream(skip);
     g.staging_buffers = 1;
+    g.values = values;
     DeviceHarness h(options(), delays(seed), g, pinned_bf16);
     for (int pass = 1; pass <= 3; ++pass) {
       auto loss = h.pass();
@@ -342,14 +346,17 @@ TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameRes
 // A model that asks for bf16 values in place (acquire_bf16, as the GPU models do) gets pointers
 // into the device-resident state's bf16 copy with offload none: nothing is gathered, and it trains
 // to the host path's bits (the copy holds the bits the fp32 values round to). With offload cpu
-// there is no such copy: kUnsupported, the model falls back to acquire, the same bits again.
+// the engine gathers the values as bf16 (DeviceGatherOptions::values) and hands out those blocks:
+// the same bits again, since the tier's values are the bf16 copies' own.
 TEST(DeviceCoordinatorTest, Bf16ValuesInPlaceTrainToTheSameBits) {
-  for (const char* where : {"none", "cpu"}) {
+  const zinf::testing::TempDir dir("bf16_in_place_");
+  for (const char* where : {"none", "cpu", "nvme"}) {
+    const std::string nvme = std::string(where) == "nvme" ? fmt::format(R"(, "nvme_path": "{}")", dir.path()) : "";
     const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_clipping": 1.0,
       "bf16": {{"enabled": true}}, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
       "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0,
-        "offload_param": {{"device": "{0}"}}, "offload_optimizer": {{"device": "{0}"}}}}}})",
-                                         where);
+        "offload_param": {{"device": "{0}"{1}}}, "offload_optimizer": {{"device": "{0}"{1}}}}}}})",
+                                         where, nvme);
     auto ds = config::parse_ds_config(text, "bf16_in_place_test", config::AutoContext{});
     ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
     auto comm = make_local_communicator();
@@ -388,7 +395,7 @@ TEST(DeviceCoordinatorTest, Bf16ValuesInPlaceTrainToTheSameBits) {
       EXPECT_GT(on_device.in_place, 0u);
       EXPECT_EQ(on_device.live_high_water, 0u) << "nothing gathered";
     } else {
-      EXPECT_EQ(on_device.in_place, 0u) << "no bf16 copy on the device with offload cpu";
+      EXPECT_GT(on_device.in_place, 0u) << "bf16 values gathered with offload " << where;
       EXPECT_GT(on_device.live_high_water, 0u);
     }
   }
@@ -405,6 +412,62 @@ TEST(DeviceCoordinatorTest, AModelWithoutADeviceOfItsOwnIsRefusedForModelDevice)
   ASSERT_FALSE(engine.is_ok());
   EXPECT_EQ(engine.status().code(), ErrorCode::kInvalidArgument);
   EXPECT_NE(engine.status().message().find("computes on the host"), std::string::npos) << engine.status().to_string();
+}
+
+// Values gathered as bf16 (DeviceGatherOptions::values) for a model that reads them in place:
+// exact under random delays, from a tier's pinned bf16 partitions (uploaded as they are) and from
+// its fp32 values (rounded in the staging buffer), with half the upload bytes of fp32; acquire()
+// refuses such a target by name. Each wait is needed: without the compute stream's wait for the
+// upload the model reads poison, without the staging buffer's wait for its upload the next
+// gather overwrites it first, without the upload's wait for the compute stream a reused block is
+// overwritten while queued kernels still read it.
+TEST(DeviceCoordinatorTest, Bf16GathersAreExactWithHalfTheUploadBytes) {
+  for (const bool pinned : {false, true}) {
+    DeviceGatherOptions g = on_stream();
+    g.values = swap::DType::kBF16;
+    DeviceHarness h(options(), delays(31), g, pinned);
+    for (int pass = 1; pass <= 3; ++pass) {
+      auto loss = h.pass();
+      ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
+      EXPECT_EQ(loss.value(), DeviceHarness::expected_loss()) << "pinned " << pinned << " pass " << pass;
+    }
+    EXPECT_EQ(h.gradient_mismatch(3), "") << "pinned " << pinned;
+    const DeviceGatherStats& d = h.target->device_stats();
+    EXPECT_GT(d.uploads, 0u);
+    EXPECT_EQ(d.h2d_bytes, d.uploads * kSize * 2) << "bf16: 2 bytes a value";
+    EXPECT_GT(h.model.in_place_acquires(), 0u);
+    EXPECT_EQ(h.tier->pinned_reads > 0, pinned) << "the pinned partitions go up as they are";
+  }
+  // A model that asks for fp32 values is told what this target holds.
+  DeviceGatherOptions g = on_stream();
+  g.values = swap::DType::kBF16;
+  DeviceHarness h(options(), delays(32), g);
+  h.coordinator->begin_pass(false);
+  std::vector<const float*> values(1);
+  const Status s = h.coordinator->acquire(0, model::Phase::kForward, values);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported) << s.to_string();
+  EXPECT_NE(s.message().find("bf16"), std::string::npos) << s.to_string();
+}
+
+TEST(DeviceCoordinatorTest, EachBf16GatherWaitIsNeeded) {
+  for (SkipWait skip : {SkipWait::kUploadBeforeUse, SkipWait::kStagingReuse, SkipWait::kComputeBeforeCopy}) {
+    EXPECT_TRUE(goes_wrong_without(skip, 41, false, swap::DType::kBF16))
+        << "ordering " << static_cast<int>(skip) << " left out, and nothing noticed";
+  }
+  EXPECT_TRUE(goes_wrong_without(SkipWait::kUploadBeforeUse, 46, true, swap::DType::kBF16));
+}
+
+// A bf16 target is for a model on the compute stream only.
+TEST(DeviceCoordinatorTest, Bf16ValuesNeedAComputeStreamConsumer) {
+  auto device = device::HostDevice::create(delays(1));
+  DeviceGatherOptions g;
+  g.values = swap::DType::kBF16;
+  auto made = make_device_gather_target(*device, g);
+  ASSERT_FALSE(made.is_ok());
+  EXPECT_EQ(made.status().code(), ErrorCode::kInvalidArgument);
+  g.consumer = DeviceGatherOptions::Consumer::kComputeStream;
+  g.values = swap::DType::kF16;
+  EXPECT_FALSE(make_device_gather_target(*device, g).is_ok()) << "fp16 values: no model reads them";
 }
 
 // A memory tier's bf16 partitions in pinned memory go up as they are and are widened on the

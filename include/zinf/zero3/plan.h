@@ -91,6 +91,9 @@ struct GpuRun {
   // Device memory free when the engine starts: gradient sums held across micro-batches take up
   // to 40% of it (EngineDevice::kAutoHold). 0: unknown, as if every sum fits.
   std::uint64_t free_bytes = 0;
+  // Whether gathered values are fp32 even in a bf16 run, as the engine gathered them before it
+  // gathered in the compute dtype (runs up to 29: the calibration runs of docs/plan.md).
+  bool fp32_gathers = false;
 };
 
 // Peak host, pinned and disk bytes of one rank training `model` (which describes itself only:
