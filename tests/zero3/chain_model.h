@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "device/device.h"
+#include "zero3/coordinator.h"
+#include "zinf/zero3/engine.h"
 #include "zinf/aio/pinned.h"
 #include "zinf/optim/half.h"
 #include "zero3/tiers.h"
@@ -168,6 +170,63 @@ class ChainModel final : public model::Model {
   std::vector<model::ParamSpec> params_;
   std::vector<model::ModuleSpec> modules_;
 };
+
+// The device coordinator tests' options: nothing persistent, two modules' values gathered ahead
+// at most, nothing kept past its release, each gradient reduced alone.
+inline CoordinatorOptions chain_coordinator_options() {
+  CoordinatorOptions o;
+  o.param_persistence_threshold = 0;
+  o.prefetch_bucket_size = 2 * kSize + 50;
+  o.max_live_parameters = 1000000000;
+  o.max_reuse_distance = 0;
+  o.reduce_bucket_size = 1;
+  return o;
+}
+
+// One training pass of `model` through `coordinator`; its loss.
+inline Result<float> chain_pass(ChainModel& model, Coordinator& coordinator) {
+  const std::vector<int32_t> tokens = {0};
+  coordinator.begin_pass(true);
+  ZINF_ASSIGN_OR_RETURN(float loss, model.forward_backward(tokens, tokens, 1, 1, coordinator, 1.0f));
+  ZINF_RETURN_IF_ERROR(coordinator.end_pass());
+  return loss;
+}
+
+// The loss of a chain of `modules` modules over values p + 1 for partition p: a forward reads
+// element 0 of each module's value (embed and head read p0).
+inline float chain_expected_loss(int modules) {
+  float loss = 1;  // embed
+  for (int m = 1; m <= modules; ++m) loss += static_cast<float>(m + 1);
+  return loss + 1;  // head
+}
+
+// An engine's run of a chain model: each step's report and loss, and the final weights.
+struct ChainRun {
+  std::vector<StepReport> reports;
+  std::vector<double> losses;
+  std::vector<std::vector<float>> weights;
+  std::uint64_t in_place = 0;  // the model's acquires served in place (ChainModel::in_place_acquires)
+};
+
+// Trains a ChainModel(modules, stream, bf16_first) with `o` on `comm` for `steps` steps of
+// `micro`; the run, or the first error.
+inline Result<ChainRun> train_chain(int modules, device::Device* stream, bool bf16_first, const EngineOptions& o,
+                                    Communicator& comm, std::span<const MicroBatch> micro, int steps) {
+  ZINF_ASSIGN_OR_RETURN(auto engine, Engine::create(std::make_unique<ChainModel>(modules, stream, bf16_first), o, comm));
+  ChainRun run;
+  for (int step = 0; step < steps; ++step) {
+    ZINF_ASSIGN_OR_RETURN(StepReport r, engine->train_step(micro));
+    run.losses.push_back(r.loss);
+    run.reports.push_back(r);
+  }
+  for (std::size_t p = 0; p < engine->model().params().size(); ++p) {
+    std::vector<float> w(engine->model().params()[p].numel);
+    ZINF_RETURN_IF_ERROR(engine->read_full_param(p, w));
+    run.weights.push_back(std::move(w));
+  }
+  run.in_place = dynamic_cast<const ChainModel&>(engine->model()).in_place_acquires();
+  return run;
+}
 
 // A parameter tier that serves every element of partition p as the value p + 1 and logs reads
 // and prefetches. With `pinned_bf16` it also offers each partition as bf16 in page-locked memory

@@ -32,15 +32,7 @@ using SkipWait = DeviceGatherOptions::SkipWait;
 
 constexpr int kModules = 10;  // m1..m10 between embed and head
 
-CoordinatorOptions options() {
-  CoordinatorOptions o;
-  o.param_persistence_threshold = 0;
-  o.prefetch_bucket_size = 2 * kSize + 50;
-  o.max_live_parameters = 1000000000;
-  o.max_reuse_distance = 0;
-  o.reduce_bucket_size = 1;
-  return o;
-}
+CoordinatorOptions options() { return testing::chain_coordinator_options(); }
 
 device::HostDeviceOptions delays(std::uint64_t seed) {
   device::HostDeviceOptions d;
@@ -84,20 +76,12 @@ struct DeviceHarness {
   // One training pass; its loss.
   Result<float> pass() {
     tier->new_pass();
-    const std::vector<int32_t> tokens = {0};
-    coordinator->begin_pass(true);
-    ZINF_ASSIGN_OR_RETURN(float loss, model.forward_backward(tokens, tokens, 1, 1, *coordinator, 1.0f));
-    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
-    return loss;
+    return testing::chain_pass(model, *coordinator);
   }
 
-  // What `passes` passes must give: a forward reads element 0 of each module's value (p + 1 for
-  // partition p; head reads p0 again), and backward adds each use's value into its gradient.
-  static float expected_loss() {
-    float loss = 1;  // embed
-    for (int m = 1; m <= kModules; ++m) loss += static_cast<float>(m + 1);
-    return loss + 1;  // head
-  }
+  // What `passes` passes must give: the chain's loss, and backward adds each use's value into
+  // its gradient.
+  static float expected_loss() { return testing::chain_expected_loss(kModules); }
   // The first mismatch of the accumulated gradients after `passes` passes, or "".
   std::string gradient_mismatch(int passes) const {
     for (std::size_t p = 0; p < plan.num_groups(); ++p) {
@@ -303,36 +287,24 @@ TEST(DeviceCoordinatorTest, TheEngineGathersIntoTheModelsOwnDeviceWithTheSameRes
       const std::vector<std::int32_t> tokens = {0};
       const MicroBatch mb{tokens, tokens, 1, 1};
       const std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches), mb);
-      auto train = [&](EngineDevice::Kind kind, device::Device* stream, std::vector<double>* losses,
-                       std::vector<std::vector<float>>* weights, std::uint64_t* h2d) {
-        EngineOptions o{ds.value(), 3, ""};
-        o.device.kind = kind;
-        auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, *comm);
-        ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-        for (int step = 0; step < 3; ++step) {
-          auto r = engine.value()->train_step(micro);
-          ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-          losses->push_back(r.value().loss);
-          *h2d += r.value().h2d_bytes;
-          if (kind == EngineDevice::Kind::kModelDevice && std::string(where) == "cpu") {
-            // Each gradient comes down once a step, whatever the number of micro-batches.
-            EXPECT_EQ(r.value().d2h_bytes, engine.value()->model().num_params() * sizeof(float)) << micro_batches;
-          }
-        }
-        for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
-          std::vector<float> w(kSize);
-          ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
-          weights->push_back(std::move(w));
-        }
-      };
-      std::vector<double> host_losses, device_losses;
-      std::vector<std::vector<float>> host_weights, device_weights;
-      std::uint64_t host_h2d = 0, device_h2d = 0;
-      train(EngineDevice::Kind::kHostMemory, nullptr, &host_losses, &host_weights, &host_h2d);
+      EngineOptions o{ds.value(), 3, ""};
+      auto host = testing::train_chain(kModules, nullptr, false, o, *comm, micro, 3);
+      ASSERT_TRUE(host.is_ok()) << host.status().to_string();
       auto device = device::HostDevice::create(delays(5));
-      train(EngineDevice::Kind::kModelDevice, device.get(), &device_losses, &device_weights, &device_h2d);
-      EXPECT_EQ(device_losses, host_losses) << where << ", micro-batches " << micro_batches;
-      EXPECT_EQ(device_weights, host_weights) << where << ", micro-batches " << micro_batches;
+      o.device.kind = EngineDevice::Kind::kModelDevice;
+      auto on_device = testing::train_chain(kModules, device.get(), false, o, *comm, micro, 3);
+      ASSERT_TRUE(on_device.is_ok()) << on_device.status().to_string();
+      EXPECT_EQ(on_device->losses, host->losses) << where << ", micro-batches " << micro_batches;
+      EXPECT_EQ(on_device->weights, host->weights) << where << ", micro-batches " << micro_batches;
+      std::uint64_t host_h2d = 0, device_h2d = 0;
+      for (const StepReport& r : host->reports) host_h2d += r.h2d_bytes;
+      for (const StepReport& r : on_device->reports) {
+        device_h2d += r.h2d_bytes;
+        if (std::string(where) == "cpu") {
+          // Each gradient comes down once a step, whatever the number of micro-batches.
+          EXPECT_EQ(r.d2h_bytes, (kModules + 1) * kSize * sizeof(float)) << micro_batches;
+        }
+      }
       EXPECT_EQ(host_h2d, 0u);
       if (std::string(where) == "none") {
         EXPECT_EQ(device_h2d, 0u) << "the state lives on the device: nothing is uploaded";
@@ -362,41 +334,23 @@ TEST(DeviceCoordinatorTest, Bf16ValuesInPlaceTrainToTheSameBits) {
     auto comm = make_local_communicator();
     const std::vector<std::int32_t> tokens = {0};
     const std::vector<MicroBatch> micro(2, MicroBatch{tokens, tokens, 1, 1});
-    struct Run {
-      std::vector<double> losses;
-      std::vector<std::vector<float>> weights;
-      std::uint64_t in_place = 0, live_high_water = 0;
-    };
-    auto train = [&](EngineDevice::Kind kind, device::Device* stream, Run* out) {
-      EngineOptions o{ds.value(), 3, ""};
-      o.device.kind = kind;
-      auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream, true), o, *comm);
-      ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-      for (int step = 0; step < 3; ++step) {
-        auto r = engine.value()->train_step(micro);
-        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-        out->losses.push_back(r.value().loss);
-        out->live_high_water = std::max(out->live_high_water, r.value().live_high_water);
-      }
-      for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
-        std::vector<float> w(kSize);
-        ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
-        out->weights.push_back(std::move(w));
-      }
-      out->in_place = dynamic_cast<const ChainModel&>(engine.value()->model()).in_place_acquires();
-    };
-    Run host, on_device;
-    train(EngineDevice::Kind::kHostMemory, nullptr, &host);
+    EngineOptions o{ds.value(), 3, ""};
+    auto host = testing::train_chain(kModules, nullptr, true, o, *comm, micro, 3);
+    ASSERT_TRUE(host.is_ok()) << host.status().to_string();
     auto device = device::HostDevice::create(delays(6));
-    train(EngineDevice::Kind::kModelDevice, device.get(), &on_device);
-    EXPECT_EQ(on_device.losses, host.losses) << where;
-    EXPECT_EQ(on_device.weights, host.weights) << where;
+    o.device.kind = EngineDevice::Kind::kModelDevice;
+    auto on_device = testing::train_chain(kModules, device.get(), true, o, *comm, micro, 3);
+    ASSERT_TRUE(on_device.is_ok()) << on_device.status().to_string();
+    EXPECT_EQ(on_device->losses, host->losses) << where;
+    EXPECT_EQ(on_device->weights, host->weights) << where;
+    std::uint64_t live_high_water = 0;
+    for (const StepReport& r : on_device->reports) live_high_water = std::max(live_high_water, r.live_high_water);
     if (std::string(where) == "none") {
-      EXPECT_GT(on_device.in_place, 0u);
-      EXPECT_EQ(on_device.live_high_water, 0u) << "nothing gathered";
+      EXPECT_GT(on_device->in_place, 0u);
+      EXPECT_EQ(live_high_water, 0u) << "nothing gathered";
     } else {
-      EXPECT_GT(on_device.in_place, 0u) << "bf16 values gathered with offload " << where;
-      EXPECT_GT(on_device.live_high_water, 0u);
+      EXPECT_GT(on_device->in_place, 0u) << "bf16 values gathered with offload " << where;
+      EXPECT_GT(live_high_water, 0u);
     }
   }
 }

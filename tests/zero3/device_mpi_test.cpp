@@ -131,33 +131,18 @@ struct RankHarness {
     auto made = make_device_gather_target(*device, g);
     EXPECT_TRUE(made.is_ok()) << made.status().to_string();
     target = std::move(made).value();
-    CoordinatorOptions o;
-    o.param_persistence_threshold = 0;
-    o.prefetch_bucket_size = 2 * kSize + 50;
-    o.max_live_parameters = 1000000000;
-    o.max_reuse_distance = 0;
-    o.reduce_bucket_size = 1;
-    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, comm(), o, *grads);
+    coordinator = std::make_unique<Coordinator>(model, plan, layout, *tier, *target, comm(),
+                                                testing::chain_coordinator_options(), *grads);
   }
   ~RankHarness() {
     coordinator.reset();
     target.reset();
   }
 
-  Result<float> pass() {
-    const std::vector<int32_t> tokens = {0};
-    coordinator->begin_pass(true);
-    ZINF_ASSIGN_OR_RETURN(float loss, model.forward_backward(tokens, tokens, 1, 1, *coordinator, 1.0f));
-    ZINF_RETURN_IF_ERROR(coordinator->end_pass());
-    return loss;
-  }
+  Result<float> pass() { return testing::chain_pass(model, *coordinator); }
 
   // A forward reads element 0 of each module's values: rank 0's slice, p + 1.
-  static float expected_loss() {
-    float loss = 1;
-    for (int m = 1; m <= kModules; ++m) loss += static_cast<float>(m + 1);
-    return loss + 1;
-  }
+  static float expected_loss() { return testing::chain_expected_loss(kModules); }
   // Backward adds each use's values into the gradient on every rank; the reduce-scatter sums W
   // such gradients. This rank's partition of p after `passes`: W * uses * (p + 1 + 1000 * rank)
   // over the model's elements, zero over the padding.
@@ -238,43 +223,28 @@ TEST(DeviceMpiTest, TheEngineGathersIntoTheModelsDeviceAcrossRanksWithTheSameRes
       ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
       const std::vector<std::int32_t> tokens = {0};
       const std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches), MicroBatch{tokens, tokens, 1, 1});
-      struct Run {
-        std::vector<double> losses;
-        std::vector<std::vector<float>> weights;
-        std::uint64_t h2d = 0, d2h = 0;
-      };
-      auto train = [&](EngineDevice::Kind kind, device::Device* stream, Run* out) {
-        EngineOptions o{ds.value(), 3, ""};
-        o.device.kind = kind;
-        auto engine = Engine::create(std::make_unique<ChainModel>(kModules, stream), o, comm());
-        ASSERT_TRUE(engine.is_ok()) << engine.status().to_string();
-        for (int step = 0; step < 3; ++step) {
-          auto r = engine.value()->train_step(micro);
-          ASSERT_TRUE(r.is_ok()) << r.status().to_string();
-          out->losses.push_back(r.value().loss);
-          out->h2d += r.value().h2d_bytes;
-          out->d2h += r.value().d2h_bytes;
-        }
-        for (std::size_t p = 0; p < engine.value()->model().params().size(); ++p) {
-          std::vector<float> w(kSize);
-          ASSERT_TRUE(engine.value()->read_full_param(p, w).is_ok());
-          out->weights.push_back(std::move(w));
-        }
-      };
-      Run host, on_device;
-      train(EngineDevice::Kind::kHostMemory, nullptr, &host);
+      EngineOptions o{ds.value(), 3, ""};
+      auto host = testing::train_chain(kModules, nullptr, false, o, comm(), micro, 3);
+      ASSERT_TRUE(host.is_ok()) << host.status().to_string();
       auto device = device::HostDevice::create(delays(7));
-      train(EngineDevice::Kind::kModelDevice, device.get(), &on_device);
-      EXPECT_EQ(on_device.losses, host.losses) << where << ", micro-batches " << micro_batches;
-      EXPECT_EQ(on_device.weights, host.weights) << where << ", micro-batches " << micro_batches;
-      EXPECT_GT(on_device.h2d, 0u) << where;
+      o.device.kind = EngineDevice::Kind::kModelDevice;
+      auto on_device = testing::train_chain(kModules, device.get(), false, o, comm(), micro, 3);
+      ASSERT_TRUE(on_device.is_ok()) << on_device.status().to_string();
+      EXPECT_EQ(on_device->losses, host->losses) << where << ", micro-batches " << micro_batches;
+      EXPECT_EQ(on_device->weights, host->weights) << where << ", micro-batches " << micro_batches;
+      std::uint64_t h2d = 0, d2h = 0;
+      for (const StepReport& r : on_device->reports) {
+        h2d += r.h2d_bytes;
+        d2h += r.d2h_bytes;
+      }
+      EXPECT_GT(h2d, 0u) << where;
       // Only this rank's slice of each gradient comes down, each micro-batch (no sums are held
       // on the device with W > 1).
       ChainModel shape(kModules);
       const PartitionPlan plan = model_partition_plan(shape.params(), shape.modules().size(), comm().world_size()).value();
       std::uint64_t slices = 0;
       for (std::size_t p = 0; p < plan.num_groups(); ++p) slices += plan.group(p).per_rank * sizeof(float);
-      EXPECT_EQ(on_device.d2h, 3 * static_cast<std::uint64_t>(micro_batches) * slices) << where;
+      EXPECT_EQ(d2h, 3 * static_cast<std::uint64_t>(micro_batches) * slices) << where;
     }
   }
   std::error_code ec;
