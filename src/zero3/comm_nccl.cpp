@@ -181,6 +181,20 @@ class NcclCommunicator final : public Communicator, public NcclDeviceCollectives
                       ncclAllGather(send, recv, n, ncclFloat, comm_.get(), stream));
   }
 
+  Status all_gather_device16(const std::uint16_t* send, std::uint16_t* recv, std::size_t n,
+                             cudaStream_t stream) override {
+    if (n == 0) return Status::ok();
+    if (send == nullptr || recv == nullptr) {
+      return Status::invalid_argument(fmt::format("NCCL all_gather_device16: a null device buffer ({} values per rank)", n));
+    }
+    if (n > SIZE_MAX / world() / sizeof(std::uint16_t)) {
+      return Status::invalid_argument(fmt::format("NCCL all_gather_device16: {} values per rank are too many", n));
+    }
+    ZINF_RETURN_IF_ERROR(ready("all_gather_device16"));
+    return nccl_check(fmt::format("ncclAllGather of {} 16-bit values per rank on device buffers", n),
+                      ncclAllGather(send, recv, n, ncclFloat16, comm_.get(), stream));
+  }
+
   Status reduce_scatter_device(const float* send, float* recv, std::size_t n, cudaStream_t stream) override {
     if (n == 0) return Status::ok();
     ZINF_RETURN_IF_ERROR(check_device_args("reduce_scatter_device", send, recv, n));
@@ -333,6 +347,14 @@ class NcclOnDevice final : public DeviceCollectives {
     return device_.enqueue(role, [this, mine, block, n](const device::StreamContext& ctx) {
       return nccl_.all_gather_device(mine, block, n, static_cast<cudaStream_t>(ctx.native_stream));
     }, "NCCL all-gather");
+  }
+
+  Status all_gather16(device::StreamRole role, std::uint16_t* block, std::size_t n) override {
+    used_[static_cast<std::size_t>(role)] = true;
+    const std::uint16_t* mine = block + n * rank_;
+    return device_.enqueue(role, [this, mine, block, n](const device::StreamContext& ctx) {
+      return nccl_.all_gather_device16(mine, block, n, static_cast<cudaStream_t>(ctx.native_stream));
+    }, "NCCL all-gather (16-bit)");
   }
 
   Status reduce_scatter(device::StreamRole role, float* block, std::size_t n) override {

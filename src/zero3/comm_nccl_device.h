@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "zinf/status.h"
@@ -24,6 +25,9 @@ class NcclDeviceCollectives {
   // recv (W * n floats) = every rank's send (n floats), in rank order. In place when
   // send == recv + rank * n.
   virtual Status all_gather_device(const float* send, float* recv, std::size_t n, cudaStream_t stream) = 0;
+  // The same for 16-bit values (bf16 or fp16 bits: gathered, never summed).
+  virtual Status all_gather_device16(const std::uint16_t* send, std::uint16_t* recv, std::size_t n,
+                                     cudaStream_t stream) = 0;
   // recv (n floats) = sum over ranks of send[rank * n, (rank + 1) * n) (send has W * n floats).
   // ncclReduceScatter sums in NCCL's order, so at W > 1 the bits may differ from
   // Communicator::reduce_scatter's rank-order sum; at W = 1 it is an exact copy.

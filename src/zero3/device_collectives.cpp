@@ -25,6 +25,15 @@ class HostDeviceCollectives final : public DeviceCollectives {
         .with_context("device all-gather on the host device");
   }
 
+  // all_gather_bytes may not send from its own output: this rank's slice goes through a copy.
+  Status all_gather16(device::StreamRole role, std::uint16_t* block, std::size_t n) override {
+    ZINF_RETURN_IF_ERROR(reach(role));
+    mine16_.assign(block + n * rank(), block + n * (rank() + 1));
+    return comm_.all_gather_bytes(std::as_bytes(std::span<const std::uint16_t>(mine16_)),
+                                  std::as_writable_bytes(std::span<std::uint16_t>(block, n * world())))
+        .with_context("device all-gather (16-bit) on the host device");
+  }
+
   Status reduce_scatter(device::StreamRole role, float* block, std::size_t n) override {
     ZINF_RETURN_IF_ERROR(reach(role));
     sum_.resize(n);
@@ -48,6 +57,7 @@ class HostDeviceCollectives final : public DeviceCollectives {
   device::Device& device_;
   Communicator& comm_;
   std::vector<float> sum_;
+  std::vector<std::uint16_t> mine16_;
 };
 
 }  // namespace

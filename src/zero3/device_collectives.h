@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,8 @@ class DeviceCollectives {
   // block (W * n floats of device memory): every rank's slice [r * n, (r + 1) * n) of its block,
   // in place, after the work enqueued on `role` so far.
   virtual Status all_gather(device::StreamRole role, float* block, std::size_t n) = 0;
+  // The same for 16-bit values (a bf16 run's gathered values: moved, never summed).
+  virtual Status all_gather16(device::StreamRole role, std::uint16_t* block, std::size_t n) = 0;
   // block (W * n floats): its slice [rank * n, (rank + 1) * n) becomes the sum over ranks of their
   // block's slice `rank`, in place; the other slices are undefined after.
   virtual Status reduce_scatter(device::StreamRole role, float* block, std::size_t n) = 0;

@@ -261,17 +261,21 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
   }
 
   // gather() into a block of 16-bit values (DeviceGatherOptions::values): the tier's own 16-bit
-  // copy where it has one (in device memory: converted on the compute stream; pinned: uploaded as
-  // it is), else its fp32 values rounded on the host in the staging buffer and uploaded.
+  // copy where it has one (in device memory, one rank: converted on the compute stream; pinned:
+  // uploaded as it is), else its fp32 values rounded on the host in the staging buffer and
+  // uploaded; with W > 1 all-gathered as the fp32 values are.
   Status gather_narrow(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
                        GatherBlock& block, BlockState& state) {
     const swap::DType dtype = options_.values;
-    if (comm.world_size() != 1) {
-      return Status::internal(fmt::format("{}: {} gathers are for one rank, not {}", device_.describe(),
-                                          swap::dtype_name(dtype), comm.world_size()));
+    const bool across = comm.world_size() > 1;
+    if (across && options_.collectives == nullptr) {
+      return Status::internal(fmt::format("{}: {} gathers across {} ranks, and no device collectives were given",
+                                          device_.describe(), swap::dtype_name(dtype), comm.world_size()));
     }
     const std::size_t bytes = per_rank * swap::dtype_size(dtype);
-    if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr) {
+    auto* values = reinterpret_cast<std::uint16_t*>(block.data());
+    std::uint16_t* mine = values + per_rank * static_cast<std::size_t>(comm.rank());
+    if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr && !across) {
       if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
       ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), dtype, v.data, v.dtype, per_rank));
       ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
@@ -293,13 +297,21 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     }
     // A reused block may still be read by kernels enqueued before it was released.
     ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
-    ZINF_RETURN_IF_ERROR(device_.copy_h2d(block.data(), src, bytes, "parameter upload (16-bit)"));
+    ZINF_RETURN_IF_ERROR(device_.copy_h2d(mine, src, bytes, "parameter upload (16-bit)"));
     state.block.record_use(device_.stream_key(StreamRole::kH2D));
     ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
     if (staging != nullptr && options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
     state.ready = landed;
     stats_.h2d_bytes += bytes;
     ++stats_.uploads;
+    if (across) {
+      // As gather() for fp32: on the D2H stream once this rank's slice has landed.
+      if (options_.skip_wait != SkipWait::kUploadBeforeCollective) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kD2H, landed));
+      ZINF_RETURN_IF_ERROR(options_.collectives->all_gather16(StreamRole::kD2H, values, per_rank));
+      state.block.record_use(device_.stream_key(StreamRole::kD2H));
+      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kD2H));
+      ++stats_.all_gathers;
+    }
     return Status::ok();
   }
 

@@ -56,7 +56,7 @@ struct DeviceGatherOptions {
   // slice it carried so far). More in flight waits for the oldest; the coordinator keeps at most
   // one fewer gradient downloads in flight (max_downloads_in_flight), so uploads find one free.
   std::size_t staging_buffers = 4;
-  // The gathered values' element type. kBF16 (kComputeStream, one rank): a bf16 run's values in
+  // The gathered values' element type. kBF16 (kComputeStream): a bf16 run's values in
   // the GPU model's compute dtype, handed out by the coordinator's acquire_bf16 (acquire refuses):
   // half the device memory and upload bytes of fp32, and neither a widening on the device nor the
   // model's cast back. A memory tier's pinned bf16 partition goes up as it is; other values are

@@ -197,9 +197,9 @@ Status Engine::Impl::init() {
     ZINF_RETURN_IF_ERROR(model->use_device_memory());
     with_device.consumer = DeviceGatherOptions::Consumer::kComputeStream;
     with_device.device = device_view;
-    // A bf16 run's values are gathered in the GPU model's compute dtype (one rank; with the whole
-    // state on the device the model reads its bf16 copy in place and nothing is gathered).
-    if (dtype == swap::DType::kBF16 && comm.world_size() == 1 && !state_on_device(with_device, opt)) {
+    // A bf16 run's values are gathered in the GPU model's compute dtype (with the whole state on
+    // the device the model reads its bf16 copy in place and nothing is gathered).
+    if (dtype == swap::DType::kBF16 && !state_on_device(with_device, opt)) {
       with_device.gather_values = swap::DType::kBF16;
     }
   }

@@ -73,10 +73,10 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
   } else {
     const std::uint64_t live =
         std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
-    // engine.cpp: a bf16 run on one rank gathers bf16 values, which the model reads in place;
-    // otherwise fp32, which the GPU model casts to bf16 per module while it holds them (the
-    // module computing and the one whose gather runs ahead).
-    const bool bf16 = dtype == swap::DType::kBF16 && world == 1 && !run.fp32_gathers;
+    // engine.cpp: a bf16 run gathers bf16 values, which the model reads in place; otherwise
+    // fp32, which the GPU model casts to bf16 per module while it holds them (the module
+    // computing and the one whose gather runs ahead).
+    const bool bf16 = dtype == swap::DType::kBF16 && !run.fp32_gathers;
     const std::uint64_t vsize = bf16 ? 2 : 4;
     const char* vname = bf16 ? "bf16" : "fp32";
     add(fmt::format("gathered parameters, persistent ({})", vname), vsize * g.persistent);

@@ -100,8 +100,9 @@ TEST(DeviceMpiTest, HostDeviceCollectivesRunAtTheStreamsPoint) {
 }
 
 // The coordinator on W ranks, each with its own host device, for a model on the compute stream.
-// Each rank's tier serves its slice of partition p as p + 1 + 1000 * rank, so a slice in the
-// wrong place shows.
+// Each rank's tier serves its slice of partition p as p + 1 + 64 * rank (exact in bf16 too), so a
+// slice in the wrong place shows. With bf16 values (DeviceGatherOptions::values) the model asks
+// for them as a GPU model does (acquire_bf16) and the all-gathers move 16-bit values.
 struct RankHarness {
   std::unique_ptr<device::HostDevice> device;
   ChainModel model;
@@ -112,16 +113,18 @@ struct RankHarness {
   std::unique_ptr<DeviceGatherTarget> target;
   std::unique_ptr<Coordinator> coordinator;
 
-  RankHarness(std::uint64_t seed, SkipWait skip, std::size_t staging_buffers)
+  RankHarness(std::uint64_t seed, SkipWait skip, std::size_t staging_buffers,
+              swap::DType values = swap::DType::kF32)
       : device(device::HostDevice::create(delays(seed))),
-        model(kModules, device.get()),
+        model(kModules, device.get(), /*bf16_first=*/values == swap::DType::kBF16),
         plan(model_partition_plan(model.params(), model.modules().size(), comm().world_size()).value()) {
     layout = swap::PartitionLayout::build(layout_partitions(model.params(), model.modules(), plan), 1 << 20);
     grads = std::move(make_memory_grad_store(layout)).value();
     EXPECT_TRUE(grads->begin_step().is_ok());
     tier = std::make_unique<RecordingTier>(plan.num_groups());
-    tier->value_offset = 1000.0f * static_cast<float>(rank());
+    tier->value_offset = 64.0f * static_cast<float>(rank());
     DeviceGatherOptions g;
+    g.values = values;
     g.consumer = DeviceGatherOptions::Consumer::kComputeStream;
     g.skip_wait = skip;
     g.staging_buffers = staging_buffers;
@@ -144,13 +147,13 @@ struct RankHarness {
   // A forward reads element 0 of each module's values: rank 0's slice, p + 1.
   static float expected_loss() { return testing::chain_expected_loss(kModules); }
   // Backward adds each use's values into the gradient on every rank; the reduce-scatter sums W
-  // such gradients. This rank's partition of p after `passes`: W * uses * (p + 1 + 1000 * rank)
+  // such gradients. This rank's partition of p after `passes`: W * uses * (p + 1 + 64 * rank)
   // over the model's elements, zero over the padding.
   std::string gradient_mismatch(int passes) const {
     for (std::size_t p = 0; p < plan.num_groups(); ++p) {
       const std::size_t per_rank = plan.group(p).per_rank;
       const float uses = p == 0 ? 2.0f : 1.0f;
-      const float value = static_cast<float>(p + 1) + 1000.0f * static_cast<float>(rank());
+      const float value = static_cast<float>(p + 1) + 64.0f * static_cast<float>(rank());
       const float* acc =
           static_cast<const float*>(grads->step_views()[layout.subgroup_of[p]].data) + layout.offset_in_subgroup[p];
       for (std::size_t i = 0; i < per_rank; ++i) {
@@ -164,8 +167,9 @@ struct RankHarness {
 };
 
 TEST(DeviceMpiTest, TheCoordinatorIsExactAcrossRanksUnderRandomDelays) {
-  for (std::uint64_t seed : {1u, 2u, 3u}) {
-    RankHarness h(seed, SkipWait::kNone, 4);
+  for (std::uint64_t seed : {1u, 2u, 3u, 4u}) {
+    const swap::DType values = seed % 2 == 0 ? swap::DType::kBF16 : swap::DType::kF32;
+    RankHarness h(seed, SkipWait::kNone, 4, values);
     for (int pass = 1; pass <= 3; ++pass) {
       auto loss = h.pass();
       ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
@@ -180,6 +184,10 @@ TEST(DeviceMpiTest, TheCoordinatorIsExactAcrossRanksUnderRandomDelays) {
     std::uint64_t slices = 0;
     for (std::size_t p = 0; p < h.plan.num_groups(); ++p) slices += h.plan.group(p).per_rank * sizeof(float);
     EXPECT_EQ(d.d2h_bytes, 3 * slices);
+    if (values == swap::DType::kBF16) {
+      EXPECT_GT(h.model.in_place_acquires(), 0u);
+      EXPECT_EQ(d.h2d_bytes, d.uploads * h.plan.group(1).per_rank * 2) << "a rank's bf16 slice: 2 bytes a value";
+    }
   }
 }
 
@@ -187,10 +195,12 @@ TEST(DeviceMpiTest, TheCoordinatorIsExactAcrossRanksUnderRandomDelays) {
 // a slice that has not landed (poison); without the wait for the compute stream, the
 // reduce-scatter reads gradients the kernels have not finished.
 TEST(DeviceMpiTest, EachCollectiveOrderingIsNeeded) {
-  for (SkipWait skip : {SkipWait::kUploadBeforeCollective, SkipWait::kComputeBeforeCopy}) {
+  for (const auto& [skip, values] : {std::pair{SkipWait::kUploadBeforeCollective, swap::DType::kF32},
+                                     std::pair{SkipWait::kComputeBeforeCopy, swap::DType::kF32},
+                                     std::pair{SkipWait::kUploadBeforeCollective, swap::DType::kBF16}}) {
     bool wrong = false;
     for (std::uint64_t seed = 11; seed < 16; ++seed) {
-      RankHarness h(seed, skip, 1);
+      RankHarness h(seed, skip, 1, values);
       for (int pass = 1; pass <= 3; ++pass) {  // every rank runs every pass: the collectives stay matched
         auto loss = h.pass();
         ASSERT_TRUE(loss.is_ok()) << loss.status().to_string();
@@ -198,53 +208,58 @@ TEST(DeviceMpiTest, EachCollectiveOrderingIsNeeded) {
                 !h.gradient_mismatch(pass).empty();
       }
     }
-    EXPECT_TRUE(any_rank(wrong)) << "ordering " << static_cast<int>(skip) << " left out, and nothing noticed";
+    EXPECT_TRUE(any_rank(wrong)) << "ordering " << static_cast<int>(skip) << " left out (" << swap::dtype_name(values)
+                                 << " values), and nothing noticed";
   }
 }
 
 // The engine with EngineDevice kModelDevice on W ranks (a chain model on its host device's compute
 // stream, as a GPU model on its GPU) trains to the same bits as the host path on W ranks, with
-// the state in memory, on the CPU and on NVMe, with one micro-batch a step and with three.
+// the state in memory, on the CPU and on NVMe, with one micro-batch a step and with three, in fp32
+// and in bf16 (whose values are gathered as bf16 and read in place, as a GPU model reads them).
 TEST(DeviceMpiTest, TheEngineGathersIntoTheModelsDeviceAcrossRanksWithTheSameResults) {
   const char* base = std::getenv("ZINF_TEST_TMPDIR");
   std::string dir = std::string(base != nullptr ? base : "/tmp") + "/device_mpi.XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
   for (const int micro_batches : {1, 3}) {
     for (const char* where : {"none", "cpu", "nvme"}) {
-      const std::string nvme = std::string(where) == "nvme" ? fmt::format(R"(, "nvme_path": "{}")", dir) : "";
-      const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {0},
-        "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
-        "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
-          "offload_param": {{"device": "{1}"{2}}}, "offload_optimizer": {{"device": "{1}"{2}}}}}}})",
-                                           micro_batches, where, nvme);
-      config::AutoContext ctx;
-      ctx.world_size = comm().world_size();
-      auto ds = config::parse_ds_config(text, "device_mpi_test", ctx);
-      ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
-      const std::vector<std::int32_t> tokens = {0};
-      const std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches), MicroBatch{tokens, tokens, 1, 1});
-      EngineOptions o{ds.value(), 3, ""};
-      auto host = testing::train_chain(kModules, nullptr, false, o, comm(), micro, 3);
-      ASSERT_TRUE(host.is_ok()) << host.status().to_string();
-      auto device = device::HostDevice::create(delays(7));
-      o.device.kind = EngineDevice::Kind::kModelDevice;
-      auto on_device = testing::train_chain(kModules, device.get(), false, o, comm(), micro, 3);
-      ASSERT_TRUE(on_device.is_ok()) << on_device.status().to_string();
-      EXPECT_EQ(on_device->losses, host->losses) << where << ", micro-batches " << micro_batches;
-      EXPECT_EQ(on_device->weights, host->weights) << where << ", micro-batches " << micro_batches;
-      std::uint64_t h2d = 0, d2h = 0;
-      for (const StepReport& r : on_device->reports) {
-        h2d += r.h2d_bytes;
-        d2h += r.d2h_bytes;
+      for (const bool bf16 : {false, true}) {
+        const std::string nvme = std::string(where) == "nvme" ? fmt::format(R"(, "nvme_path": "{}")", dir) : "";
+        const std::string text = fmt::format(R"({{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": {0},
+          "gradient_clipping": 1.0, "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}}, "bf16": {{"enabled": {3}}},
+          "zero_optimization": {{"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 1,
+            "offload_param": {{"device": "{1}"{2}}}, "offload_optimizer": {{"device": "{1}"{2}}}}}}})",
+                                             micro_batches, where, nvme, bf16 ? "true" : "false");
+        config::AutoContext ctx;
+        ctx.world_size = comm().world_size();
+        auto ds = config::parse_ds_config(text, "device_mpi_test", ctx);
+        ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+        const std::vector<std::int32_t> tokens = {0};
+        const std::vector<MicroBatch> micro(static_cast<std::size_t>(micro_batches), MicroBatch{tokens, tokens, 1, 1});
+        EngineOptions o{ds.value(), 3, ""};
+        auto host = testing::train_chain(kModules, nullptr, bf16, o, comm(), micro, 3);
+        ASSERT_TRUE(host.is_ok()) << host.status().to_string();
+        auto device = device::HostDevice::create(delays(7));
+        o.device.kind = EngineDevice::Kind::kModelDevice;
+        auto on_device = testing::train_chain(kModules, device.get(), bf16, o, comm(), micro, 3);
+        ASSERT_TRUE(on_device.is_ok()) << on_device.status().to_string();
+        EXPECT_EQ(on_device->losses, host->losses) << where << ", micro-batches " << micro_batches << ", bf16 " << bf16;
+        EXPECT_EQ(on_device->weights, host->weights) << where << ", micro-batches " << micro_batches << ", bf16 " << bf16;
+        EXPECT_EQ(on_device->in_place > 0, bf16) << where << ": bf16 values are read in place";
+        std::uint64_t h2d = 0, d2h = 0;
+        for (const StepReport& r : on_device->reports) {
+          h2d += r.h2d_bytes;
+          d2h += r.d2h_bytes;
+        }
+        EXPECT_GT(h2d, 0u) << where;
+        // Only this rank's slice of each gradient comes down, each micro-batch (no sums are held
+        // on the device with W > 1).
+        ChainModel shape(kModules);
+        const PartitionPlan plan = model_partition_plan(shape.params(), shape.modules().size(), comm().world_size()).value();
+        std::uint64_t slices = 0;
+        for (std::size_t p = 0; p < plan.num_groups(); ++p) slices += plan.group(p).per_rank * sizeof(float);
+        EXPECT_EQ(d2h, 3 * static_cast<std::uint64_t>(micro_batches) * slices) << where;
       }
-      EXPECT_GT(h2d, 0u) << where;
-      // Only this rank's slice of each gradient comes down, each micro-batch (no sums are held
-      // on the device with W > 1).
-      ChainModel shape(kModules);
-      const PartitionPlan plan = model_partition_plan(shape.params(), shape.modules().size(), comm().world_size()).value();
-      std::uint64_t slices = 0;
-      for (std::size_t p = 0; p < plan.num_groups(); ++p) slices += plan.group(p).per_rank * sizeof(float);
-      EXPECT_EQ(d2h, 3 * static_cast<std::uint64_t>(micro_batches) * slices) << where;
     }
   }
   std::error_code ec;
