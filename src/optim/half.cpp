@@ -1,7 +1,10 @@
 // Bulk fp32 <-> 16-bit conversions over the thread pool.
 #include "zinf/optim/half.h"
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -36,6 +39,25 @@ Status convert_to_f32(const void* src, DType src_dtype, std::span<float> dst, co
   ZINF_ASSIGN_OR_RETURN(const detail::KernelTable* kernels, detail::resolve_kernels(exec));
   detail::parallel_ranges(exec, dst.size(), 32,
                           [&](std::size_t b, std::size_t e) { kernels->to_f32(src, src_dtype, dst.data(), b, e); });
+  return Status::ok();
+}
+
+Status narrow_f32_in_place(float* data, std::size_t n, DType dst_dtype, const ExecOptions& exec) {
+  if (dtype_size(dst_dtype) != 2) {
+    return Status::invalid_argument(fmt::format("narrow_f32_in_place: {} is not a 16-bit type", dtype_name(dst_dtype)));
+  }
+  ZINF_RETURN_IF_ERROR(check_buffer("narrow_f32_in_place", data, DType::kF32, n));
+  auto* out = reinterpret_cast<std::uint16_t*>(data);
+  constexpr std::size_t kHead = std::size_t{1} << 14;
+  const std::size_t head = std::min(n, kHead);
+  std::vector<std::uint16_t> first(head);
+  ZINF_RETURN_IF_ERROR(convert_from_f32(std::span<const float>(data, head), first.data(), dst_dtype, exec));
+  if (head > 0) std::memcpy(out, first.data(), head * sizeof(std::uint16_t));
+  // [a, b) with b <= 2a: its output bytes [2a, 2b) end at or before its input's first byte, 4a.
+  for (std::size_t a = head; a < n; a *= 2) {
+    const std::size_t b = std::min(n, 2 * a);
+    ZINF_RETURN_IF_ERROR(convert_from_f32(std::span<const float>(data + a, b - a), out + a, dst_dtype, exec));
+  }
   return Status::ok();
 }
 

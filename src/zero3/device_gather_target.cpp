@@ -288,11 +288,9 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
       ZINF_ASSIGN_OR_RETURN(staging, take_staging(per_rank * sizeof(float)));
       float* f = staging->buf.as_floats();
       ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(f, per_rank)));
-      // In place, front to back: value i's 16 bits land where values <= i were read.
-      auto* out = static_cast<std::uint16_t*>(staging->buf.data());
-      for (std::size_t i = 0; i < per_rank; ++i) {
-        out[i] = optim::f32_to_bf16_bits(f[i]);
-      }
+      // Vectorised and on the pool's threads (an NVMe-parameter run rounds every value it
+      // gathers here), the bits of optim::f32_to_bf16_bits.
+      ZINF_RETURN_IF_ERROR(optim::narrow_f32_in_place(f, per_rank, dtype));
       src = staging->buf.data();
     }
     // A reused block may still be read by kernels enqueued before it was released.

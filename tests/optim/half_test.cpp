@@ -163,6 +163,36 @@ TEST(BulkConversion, EveryPathMatchesScalar) {
   }
 }
 
+// In place: the first 2n bytes end up as convert_from_f32 would write them, for lengths around
+// the small head and the doubling ranges' ends, on every path.
+TEST(BulkConversion, NarrowingInPlaceMatchesTheOutOfPlaceConversion) {
+  ThreadPool pool(3);
+  std::mt19937 rng(5);
+  for (KernelIsa isa : {KernelIsa::kScalar, KernelIsa::kAvx2, KernelIsa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const ExecOptions exec{.pool = &pool, .isa = isa, .min_elements_per_thread = 1000};
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{16383}, std::size_t{16384}, std::size_t{16385},
+                            std::size_t{32769}, std::size_t{200'003}}) {
+        std::vector<float> src(n + 1);
+        for (float& f : src) f = from_bits(rng());
+        std::vector<std::uint16_t> want(n);
+        ASSERT_TRUE(convert_from_f32(std::span(src).first(n), want.data(), dt, exec).is_ok());
+        std::vector<float> data = src;
+        ASSERT_TRUE(narrow_f32_in_place(data.data(), n, dt, exec).is_ok());
+        ASSERT_EQ(std::memcmp(data.data(), want.data(), n * sizeof(std::uint16_t)), 0)
+            << isa_name(isa) << " " << dtype_name(dt) << " n " << n;
+        // Bytes [2n, 4n + 4) are not written: they still hold the input's.
+        const auto* got = reinterpret_cast<const unsigned char*>(data.data());
+        const auto* was = reinterpret_cast<const unsigned char*>(src.data());
+        EXPECT_EQ(std::memcmp(got + 2 * n, was + 2 * n, 2 * n + sizeof(float)), 0) << "wrote past the 16-bit values";
+      }
+    }
+  }
+  float f = 1.0f;
+  EXPECT_EQ(narrow_f32_in_place(&f, 1, DType::kF32).code(), ErrorCode::kInvalidArgument);
+}
+
 TEST(BulkConversion, RejectsMisalignedBuffers) {
   std::vector<float> src(8);
   std::vector<std::uint16_t> dst(9);

@@ -76,5 +76,10 @@ constexpr float f16_bits_to_f32(std::uint16_t h) {
 // alignment); kF32 copies. The buffers must not overlap.
 Status convert_from_f32(std::span<const float> src, void* dst, DType dst_dtype, const ExecOptions& exec = {});
 Status convert_to_f32(const void* src, DType src_dtype, std::span<float> dst, const ExecOptions& exec = {});
+// data's n fp32 values converted to `dst_dtype` (bf16 or fp16) in place: afterwards the first
+// 2n bytes hold the 16-bit values, the same bits as convert_from_f32 (and the scalar functions).
+// Through the bulk converter: the first values through a small buffer, then ranges [a, 2a), whose
+// output ends where their input begins, so no range overlaps its own output.
+Status narrow_f32_in_place(float* data, std::size_t n, DType dst_dtype, const ExecOptions& exec = {});
 
 }  // namespace zinf::optim
