@@ -180,8 +180,10 @@ TEST(BulkConversion, NarrowingInPlaceMatchesTheOutOfPlaceConversion) {
         ASSERT_TRUE(convert_from_f32(std::span(src).first(n), want.data(), dt, exec).is_ok());
         std::vector<float> data = src;
         ASSERT_TRUE(narrow_f32_in_place(data.data(), n, dt, exec).is_ok());
-        ASSERT_EQ(std::memcmp(data.data(), want.data(), n * sizeof(std::uint16_t)), 0)
-            << isa_name(isa) << " " << dtype_name(dt) << " n " << n;
+        if (n > 0) {  // want.data() is null for n = 0, which memcmp may not be given
+          ASSERT_EQ(std::memcmp(data.data(), want.data(), n * sizeof(std::uint16_t)), 0)
+              << isa_name(isa) << " " << dtype_name(dt) << " n " << n;
+        }
         // Bytes [2n, 4n + 4) are not written: they still hold the input's.
         const auto* got = reinterpret_cast<const unsigned char*>(data.data());
         const auto* was = reinterpret_cast<const unsigned char*>(src.data());
