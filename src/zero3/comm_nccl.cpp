@@ -184,12 +184,7 @@ class NcclCommunicator final : public Communicator, public NcclDeviceCollectives
   Status all_gather_device16(const std::uint16_t* send, std::uint16_t* recv, std::size_t n,
                              cudaStream_t stream) override {
     if (n == 0) return Status::ok();
-    if (send == nullptr || recv == nullptr) {
-      return Status::invalid_argument(fmt::format("NCCL all_gather_device16: a null device buffer ({} values per rank)", n));
-    }
-    if (n > SIZE_MAX / world() / sizeof(std::uint16_t)) {
-      return Status::invalid_argument(fmt::format("NCCL all_gather_device16: {} values per rank are too many", n));
-    }
+    ZINF_RETURN_IF_ERROR(check_device_args("all_gather_device16", send, recv, n, sizeof(std::uint16_t)));
     ZINF_RETURN_IF_ERROR(ready("all_gather_device16"));
     return nccl_check(fmt::format("ncclAllGather of {} 16-bit values per rank on device buffers", n),
                       ncclAllGather(send, recv, n, ncclFloat16, comm_.get(), stream));
@@ -254,12 +249,15 @@ class NcclCommunicator final : public Communicator, public NcclDeviceCollectives
   }
 
   // The sizes of a device collective fit the staged byte counts NCCL computes.
-  Status check_device_args(const char* op, const float* send, const float* recv, std::size_t n) const {
+  // `elem`: the bytes of one value (4: floats, 2: 16-bit values).
+  Status check_device_args(const char* op, const void* send, const void* recv, std::size_t n,
+                           std::size_t elem = sizeof(float)) const {
+    const char* unit = elem == sizeof(float) ? "floats" : "values";
     if (send == nullptr || recv == nullptr) {
-      return Status::invalid_argument(fmt::format("NCCL {}: a null device buffer ({} floats per rank)", op, n));
+      return Status::invalid_argument(fmt::format("NCCL {}: a null device buffer ({} {} per rank)", op, n, unit));
     }
-    if (n > SIZE_MAX / world() / sizeof(float)) {
-      return Status::invalid_argument(fmt::format("NCCL {}: {} floats per rank are too many", op, n));
+    if (n > SIZE_MAX / world() / elem) {
+      return Status::invalid_argument(fmt::format("NCCL {}: {} {} per rank are too many", op, n, unit));
     }
     return Status::ok();
   }

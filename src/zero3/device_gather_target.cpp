@@ -86,24 +86,14 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     ZINF_ASSIGN_OR_RETURN(Staging * staging, take_staging(bytes));
     ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(staging->buf.as_floats(), per_rank)));
     float* mine = block.data() + per_rank * static_cast<std::size_t>(comm.rank());
-    // A reused block may still be read by kernels enqueued before it was released.
-    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
-    ZINF_RETURN_IF_ERROR(device_.copy_h2d(mine, staging->buf.data(), bytes, "parameter upload"));
-    state.block.record_use(device_.stream_key(StreamRole::kH2D));
-    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
-    if (options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
-    state.ready = landed;
-    stats_.h2d_bytes += bytes;
-    ++stats_.uploads;
+    ZINF_ASSIGN_OR_RETURN(const device::Event landed,
+                          upload_slice(state, mine, staging->buf.data(), bytes, staging, "parameter upload"));
     if (comm.world_size() > 1 && on_stream()) {
-      // On the D2H stream once the slice has landed. The upload waited for the compute work
-      // that may still read a reused block, so the all-gather's writes come after it too.
-      if (options_.skip_wait != SkipWait::kUploadBeforeCollective) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kD2H, landed));
-      ZINF_RETURN_IF_ERROR(options_.collectives->all_gather(StreamRole::kD2H, block.data(), per_rank));
-      state.block.record_use(device_.stream_key(StreamRole::kD2H));
-      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kD2H));
-      ++stats_.all_gathers;
-    } else if (comm.world_size() > 1) {
+      return all_gather_on_device(state, landed, [&] {
+        return options_.collectives->all_gather(StreamRole::kD2H, block.data(), per_rank);
+      });
+    }
+    if (comm.world_size() > 1) {
       // The host collective runs on this thread, in the order every rank issues them: the slice
       // must have landed first.
       ZINF_RETURN_IF_ERROR(ready(block));
@@ -260,59 +250,6 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     return Status::ok();
   }
 
-  // gather() into a block of 16-bit values (DeviceGatherOptions::values): the tier's own 16-bit
-  // copy where it has one (in device memory, one rank: converted on the compute stream; pinned:
-  // uploaded as it is), else its fp32 values rounded on the host in the staging buffer and
-  // uploaded; with W > 1 all-gathered as the fp32 values are.
-  Status gather_narrow(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
-                       GatherBlock& block, BlockState& state) {
-    const swap::DType dtype = options_.values;
-    const bool across = comm.world_size() > 1;
-    if (across && options_.collectives == nullptr) {
-      return Status::internal(fmt::format("{}: {} gathers across {} ranks, and no device collectives were given",
-                                          device_.describe(), swap::dtype_name(dtype), comm.world_size()));
-    }
-    const std::size_t bytes = per_rank * swap::dtype_size(dtype);
-    auto* values = reinterpret_cast<std::uint16_t*>(block.data());
-    std::uint16_t* mine = values + per_rank * static_cast<std::size_t>(comm.rank());
-    if (const ParamTier::DeviceValues v = tier.device_values(group); v.data != nullptr && !across) {
-      if (device_.ops() == nullptr) return Status::internal(fmt::format("{}: no device arithmetic", device_.describe()));
-      ZINF_RETURN_IF_ERROR(device_.ops()->convert(StreamRole::kCompute, block.data(), dtype, v.data, v.dtype, per_rank));
-      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kCompute));
-      return Status::ok();
-    }
-    const ParamTier::HostValues h = tier.pinned_values(group);
-    const void* src = h.data;
-    Staging* staging = nullptr;
-    if (src == nullptr || h.dtype != dtype) {
-      ZINF_ASSIGN_OR_RETURN(staging, take_staging(per_rank * sizeof(float)));
-      float* f = staging->buf.as_floats();
-      ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(f, per_rank)));
-      // Vectorised and on the pool's threads (an NVMe-parameter run rounds every value it
-      // gathers here), the bits of optim::f32_to_bf16_bits.
-      ZINF_RETURN_IF_ERROR(optim::narrow_f32_in_place(f, per_rank, dtype));
-      src = staging->buf.data();
-    }
-    // A reused block may still be read by kernels enqueued before it was released.
-    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
-    ZINF_RETURN_IF_ERROR(device_.copy_h2d(mine, src, bytes, "parameter upload (16-bit)"));
-    state.block.record_use(device_.stream_key(StreamRole::kH2D));
-    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
-    if (staging != nullptr && options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
-    state.ready = landed;
-    stats_.h2d_bytes += bytes;
-    ++stats_.uploads;
-    if (across) {
-      // As gather() for fp32: on the D2H stream once this rank's slice has landed.
-      if (options_.skip_wait != SkipWait::kUploadBeforeCollective) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kD2H, landed));
-      ZINF_RETURN_IF_ERROR(options_.collectives->all_gather16(StreamRole::kD2H, values, per_rank));
-      state.block.record_use(device_.stream_key(StreamRole::kD2H));
-      ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kD2H));
-      ++stats_.all_gathers;
-    }
-    return Status::ok();
-  }
-
   // The compute stream waits for the 16-bit upload and widens it into the block; ready() then
   // waits for the widening (on the host for a host-thread consumer; nothing more on the stream).
   Status widen(GatherBlock& block, BlockState& state) {
@@ -340,6 +277,65 @@ class DeviceGatherTargetImpl final : public DeviceGatherTarget {
     device::Event landed;
     std::size_t n;
   };
+
+  // Uploads `bytes` of pinned `src` into `dst`, inside `state`'s block, on the H2D stream after
+  // the compute work enqueued so far (a reused block may still be read by kernels enqueued before
+  // it was released). The block is ready, and `staging` (null: none) free again, once it lands.
+  Result<device::Event> upload_slice(BlockState& state, void* dst, const void* src, std::size_t bytes,
+                                     Staging* staging, std::string_view what) {
+    ZINF_RETURN_IF_ERROR(after_compute(StreamRole::kH2D));
+    ZINF_RETURN_IF_ERROR(device_.copy_h2d(dst, src, bytes, what));
+    state.block.record_use(device_.stream_key(StreamRole::kH2D));
+    ZINF_ASSIGN_OR_RETURN(device::Event landed, device_.record(StreamRole::kH2D));
+    if (staging != nullptr && options_.skip_wait != SkipWait::kStagingReuse) staging->free_after = landed;
+    state.ready = landed;
+    stats_.h2d_bytes += bytes;
+    ++stats_.uploads;
+    return landed;
+  }
+
+  // W > 1 with a compute-stream consumer: `collective` (an all-gather of the block, enqueued on
+  // the D2H stream) once this rank's slice has landed; the block is ready after it. The upload
+  // waited for the compute work that may still read a reused block, so the all-gather's writes
+  // come after that work too.
+  template <typename Collective>
+  Status all_gather_on_device(BlockState& state, const device::Event& landed, Collective&& collective) {
+    if (options_.skip_wait != SkipWait::kUploadBeforeCollective) ZINF_RETURN_IF_ERROR(device_.wait(StreamRole::kD2H, landed));
+    ZINF_RETURN_IF_ERROR(collective());
+    state.block.record_use(device_.stream_key(StreamRole::kD2H));
+    ZINF_ASSIGN_OR_RETURN(state.ready, device_.record(StreamRole::kD2H));
+    ++stats_.all_gathers;
+    return Status::ok();
+  }
+
+  // gather() into a block of 16-bit values (DeviceGatherOptions::values, a compute-stream
+  // consumer): a memory tier's pinned 16-bit partition of that type uploaded as it is, else the
+  // tier's fp32 values rounded in the staging buffer and uploaded; with W > 1 all-gathered as
+  // the fp32 values are.
+  Status gather_narrow(ParamTier& tier, std::size_t group, std::size_t per_rank, Communicator& comm,
+                       GatherBlock& block, BlockState& state) {
+    const swap::DType dtype = options_.values;
+    auto* values = reinterpret_cast<std::uint16_t*>(block.data());
+    const ParamTier::HostValues h = tier.pinned_values(group);
+    const void* src = h.data;
+    Staging* staging = nullptr;
+    if (src == nullptr || h.dtype != dtype) {
+      ZINF_ASSIGN_OR_RETURN(staging, take_staging(per_rank * sizeof(float)));
+      float* f = staging->buf.as_floats();
+      ZINF_RETURN_IF_ERROR(tier.read_f32(group, std::span<float>(f, per_rank)));
+      // Vectorised and on the pool's threads (an NVMe-parameter run rounds every value it
+      // gathers here), the bits of optim::f32_to_bf16_bits.
+      ZINF_RETURN_IF_ERROR(optim::narrow_f32_in_place(f, per_rank, dtype));
+      src = staging->buf.data();
+    }
+    ZINF_ASSIGN_OR_RETURN(const device::Event landed,
+                          upload_slice(state, values + per_rank * static_cast<std::size_t>(comm.rank()), src,
+                                       per_rank * swap::dtype_size(dtype), staging, "parameter upload (16-bit)"));
+    if (comm.world_size() == 1) return Status::ok();
+    return all_gather_on_device(state, landed, [&] {
+      return options_.collectives->all_gather16(StreamRole::kD2H, values, per_rank);
+    });
+  }
 
   BlockState& state_of(const GatherBlock& block) { return blocks_.at(block.data()); }
 

@@ -196,14 +196,14 @@ Status Engine::Impl::init() {
     }
     ZINF_RETURN_IF_ERROR(model->use_device_memory());
     with_device.consumer = DeviceGatherOptions::Consumer::kComputeStream;
-    with_device.device = device_view;
-    // A bf16 run's values are gathered in the GPU model's compute dtype (with the whole state on
-    // the device the model reads its bf16 copy in place and nothing is gathered).
-    if (dtype == swap::DType::kBF16 && !state_on_device(with_device, opt)) {
-      with_device.gather_values = swap::DType::kBF16;
-    }
   }
   with_device.device = device_view;
+  // A GPU model's bf16 values are gathered in its compute dtype (with the whole state on the
+  // device it reads the state's bf16 copy in place and nothing is gathered).
+  if (with_device.consumer == DeviceGatherOptions::Consumer::kComputeStream && dtype == swap::DType::kBF16 &&
+      !state_on_device(with_device, opt)) {
+    with_device.gather_values = swap::DType::kBF16;
+  }
   ZINF_ASSIGN_OR_RETURN(Tiers tiers, make_tiers(with_device, opt));
   handle = std::move(tiers.handle);
   param_handle = std::move(tiers.param_handle);

@@ -102,21 +102,24 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
 
 }  // namespace
 
+std::string largest_terms(std::vector<MemoryTerm> terms, std::size_t count) {
+  std::sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
+  std::string s;
+  for (std::size_t i = 0; i < std::min(count, terms.size()); ++i) {
+    s += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
+  }
+  return s;
+}
+
 GpuFit check_gpu_fit(const MemoryPrediction& m, const config::DsConfig& ds, std::uint64_t room, const std::string& gpu) {
   GpuFit fit;
   const double need = static_cast<double>(m.gpu);
   const double have = static_cast<double>(room);
   if (need <= have) return fit;
   fit.verdict = need / 1.15 <= have ? GpuFit::Verdict::kMayNotFit : GpuFit::Verdict::kDoesNotFit;
-  std::vector<MemoryTerm> terms = m.gpu_terms;
-  std::sort(terms.begin(), terms.end(), [](const MemoryTerm& a, const MemoryTerm& b) { return a.bytes > b.bytes; });
-  std::string largest;
-  for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
-    largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
-  }
   constexpr double kGiB = 1 << 30;
   fit.message = fmt::format("{}: this run is predicted to need {:.1f} GiB of GPU memory (largest: {}), and {} has {:.1f} GiB free",
-                            ds.source, need / kGiB, largest, gpu, have / kGiB);
+                            ds.source, need / kGiB, largest_terms(m.gpu_terms), gpu, have / kGiB);
   if (fit.verdict == GpuFit::Verdict::kMayNotFit) {
     fit.message += "; the prediction may be up to 15% high, so it may still fit";
     return fit;

@@ -542,15 +542,9 @@ Result<std::uint64_t> check_memory(const TrainOptions& o, const zero3::EngineOpt
   const double need = static_cast<double>(mem.host_bytes());
   const double have = static_cast<double>(machine.host_available);
   if (machine.host_available != 0 && need > have) {
-    std::vector<zero3::MemoryTerm> terms = mem.host;
-    std::sort(terms.begin(), terms.end(), [](const auto& a, const auto& b) { return a.bytes > b.bytes; });
-    std::string largest;
-    for (std::size_t i = 0; i < std::min<std::size_t>(3, terms.size()); ++i) {
-      largest += fmt::format("{}{:.1f} GiB {}", i == 0 ? "" : ", ", static_cast<double>(terms[i].bytes) / (1 << 30), terms[i].name);
-    }
     const std::string what = fmt::format(
         "{}: this run is predicted to need {:.1f} GiB of host memory (largest: {}), and {:.1f} GiB are available ({})",
-        eo.ds.source, need / (1 << 30), largest, have / (1 << 30), machine.host_source);
+        eo.ds.source, need / (1 << 30), zero3::largest_terms(mem.host), have / (1 << 30), machine.host_source);
     if (0.9 * need <= have) {
       log(LogLevel::kNotice, what + "; the prediction may be up to 10% high, so it may still fit");
     } else {

@@ -106,6 +106,10 @@ struct GpuRun {
 Result<MemoryPrediction> predict_memory(const model::Model& model, const config::DsConfig& ds, int B, int T,
                                         ComputeOn on = ComputeOn::kHost, const GpuRun& gpu_run = {});
 
+// "31.0 GiB training state, 4.5 GiB ..." : the `count` largest terms, largest first (the memory
+// checks' messages).
+std::string largest_terms(std::vector<MemoryTerm> terms, std::size_t count = 3);
+
 // Whether a GPU run's predicted bytes (MemoryPrediction::gpu) fit `room` bytes of its GPU's memory
 // (Device::memory_room when the engine starts). The prediction came to 1.02-1.10 of five real
 // runs' peaks (docs/plan.md, "On a GPU"): over the room by up to 15% the run may still fit
