@@ -37,6 +37,17 @@ constexpr double kOptimizerArrays = 3.0;
 constexpr double kSyncReadShare = 0.65;
 constexpr double kSyncWriteShare = 0.3;
 constexpr double kTileDriveShare = 0.7;
+// On a GPU (docs/plan.md, "Time on a GPU", has the runs). The GPU models' passes reach these
+// shares of the dense bf16 peak at 8192 tokens a micro-batch, in the 6 N + 12 L h T flop count,
+// by the hidden width h (interpolated in log h): the runs' passes at 0.41-0.45 for h 2048-4096 on
+// H100 and H200 (runs 25-28), about 0.30 for GPT-2's 768 (run 24).
+constexpr std::pair<double, double> kGpuPassShare[] = {{768.0, 0.30}, {2048.0, 0.42}};
+// Assumed, not measured: below 8192 tokens a micro-batch the share falls as (tokens / 8192)^0.25.
+constexpr double kGpuFullTokens = 8192.0;
+constexpr double kGpuTokensExponent = 0.25;
+// The norm and AdamW over a state on the GPU: bytes per parameter at the memory bandwidth (the
+// step outside the passes of runs 27-28 at 1.3B: 19 ms on an H100, 15 ms on an H200).
+constexpr double kGpuAdamBytes = 50.0;
 
 std::string gib(std::uint64_t b) {
   if (b < (std::uint64_t{10} << 20)) return fmt::format("{:.1f} MiB", static_cast<double>(b) / (1u << 20));
@@ -96,6 +107,7 @@ ordered_json zero_json(const Candidate& c, const Machine& machine) {
   z["stage3_prefetch_bucket_size"] = c.prefetch_bucket_size;
   z["stage3_param_persistence_threshold"] = 100000;
   z["stage3_max_live_parameters"] = c.max_live_parameters;
+  if (c.max_reuse_distance > 0) z["stage3_max_reuse_distance"] = c.max_reuse_distance;
   const std::string opt_path = machine.drives.empty() ? "" : machine.drives.front().path;
   const std::string param_path = machine.drives.empty() ? "" : machine.drives[machine.drives.size() > 1 ? 1 : 0].path;
   ordered_json op = {{"device", std::string(config::offload_device_name(c.param_device))}};
@@ -137,13 +149,50 @@ struct Roofs {
   }
 };
 
+// The share of the GPU's peak its passes reach at micro-batches of `tokens` (kGpuPassShare).
+double gpu_pass_share(int hidden, double tokens) {
+  const auto [h0, s0] = kGpuPassShare[0];
+  const auto [h1, s1] = kGpuPassShare[1];
+  const double h = std::clamp(static_cast<double>(hidden), h0 / 4.0, h1);
+  const double share = std::max(0.05, s0 + (s1 - s0) * std::log(h / h0) / std::log(h1 / h0));
+  return share * std::pow(std::min(1.0, tokens / kGpuFullTokens), kGpuTokensExponent);
+}
+
+// The passes on a GPU: its kernels at the calibrated share of its peak, and the host <-> GPU
+// copies, which run beside them on the copy engines (the runs' GPU did not wait for uploads):
+// the gathered values up (once a step when they stay on the device across micro-batches, as
+// many times as on the host otherwise), and the gradients down (once a step when the sums
+// across micro-batches are held on the GPU: one rank, within 40% of its memory).
+void predict_gpu_passes(Candidate& c, const ModelShape& s, const config::DsConfig& ds, const PlanRequest& r,
+                        const PlanGpu& gpu, double shard) {
+  const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
+  const double tokens = static_cast<double>(c.micro_batch) * r.seq;
+  const double P = static_cast<double>(s.params);
+  const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
+  const double flops = (6.0 * P + 12.0 * s.attention_layers * r.seq * s.hidden) * tokens * recompute;
+  c.compute_s = gas * flops / (gpu.tflops.value * 1e12 * gpu_pass_share(s.hidden, tokens));
+  if (ds.zero.offload_param.device == OffloadDevice::kNone && ds.zero.offload_optimizer.device == OffloadDevice::kNone &&
+      r.world_size == 1) {
+    return;  // the whole state on the GPU: nothing crosses
+  }
+  const double dsize = ds.bf16.enabled || ds.fp16.enabled ? 2.0 : 4.0;
+  const double kept = std::min(1.0, static_cast<double>(c.max_live_parameters) / P) *
+                      (static_cast<double>(c.max_reuse_distance) >= 2.0 * P ? 1.0 : 0.0);
+  const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);
+  const bool held = gas > 1 && W == 1 && 4.0 * P <= 0.4 * static_cast<double>(gpu.room_bytes);
+  const double up = gathers * dsize * shard, down = (held ? 1.0 : gas) * 4.0 * shard;
+  const double pcie = gpu.pcie_gbps.value * 1e9;
+  c.pcie_s = (up + down) / pcie;
+  c.gather_s = std::max(0.0, std::max(up, down) / pcie - c.compute_s);
+}
+
 // Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory
 // traffic, the parameters' NVMe reads (hidden behind the passes when prefetch can stage them),
 // and the optimizer step (its NVMe traffic overlapped with its compute by the pipelines).
 // `plain`: the model without activation checkpointing. The passes' element-wise work is that
 // model's activations, whatever the candidate stores, and recomputing repeats the forward's share.
 void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, const config::DsConfig& ds,
-                  const PlanRequest& r, const Roofs& roofs) {
+                  const PlanRequest& r, const Roofs& roofs, const PlanGpu* gpu) {
   const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
   const double tokens = static_cast<double>(c.micro_batch) * r.seq;
   const double shard = c.memory.shard_elements > 0 ? static_cast<double>(c.memory.shard_elements)
@@ -156,7 +205,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   // them all, the forward's twice.
   const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
   c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
-  if (c.memory.budgeted && c.activation_checkpointing &&
+  const bool state_on_gpu = gpu != nullptr && r.world_size == 1 &&
+                            ds.zero.offload_param.device == OffloadDevice::kNone &&
+                            ds.zero.offload_optimizer.device == OffloadDevice::kNone;
+  if (gpu != nullptr) predict_gpu_passes(c, s, ds, r, *gpu, shard);
+  if (gpu == nullptr && c.memory.budgeted && c.activation_checkpointing &&
       c.memory.budgeted->weight_copy_bytes < c.memory.budgeted->weight_copy_asked) {
     // A budget that keeps only some bf16 weight copies: the backward pass uses each weight twice
     // (the recomputed forward, then the input gradient) and rounds a weight without a copy both
@@ -173,9 +226,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   // nothing more: its backward, right after, takes the same copies (the budget holds a block).
   // docs/plan.md has the runs' gathered_elements against this.
   const double P = static_cast<double>(s.params);
-  const double kept = std::min(1.0, static_cast<double>(c.max_live_parameters) / P);
+  // On a GPU the coordinator also drops a value whose next use is past stage3_max_reuse_distance.
+  const bool reuse_reaches = gpu == nullptr || static_cast<double>(c.max_reuse_distance) >= 2.0 * P;
+  const double kept = reuse_reaches ? std::min(1.0, static_cast<double>(c.max_live_parameters) / P) : 0.0;
   const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);
-  c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
+  if (gpu == nullptr) c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
   if (c.param_device == OffloadDevice::kNvme) {
     // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
     // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
@@ -183,7 +238,8 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
     c.param_io_s = gathers * dsize * shard / roofs.engine_read();
     c.param_io_exposed_s = c.param_io_s;
   }
-  c.optimizer_s = shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
+  c.optimizer_s = state_on_gpu ? P * kGpuAdamBytes / (gpu->hbm_gbps.value * 1e9)
+                               : shard * (kAdamBytes / (kAdamTriadRatio * roofs.mem) + 2.0 / roofs.mem);
   double opt_total = c.optimizer_s;
   if (c.optimizer_device == OffloadDevice::kNvme) {
     // The gradients live in the swapper's gradient store (grad_store.cpp): each micro-step writes
@@ -233,11 +289,11 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   c.optimizer_exposed_s = opt_total - c.optimizer_s;
   c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s + opt_total;
   c.tokens_per_s = gas * tokens * W / c.step_s;
-  const std::pair<double, const char*> terms[] = {{c.compute_s, "compute (matrix products and activations)"},
-                                                  {c.gather_s, "memory bandwidth (gathers, gradients)"},
+  const std::pair<double, const char*> terms[] = {{c.compute_s, gpu != nullptr ? "GPU compute" : "compute (matrix products and activations)"},
+                                                  {c.gather_s, gpu != nullptr ? "host <-> GPU copies (PCIe)" : "memory bandwidth (gathers, gradients)"},
                                                   {c.param_io_exposed_s, "NVMe parameter reads"},
                                                   {c.grad_io_s, "NVMe gradient traffic"},
-                                                  {c.optimizer_s, "optimizer step (memory bandwidth)"},
+                                                  {c.optimizer_s, state_on_gpu ? "optimizer step (GPU memory bandwidth)" : "optimizer step (memory bandwidth)"},
                                                   {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
   c.bottleneck = std::max_element(std::begin(terms), std::end(terms))->second;
 }
@@ -292,6 +348,11 @@ std::string check_fit(const Candidate& c, const Machine& machine, const PlanRequ
                                 gib(c.memory.least_budget), gib(c.memory.least_budget - budget));
     }
   }
+  if (c.on_gpu && machine.gpu && c.memory.gpu > machine.gpu->room_bytes) {
+    why.push_back(fmt::format("GPU memory: needs {} (largest: {}), {} has {} ({}); short {}", gib(c.memory.gpu),
+                              largest_terms(c.memory.gpu_terms, 2), machine.gpu->name, gib(machine.gpu->room_bytes),
+                              machine.gpu->room_source, gib(c.memory.gpu - machine.gpu->room_bytes)));
+  }
   std::map<std::string, std::uint64_t> need = disk_need(c, machine);
   for (const Machine::Drive& d : machine.drives) {
     if (need[d.path] > d.free_bytes) {
@@ -317,6 +378,12 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   }
   std::vector<OffloadDevice> devices = {OffloadDevice::kCpu};
   if (!machine.drives.empty()) devices.push_back(OffloadDevice::kNvme);
+  std::vector<std::pair<OffloadDevice, OffloadDevice>> placements;  // (parameters, optimizer)
+  // On a GPU, one rank may keep the whole state in GPU memory (offload none).
+  if (machine.gpu && r.world_size == 1) placements.emplace_back(OffloadDevice::kNone, OffloadDevice::kNone);
+  for (OffloadDevice pd : devices) {
+    for (OffloadDevice od : devices) placements.emplace_back(pd, od);
+  }
   const auto W = static_cast<std::uint64_t>(r.world_size);
   const auto largest_partition = static_cast<std::int64_t>((s.largest_group + W - 1) / W);
   const auto total = static_cast<std::int64_t>(s.params);
@@ -334,16 +401,22 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
     for (bool recompute : {false, true}) knobs.push_back({lean, recompute});
   }
   const std::int64_t largest = std::max<std::int64_t>(1, static_cast<std::int64_t>(s.largest_group));
+  // On a GPU the values kept across micro-batches must also be reused within
+  // stage3_max_reuse_distance elements of gather traffic: a pass moves a few models' worth
+  // between an upper module's last use and its next (docs/gpu.md, run 28), so 20 models.
+  const std::int64_t resident_reuse = std::max<std::int64_t>(1000000000, (20 * total + 999999999) / 1000000000 * 1000000000);
   std::vector<Candidate> out;
-  for (OffloadDevice pd : devices) {
-    for (OffloadDevice od : devices) {
-      std::vector<std::int64_t> groups = {1000000000};
+  for (const auto& [pd, od] : placements) {
+    std::vector<std::int64_t> groups = {1000000000};
       if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
       for (std::int64_t sg : groups) {
         if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
         for (const Knobs& k : knobs) {
+          // The state on the GPU gathers nothing: the live knobs do not apply.
+          if (pd == OffloadDevice::kNone && k.lean) continue;
           for (std::int64_t b : micros) {
             Candidate c;
+            c.on_gpu = machine.gpu.has_value();
             c.param_device = pd;
             c.optimizer_device = od;
             c.micro_batch = b;
@@ -352,6 +425,7 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
             c.sub_group_size = sg;
             const std::int64_t live = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
             c.max_live_parameters = k.lean ? live : 2 * live;
+            if (c.on_gpu && !k.lean) c.max_reuse_distance = resident_reuse;
             c.prefetch_bucket_size = std::min<std::int64_t>(live / 2 + 1, 50000000);
             c.reduce_bucket_size = k.lean ? largest : std::min<std::int64_t>(total, 500000000);
             c.param_buffer_count = 5;
@@ -361,7 +435,6 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
           }
         }
       }
-    }
   }
   return out;
 }
@@ -407,6 +480,9 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
     for (const Machine::Drive& d : machine.drives) {
       over = std::max(over, static_cast<double>(c.memory.disk_bytes()) / std::max(1.0, static_cast<double>(d.free_bytes)));
     }
+    if (c.on_gpu && machine.gpu) {
+      over = std::max(over, static_cast<double>(c.memory.gpu) / static_cast<double>(machine.gpu->room_bytes));
+    }
     if (over < best) {
       best = over;
       closest = &c;
@@ -421,6 +497,10 @@ std::string explain_shortfall(const Plan& plan, const Machine& machine, const Pl
                                  gib(host - static_cast<std::uint64_t>(budget)),
                                  gib(static_cast<std::uint64_t>(static_cast<double>(host) / r.host_fraction)),
                                  r.host_fraction));
+  }
+  if (closest->on_gpu && machine.gpu && closest->memory.gpu > machine.gpu->room_bytes) {
+    change.push_back(fmt::format("{} more GPU memory ({} in all)", gib(closest->memory.gpu - machine.gpu->room_bytes),
+                                 gib(closest->memory.gpu)));
   }
   std::map<std::string, std::uint64_t> need = disk_need(*closest, machine);
   for (const Machine::Drive& d : machine.drives) {
@@ -446,6 +526,48 @@ std::string Candidate::label() const {
                      host_memory_budget > 0 ? fmt::format(", host budget {}", gib(host_memory_budget)) : "");
 }
 
+Result<Candidate> predict_config(const PlanRequest& request, const Machine& machine, const config::DsConfig& ds) {
+  const bool recompute = ds.activation_checkpointing.present;
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, planned_model(request, recompute));
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, planned_model(request, false));
+  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
+  Candidate c;
+  c.on_gpu = machine.gpu.has_value();
+  const config::ZeroSection& z = ds.zero;
+  c.param_device = z.offload_param.device;
+  c.optimizer_device = z.offload_optimizer.device;
+  // On the host "none" keeps the state in memory, as "cpu" does.
+  if (!c.on_gpu && c.param_device == OffloadDevice::kNone) c.param_device = OffloadDevice::kCpu;
+  if (!c.on_gpu && c.optimizer_device == OffloadDevice::kNone) c.optimizer_device = OffloadDevice::kCpu;
+  c.micro_batch = ds.batch.train_micro_batch_size_per_gpu;
+  c.grad_accum = ds.batch.gradient_accumulation_steps;
+  c.activation_checkpointing = recompute;
+  c.sub_group_size = z.sub_group_size;
+  c.max_live_parameters = z.max_live_parameters;
+  c.max_reuse_distance = z.max_reuse_distance;
+  c.prefetch_bucket_size = z.prefetch_bucket_size;
+  c.reduce_bucket_size = z.reduce_bucket_size;
+  c.param_buffer_count = z.offload_param.buffer_count;
+  c.param_buffer_size = z.offload_param.buffer_size;
+  c.optimizer_buffer_count = z.offload_optimizer.buffer_count;
+  c.host_memory_budget = ds.zinf.host_memory_budget;
+  const int B = static_cast<int>(c.micro_batch);
+  GpuRun gpu_run;
+  if (c.on_gpu) {
+    if (!request.gpu_workspace) {
+      return Status::invalid_argument("predict_config: a plan on a GPU needs the GPU models' workspace sizes (a GPU build)");
+    }
+    ZINF_ASSIGN_OR_RETURN(gpu_run.workspace_bytes, request.gpu_workspace(*m, B * request.seq));
+    gpu_run.free_bytes = machine.gpu->room_bytes;
+  }
+  ZINF_ASSIGN_OR_RETURN(c.memory, predict_memory(*m, ds, B, request.seq, c.on_gpu ? ComputeOn::kGpu : ComputeOn::kHost,
+                                                 gpu_run));
+  predict_time(c, shape_of(*plain), *plain, ds, request, roofs, c.on_gpu ? &*machine.gpu : nullptr);
+  c.why_not = check_fit(c, machine, request);
+  c.fits = c.why_not.empty();
+  return c;
+}
+
 Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
                               double passes_s, double optimizer_s, const std::string& source) {
   if (!(passes_s > 0) || !(optimizer_s > 0)) {
@@ -453,26 +575,9 @@ Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine
                                                 "optimizer seconds (a --json-log of zinf train expected)",
                                                 source));
   }
-  const bool recompute = ran.activation_checkpointing.present;
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, planned_model(request, recompute));
-  ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
-  Candidate c;
-  c.param_device = ran.zero.offload_param.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
-  c.optimizer_device =
-      ran.zero.offload_optimizer.device == OffloadDevice::kNvme ? OffloadDevice::kNvme : OffloadDevice::kCpu;
-  c.micro_batch = ran.batch.train_micro_batch_size_per_gpu;
-  c.grad_accum = ran.batch.gradient_accumulation_steps;
-  c.activation_checkpointing = recompute;
-  c.sub_group_size = ran.zero.sub_group_size;
-  c.max_live_parameters = ran.zero.max_live_parameters;
-  c.param_buffer_count = ran.zero.offload_param.buffer_count;
-  c.param_buffer_size = ran.zero.offload_param.buffer_size;
-  // The padded shard the plan's own candidates are timed with.
-  ZINF_ASSIGN_OR_RETURN(c.memory, predict_memory(*m, ran, static_cast<int>(c.micro_batch), request.seq));
   PlanRequest uncalibrated = request;
   uncalibrated.calibration = {};
-  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> plain, planned_model(request, false));
-  predict_time(c, shape_of(*m), *plain, ran, uncalibrated, roofs);
+  ZINF_ASSIGN_OR_RETURN(const Candidate c, predict_config(uncalibrated, machine, ran));
   const double passes = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s;
   const double optimizer = c.step_s - passes;
   return Calibration{passes_s / passes, optimizer_s / optimizer,
@@ -528,6 +633,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     return Status::invalid_argument(fmt::format("--micro-batch {} does not divide the {} samples per rank of --train-batch",
                                                 *r.micro_batch, per_rank));
   }
+  if (machine.gpu && !r.gpu_workspace) {
+    return Status::invalid_argument("make_plan: a plan on a GPU needs the GPU models' workspace sizes (a GPU build)");
+  }
   Plan plan;
   plan.tokens_per_step = per_rank * r.world_size * r.seq;
   ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
@@ -539,13 +647,20 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     Result<config::DsConfig> ds = config::parse_ds_config(c.ds_config, "<plan>", ctx);
     if (!ds.is_ok()) return ds.status().with_context("the planner wrote a config zinf refuses");
     const model::Model& m = c.activation_checkpointing ? *recompute : *plain;
-    Result<MemoryPrediction> mem = predict_memory(m, ds.value(), static_cast<int>(c.micro_batch), r.seq);
+    const int B = static_cast<int>(c.micro_batch);
+    GpuRun gpu_run;
+    if (c.on_gpu) {
+      ZINF_ASSIGN_OR_RETURN(gpu_run.workspace_bytes, r.gpu_workspace(m, B * r.seq));
+      gpu_run.free_bytes = machine.gpu->room_bytes;
+    }
+    Result<MemoryPrediction> mem =
+        predict_memory(m, ds.value(), B, r.seq, c.on_gpu ? ComputeOn::kGpu : ComputeOn::kHost, gpu_run);
     if (!mem.is_ok()) {
       c.why_not = mem.status().message();
       return Status::ok();
     }
     c.memory = std::move(mem).value();
-    predict_time(c, shape, *plain, ds.value(), r, roofs);
+    predict_time(c, shape, *plain, ds.value(), r, roofs, c.on_gpu ? &*machine.gpu : nullptr);
     c.why_not = check_fit(c, machine, r);
     c.fits = c.why_not.empty();
     return Status::ok();
@@ -556,8 +671,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     ZINF_RETURN_IF_ERROR(predict(c));
     // Short of host memory only: the same candidate under zinf.host_memory_budget, which the
     // engine fits by lowering the pools, the live parameters, the buckets and the weight copies.
+    // (On a GPU the budget's terms are not modelled: predict_memory.)
     const bool host_only =
-        !c.fits && !c.memory.host.empty() && c.memory.host_bytes() > usable && fits_disk(c, machine);
+        !c.on_gpu && !c.fits && !c.memory.host.empty() && c.memory.host_bytes() > usable && fits_disk(c, machine);
     if (host_only && c.memory.least_budget <= usable) {
       Candidate b = c;
       b.host_memory_budget = usable;
@@ -583,7 +699,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   }
   auto faster = [](const Candidate& a, const Candidate& b) {
     if (a.step_s != b.step_s) return a.step_s < b.step_s;
-    return a.memory.host_bytes() < b.memory.host_bytes();  // equal time: the smaller one
+    // Equal time: the smaller one, on the GPU first.
+    if (a.memory.gpu != b.memory.gpu) return a.memory.gpu < b.memory.gpu;
+    return a.memory.host_bytes() < b.memory.host_bytes();
   };
   std::stable_sort(plan.fitting.begin(), plan.fitting.end(), faster);
   std::stable_sort(plan.dropped.begin(), plan.dropped.end(), faster);
@@ -601,7 +719,23 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
       "drive's rates ({} in the optimizer step's pipelined tiles; docs/plan.md)",
       kActivationPasses, kAdamTriadRatio, kAdamBytes, kGradBytes, kSyncReadShare, kSyncWriteShare,
       kTileDriveShare));
-  plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")", kProcessBaseBytes >> 20));
+  plan.assumptions.push_back(fmt::format("process base {} MiB (docs/plan.md, \"Memory\")",
+                                         (machine.gpu ? kCudaProcessBaseBytes : kProcessBaseBytes) >> 20));
+  if (machine.gpu) {
+    const PlanGpu& g = *machine.gpu;
+    const std::pair<const char*, const Roof*> gpu_roofs[] = {
+        {"GPU peak", &g.tflops}, {"GPU memory bandwidth", &g.hbm_gbps}, {"host <-> GPU copies", &g.pcie_gbps}};
+    for (const auto& [what, roof] : gpu_roofs) {
+      if (!roof->measured) plan.assumptions.push_back(fmt::format("{}: {}", what, roof->source));
+    }
+    plan.assumptions.push_back(fmt::format(
+        "GPU time-model constants: the passes at {:g}-{:g} of the peak by hidden width, calibrated on H100 and H200 "
+        "runs at {:g} tokens a micro-batch (falling as (tokens/{:g})^{:g} below, not measured); the AdamW on a "
+        "GPU-resident state {:g} bytes/parameter at its memory bandwidth; copies hidden under the kernels; the "
+        "host's gradient handling in the last backward not modelled (docs/plan.md, \"Time on a GPU\")",
+        kGpuPassShare[0].second, kGpuPassShare[1].second, kGpuFullTokens, kGpuFullTokens, kGpuTokensExponent,
+        kGpuAdamBytes));
+  }
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);
   } else {

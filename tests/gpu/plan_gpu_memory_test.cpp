@@ -4,29 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
-#include <memory>
 #include <string>
 
-#include "gpu/gpt_gpu.h"
-#include "gpu/llama_gpu.h"
-#include "zinf/config/ds_config.h"
-#include "zinf/model/gpt.h"
-#include "zinf/model/llama.h"
-#include "zinf/model/registry.h"
-#include "zinf/zero3/hf_folder.h"
+#include "plan_gpu_runs.h"
 #include "zinf/zero3/plan.h"
 
 namespace zinf::zero3 {
 namespace {
-
-constexpr std::uint64_t kMiB = std::uint64_t{1} << 20;
-// Device memory free when the engine started: each GPU's total less about 1 GiB of CUDA context
-// and libraries (H100 80GB HBM3: 81559 MiB; H200: 143771 MiB).
-constexpr std::uint64_t kH100Free = (81559 - 1024) * kMiB;
-constexpr std::uint64_t kH200Free = (143771 - 1024) * kMiB;
 
 struct GpuRunRecord {
   const char* name;
@@ -54,50 +38,6 @@ const GpuRunRecord kRuns[] = {
     {"c_nvme_offload", "gpt2-xl", "c_nvme_offload.json", 1024, true, kH200Free, 3305.2, "run 25, H200", true},
 };
 
-struct Made {
-  std::unique_ptr<model::Model> model;
-  std::uint64_t workspace = 0;
-};
-
-Made make(const GpuRunRecord& run, int bt) {
-  const std::string dir = ZINF_BENCH_GPU_DIR;
-  Made out;
-  const std::string name = run.model;
-  if (name.ends_with(".json")) {
-    auto json = model_config_from_hf_file(dir + "/" + name);
-    EXPECT_TRUE(json.is_ok()) << json.status().to_string();
-    auto m = model::make_builtin_model(json.value(), name);
-    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-    const auto* llama = dynamic_cast<const model::LlamaModel*>(m.value().get());
-    EXPECT_NE(llama, nullptr) << name;
-    if (llama != nullptr) out.workspace = gpu::LlamaGpu::workspace_bytes(llama->config(), bt);
-    out.model = std::move(m).value();
-    return out;
-  }
-  auto c = model::gpt_preset(name, 50257);
-  EXPECT_TRUE(c.is_ok()) << c.status().to_string();
-  c.value().activation_checkpointing = run.recompute;
-  out.workspace = gpu::GptGpu::workspace_bytes(c.value(), bt);
-  auto m = model::GptModel::create(c.value());
-  EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-  out.model = std::move(m).value();
-  return out;
-}
-
-// A gpu-check config; c_nvme_offload's @NVME_PATH@ (filled in by gpu-check) is a folder here.
-Result<config::DsConfig> load_config(const std::string& name) {
-  const std::string path = std::string(ZINF_BENCH_GPU_DIR) + "/" + name;
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string json = text.str();
-  const char* tmp = std::getenv("ZINF_TEST_TMPDIR");
-  for (std::size_t at; (at = json.find("@NVME_PATH@")) != std::string::npos;) {
-    json.replace(at, 11, tmp != nullptr ? tmp : "/tmp");
-  }
-  return config::parse_ds_config(json, path, config::AutoContext{});
-}
-
 // Within 15% above the measured peak, never below (NVMe parameters: never below).
 TEST(PlanGpuMemory, GpuRunsPeakDeviceMemoryIsPredictedWithinFifteenPercentAndNeverBelow) {
   for (const GpuRunRecord& run : kRuns) {
@@ -105,7 +45,7 @@ TEST(PlanGpuMemory, GpuRunsPeakDeviceMemoryIsPredictedWithinFifteenPercentAndNev
     auto ds = load_config(run.config);
     ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
     const int B = static_cast<int>(ds->batch.train_micro_batch_size_per_gpu);
-    const Made made = make(run, B * run.seq);
+    const Made made = make_run_model(run.model, run.recompute, B * run.seq);
     ASSERT_NE(made.model, nullptr);
     // These runs gathered fp32 values (before bf16 gathers).
     auto mem = predict_memory(*made.model, ds.value(), B, run.seq, ComputeOn::kGpu,
@@ -132,7 +72,7 @@ TEST(PlanGpuMemory, TheGpuTermsAddUpAndTheHostHasNone) {
   const GpuRunRecord& run = kRuns[1];
   auto ds = load_config(run.config);
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
-  const Made made = make(run, 4 * run.seq);
+  const Made made = make_run_model(run.model, run.recompute, 4 * run.seq);
   auto host = predict_memory(*made.model, ds.value(), 4, run.seq);
   ASSERT_TRUE(host.is_ok()) << host.status().to_string();
   EXPECT_EQ(host->gpu, 0u);

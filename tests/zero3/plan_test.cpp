@@ -536,3 +536,149 @@ TEST_F(PlanTest, ReadsAnAioSummaryAndNamesABadOne) {
 
 }  // namespace
 }  // namespace zinf::zero3
+
+namespace zinf::zero3 {
+namespace {
+
+// A GPU plan on the host: the GPU's workspace stands in as the CPU model's activations (the GPU
+// models' own sizes are checked in tests/gpu/plan_gpu_*_test).
+class PlanOnGpuTest : public PlanTest {
+ protected:
+  Machine gpu_machine(std::uint64_t room) const {
+    Machine m = machine(std::uint64_t{8} << 30);
+    auto g = plan_gpu("NVIDIA H100 80GB HBM3", room, "test", std::nullopt, std::nullopt, std::nullopt);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    m.gpu = std::move(g).value();
+    return m;
+  }
+  PlanRequest gpu_request(const model::GptConfig& c) const {
+    PlanRequest r = request(c);
+    r.gpu_workspace = [](const model::Model& m, int rows) -> Result<std::uint64_t> {
+      return m.activation_bytes(rows / m.max_seq(), m.max_seq());
+    };
+    return r;
+  }
+};
+
+const Candidate* best_with(const Plan& plan, config::OffloadDevice params) {
+  for (const Candidate& c : plan.fitting) {
+    if (c.param_device == params) return &c;
+  }
+  return nullptr;
+}
+
+TEST(PlanGpu, KnowsTheDatasheetAndAsksForAnUnknownGpusPeak) {
+  auto h100 = plan_gpu("NVIDIA H100 80GB HBM3", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_TRUE(h100.is_ok());
+  EXPECT_EQ(h100->tflops.value, 989);
+  EXPECT_EQ(h100->hbm_gbps.value, 3350);
+  EXPECT_EQ(h100->pcie_gbps.value, 55);
+  auto pcie = plan_gpu("NVIDIA H100 PCIe", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_TRUE(pcie.is_ok());
+  EXPECT_EQ(pcie->tflops.value, 756);  // the more specific name wins
+  auto l40s = plan_gpu("NVIDIA L40S", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_TRUE(l40s.is_ok());
+  EXPECT_EQ(l40s->tflops.value, 362);  // not the L4's
+  EXPECT_EQ(l40s->pcie_gbps.value, 25);
+  auto unknown = plan_gpu("Some Future GPU", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_FALSE(unknown.is_ok());
+  EXPECT_NE(unknown.status().message().find("--gpu-tflops"), std::string::npos) << unknown.status().message();
+  EXPECT_NE(unknown.status().message().find("Some Future GPU"), std::string::npos);
+  auto given = plan_gpu("Some Future GPU", 1ull << 30, "test", 500.0, std::nullopt, 60.0);
+  ASSERT_TRUE(given.is_ok());
+  EXPECT_EQ(given->tflops.source, "given (--gpu-tflops)");
+  EXPECT_EQ(given->pcie_gbps.value, 60);
+  EXPECT_FALSE(plan_gpu("NVIDIA H200", 0, "test", std::nullopt, std::nullopt, std::nullopt).is_ok());
+}
+
+// With room for everything, the whole state stays on the GPU; every candidate is a GPU run with
+// its GPU bytes predicted, and the written config parses with the offload it names.
+TEST_F(PlanOnGpuTest, AGpuWithRoomKeepsTheWholeStateOnIt) {
+  auto plan = make_plan(gpu_request(tiny_gpt()), gpu_machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok()) << plan.status().to_string();
+  ASSERT_FALSE(plan->fitting.empty());
+  for (const Candidate& c : plan->fitting) {
+    EXPECT_TRUE(c.on_gpu);
+    EXPECT_GT(c.memory.gpu, 0u);
+    EXPECT_GT(c.compute_s, 0.0);
+  }
+  const Candidate& w = plan->fitting.front();
+  EXPECT_EQ(w.param_device, config::OffloadDevice::kNone);
+  EXPECT_EQ(w.optimizer_device, config::OffloadDevice::kNone);
+  EXPECT_EQ(w.pcie_s, 0.0);  // nothing crosses
+  auto ds = config::parse_ds_config(w.ds_config, "<plan>", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
+  EXPECT_EQ(ds->zero.offload_param.device, config::OffloadDevice::kNone);
+  // A host-state candidate that keeps the values across micro-batches writes a reuse distance
+  // past a pass's traffic, and moves the values up once a step.
+  const Candidate* host = best_with(*plan, config::OffloadDevice::kCpu);
+  ASSERT_NE(host, nullptr);
+  EXPECT_GT(host->pcie_s, 0.0);
+  bool resident = false;
+  for (const Candidate& c : plan->fitting) {
+    if (c.param_device != config::OffloadDevice::kCpu || c.max_reuse_distance == 0) continue;
+    resident = true;
+    auto cds = config::parse_ds_config(c.ds_config, "<plan>", config::AutoContext{});
+    ASSERT_TRUE(cds.is_ok());
+    EXPECT_EQ(cds->zero.max_reuse_distance, c.max_reuse_distance);
+    EXPECT_GE(static_cast<double>(c.max_reuse_distance), 2.0 * static_cast<double>(c.memory.shard_elements));
+  }
+  EXPECT_TRUE(resident);
+  EXPECT_NE(plan->why_winner.find("GPU"), std::string::npos) << plan->why_winner;
+}
+
+// A GPU too small for the state: the candidates that keep it there are dropped with the GPU's
+// shortfall, and the state goes to the host.
+TEST_F(PlanOnGpuTest, AGpuTooSmallForTheStateMovesItToTheHost) {
+  const PlanRequest r = gpu_request(tiny_gpt());
+  auto roomy = make_plan(r, gpu_machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(roomy.is_ok());
+  const Candidate* on = best_with(*roomy, config::OffloadDevice::kNone);
+  const Candidate* off = best_with(*roomy, config::OffloadDevice::kCpu);
+  ASSERT_TRUE(on != nullptr && off != nullptr);
+  ASSERT_GT(on->memory.gpu, off->memory.gpu);
+  // Room between the two: only the host-state candidates fit.
+  const std::uint64_t room = (on->memory.gpu + off->memory.gpu) / 2;
+  auto tight = make_plan(r, gpu_machine(room));
+  ASSERT_TRUE(tight.is_ok()) << tight.status().to_string();
+  ASSERT_FALSE(tight->fitting.empty());
+  EXPECT_NE(tight->fitting.front().param_device, config::OffloadDevice::kNone);
+  bool named = false;
+  for (const Candidate& c : tight->dropped) {
+    if (c.param_device == config::OffloadDevice::kNone && c.why_not.find("GPU memory") != std::string::npos) named = true;
+  }
+  EXPECT_TRUE(named);
+  // Room for nothing: the shortfall names the GPU and how much more it needs.
+  auto none = make_plan(r, gpu_machine(4096));
+  ASSERT_TRUE(none.is_ok());
+  EXPECT_TRUE(none->fitting.empty());
+  EXPECT_NE(none->shortfall.find("more GPU memory"), std::string::npos) << none->shortfall;
+}
+
+TEST_F(PlanOnGpuTest, AGpuPlanNeedsTheGpuModelsWorkspace) {
+  auto plan = make_plan(request(tiny_gpt()), gpu_machine(std::uint64_t{8} << 30));
+  ASSERT_FALSE(plan.is_ok());
+  EXPECT_NE(plan.status().message().find("GPU build"), std::string::npos);
+}
+
+// predict_config: a given config as the planner sees it, on the GPU and on the host.
+TEST_F(PlanOnGpuTest, PredictsAGivenConfigOnTheGpuAndTheHost) {
+  auto plan = make_plan(gpu_request(tiny_gpt()), gpu_machine(std::uint64_t{8} << 30));
+  ASSERT_TRUE(plan.is_ok());
+  const Candidate& w = plan->fitting.front();
+  auto ds = config::parse_ds_config(w.ds_config, "<plan>", config::AutoContext{});
+  ASSERT_TRUE(ds.is_ok());
+  auto again = predict_config(gpu_request(tiny_gpt()), gpu_machine(std::uint64_t{8} << 30), ds.value());
+  ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+  EXPECT_DOUBLE_EQ(again->step_s, w.step_s);
+  EXPECT_EQ(again->memory.gpu, w.memory.gpu);
+  EXPECT_TRUE(again->fits);
+  auto host = predict_config(request(tiny_gpt()), machine(std::uint64_t{8} << 30), ds.value());
+  ASSERT_TRUE(host.is_ok()) << host.status().to_string();
+  EXPECT_FALSE(host->on_gpu);
+  EXPECT_EQ(host->memory.gpu, 0u);
+  EXPECT_EQ(host->param_device, config::OffloadDevice::kCpu);  // "none" keeps it in host memory there
+}
+
+}  // namespace
+}  // namespace zinf::zero3

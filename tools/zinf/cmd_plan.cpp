@@ -29,7 +29,10 @@ std::string roof_line(const char* what, const zero3::Roof& r, const char* unit) 
 nlohmann::json candidate_json(const zero3::Candidate& c) {
   nlohmann::json memory = nlohmann::json::array();
   for (const zero3::MemoryTerm& t : c.memory.host) memory.push_back({{"name", t.name}, {"bytes", t.bytes}, {"pinned", t.pinned}});
+  nlohmann::json gpu_memory = nlohmann::json::array();
+  for (const zero3::MemoryTerm& t : c.memory.gpu_terms) gpu_memory.push_back({{"name", t.name}, {"bytes", t.bytes}});
   return {{"label", c.label()},
+          {"compute", c.on_gpu ? "cuda" : "cpu"},
           {"fits", c.fits},
           {"why_not", c.why_not},
           {"offload_param", std::string(config::offload_device_name(c.param_device))},
@@ -39,6 +42,7 @@ nlohmann::json candidate_json(const zero3::Candidate& c) {
           {"activation_checkpointing", c.activation_checkpointing},
           {"sub_group_size", c.sub_group_size},
           {"stage3_max_live_parameters", c.max_live_parameters},
+          {"stage3_max_reuse_distance", c.max_reuse_distance},
           {"reduce_bucket_size", c.reduce_bucket_size},
           {"host_memory_budget", c.host_memory_budget},
           {"least_host_memory_budget", c.memory.least_budget},
@@ -53,13 +57,15 @@ nlohmann::json candidate_json(const zero3::Candidate& c) {
           {"time_terms_s",
            {{"compute", c.compute_s},
             {"gather_and_gradients", c.gather_s},
+            {"host_gpu_copies", c.pcie_s},
             {"param_nvme_reads", c.param_io_s},
             {"param_nvme_exposed", c.param_io_exposed_s},
             {"gradient_nvme", c.grad_io_s},
             {"optimizer", c.optimizer_s},
             {"optimizer_nvme", c.optimizer_io_s},
             {"optimizer_nvme_exposed", c.optimizer_exposed_s}}},
-          {"host_memory_terms", memory}};
+          {"host_memory_terms", memory},
+          {"gpu_memory_terms", gpu_memory}};
 }
 
 nlohmann::json roof_json(const zero3::Roof& r) {
@@ -72,6 +78,7 @@ struct PlanOptions {
   PlanMachineOptions machine;
   std::string model_dir;
   std::string model_config;  // an HF config.json (or its folder): the architecture without weights
+  std::string device = "auto";  // --device: plan for the CPU or a GPU
   bool json = false;
   bool show_dropped = false;
   std::string write_path;
@@ -148,13 +155,14 @@ Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
   r.precision = ctx.precision.value_or(config::Precision::kBf16);
   r.host_fraction = o.machine.host_fraction;
   r.optimizer_json = optimizer_blocks(ctx);
+  r.gpu_workspace = gpu_workspace_bytes;
   return r;
 }
 
 Status run_plan(const PlanOptions& o) {
   int hidden = 0;
   ZINF_ASSIGN_OR_RETURN(zero3::PlanRequest request, plan_request(o, &hidden));
-  ZINF_ASSIGN_OR_RETURN(zero3::Machine machine, o.machine.machine(request.precision, hidden));
+  ZINF_ASSIGN_OR_RETURN(zero3::Machine machine, o.machine.machine(request.precision, hidden, o.device));
   if (o.calibrate_log.empty() != o.calibrate_config.empty()) {
     return Status::invalid_argument("--calibrate and --calibrate-config go together: the run's log and its config");
   }
@@ -203,6 +211,16 @@ void PlanMachineOptions::add_to(CLI::App& cmd, bool with_nvme_path) {
   cmd.add_option("--memory-gbps", memory_gbps, "the memory bandwidth to plan with (default: measured triad, ~0.3 s)")
       ->check(CLI::PositiveNumber);
   cmd.add_option("--top", top, "candidates shown (default 5)")->check(CLI::PositiveNumber);
+  cmd.add_option("--gpu-name", gpu_name, "plan for this GPU (e.g. \"H100 SXM\") instead of this machine's GPU 0");
+  cmd.add_option("--gpu-memory", gpu_memory,
+                 "GPU memory a run may take, e.g. 79G (default: GPU 0's free memory now); with no GPU here, plans "
+                 "for one of this size");
+  cmd.add_option("--gpu-tflops", gpu_tflops, "the GPU's dense bf16 peak, TFLOP/s (default: zinf's table by name)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--gpu-hbm-gbps", gpu_hbm_gbps, "the GPU's memory bandwidth, GB/s (default: zinf's table by name)")
+      ->check(CLI::PositiveNumber);
+  cmd.add_option("--pcie-gbps", pcie_gbps, "host <-> GPU copy rate through pinned memory, GB/s (default: assumed by generation)")
+      ->check(CLI::PositiveNumber);
 }
 
 Result<std::uint64_t> parse_bytes(const std::string& option, const std::string& text) {
@@ -211,7 +229,8 @@ Result<std::uint64_t> parse_bytes(const std::string& option, const std::string& 
   return bytes;
 }
 
-Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, int hidden) const {
+Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, int hidden,
+                                                   const std::string& device) const {
   ZINF_ASSIGN_OR_RETURN(zero3::Machine m, zero3::describe_machine(nvme_paths));
   if (!host_memory.empty()) {
     ZINF_ASSIGN_OR_RETURN(m.host_available, parse_bytes("--host-memory", host_memory));
@@ -226,6 +245,30 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
   const DeviceProbe gpu = probe_devices();
   m.gpus = gpu.device_count;
   m.gpu_detail = gpu.device_count > 0 ? gpu.first_device : gpu.why_none;
+  const bool described = !gpu_memory.empty() || !gpu_name.empty();
+  const bool want_gpu = device == "cuda" || (device == "auto" && gpu.build_has_gpu && (gpu.device_count > 0 || !gpu_memory.empty()));
+  if (device == "cpu" && described) {
+    return Status::invalid_argument("--gpu-name and --gpu-memory describe a GPU to plan for: drop them with --device cpu");
+  }
+  if (want_gpu) {
+    if (!gpu.build_has_gpu) {
+      return Status::unsupported("--device cuda: this zinf was built without the GPU layer, so it plans for the CPU only");
+    }
+    if (gpu.device_count == 0 && gpu_memory.empty()) {
+      return Status::invalid_argument(fmt::format(
+          "--device cuda: no GPU here ({}); to plan for one elsewhere, give --gpu-name and --gpu-memory", gpu.why_none));
+    }
+    const std::string name = !gpu_name.empty() ? gpu_name : gpu.device_count > 0 ? gpu.first_name : "a GPU";
+    std::uint64_t room = gpu.first_free_bytes;
+    std::string room_source = "free on GPU 0 now";
+    if (!gpu_memory.empty()) {
+      ZINF_ASSIGN_OR_RETURN(room, parse_bytes("--gpu-memory", gpu_memory));
+      room_source = "given (--gpu-memory)";
+    } else if (!gpu_name.empty()) {
+      return Status::invalid_argument(fmt::format("--gpu-name {}: give its memory too (--gpu-memory, e.g. 79G)", gpu_name));
+    }
+    ZINF_ASSIGN_OR_RETURN(m.gpu, zero3::plan_gpu(name, room, room_source, gpu_tflops, gpu_hbm_gbps, pcie_gbps));
+  }
   if (!aio_summary.empty()) ZINF_RETURN_IF_ERROR(zero3::read_aio_summary(aio_summary, m));
   if (probe_io) ZINF_RETURN_IF_ERROR(zero3::probe_drive(m, std::uint64_t{256} << 20));
   return m;
@@ -248,7 +291,7 @@ std::string optimizer_blocks(const config::AutoContext& ctx) {
 
 Result<std::string> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
                                    const std::function<Result<std::unique_ptr<model::Model>>(bool)>& make_model,
-                                   int seq, const std::string& scratch, std::ostream& out) {
+                                   int seq, const std::string& scratch, bool gpu, std::ostream& out) {
   zero3::PlanRequest r;
   r.make_model = make_model;
   r.seq = seq;
@@ -259,17 +302,19 @@ Result<std::string> plan_for_train(const PlanMachineOptions& options, const conf
   r.precision = ctx.precision.value_or(config::Precision::kBf16);
   r.host_fraction = options.host_fraction;
   r.optimizer_json = optimizer_blocks(ctx);
+  r.gpu_workspace = gpu_workspace_bytes;
   PlanMachineOptions with_drive = options;
   if (with_drive.nvme_paths.empty()) with_drive.nvme_paths = {scratch};
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, make_model(false));
-  ZINF_ASSIGN_OR_RETURN(zero3::Machine machine, with_drive.machine(r.precision, m->hidden_size()));
+  ZINF_ASSIGN_OR_RETURN(zero3::Machine machine, with_drive.machine(r.precision, m->hidden_size(), gpu ? "cuda" : "cpu"));
   ZINF_ASSIGN_OR_RETURN(zero3::Plan plan, zero3::make_plan(r, machine));
   out << "plan:\n";
   print_plan(out, plan, machine, options.top, false);
   if (plan.fitting.empty()) return Status::resource_exhausted(plan.shortfall);
   const zero3::Candidate& w = plan.fitting.front();
-  out << fmt::format("plan: training with #1 (predicted {:.3f} s/step, peak host {} GiB, disk {} GiB)\n", w.step_s,
-                     gib(w.memory.host_bytes()), gib(w.memory.disk_bytes()))
+  out << fmt::format("plan: training with #1 (predicted {:.3f} s/step, peak host {} GiB, disk {} GiB{})\n", w.step_s,
+                     gib(w.memory.host_bytes()), gib(w.memory.disk_bytes()),
+                     w.on_gpu ? fmt::format(", GPU {} GiB", gib(w.memory.gpu)) : "")
       << std::flush;
   return w.ds_config;
 }
@@ -279,27 +324,37 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
   out << fmt::format("machine: {} cores, host memory {} GiB ({})\n", machine.cores, gib(machine.host_available),
                      machine.host_source);
   out << fmt::format("  gpu: {} ({}){}\n", machine.gpus, machine.gpu_detail.empty() ? "none" : machine.gpu_detail,
-                     machine.gpus > 0 ? "; the plan is the CPU engine's: GPU compute is not modelled" : "");
+                     machine.gpus > 0 && !machine.gpu ? "; the plan is for the CPU (--device cpu)" : "");
+  if (machine.gpu) {
+    out << fmt::format("  computing on: {}, {} GiB of its memory ({})\n", machine.gpu->name, gib(machine.gpu->room_bytes),
+                       machine.gpu->room_source);
+  }
   for (const zero3::Machine::Drive& d : machine.drives) out << fmt::format("  drive {}: {} GiB free\n", d.path, gib(d.free_bytes));
   out << "roofs:\n"
       << roof_line("matmul", machine.matmul_gflops, "GFLOP/s") << roof_line("memory", machine.memory_gbps, "GB/s")
       << roof_line("NVMe read", machine.nvme_read_gbps, "GB/s") << roof_line("NVMe write", machine.nvme_write_gbps, "GB/s");
+  if (machine.gpu) {
+    out << roof_line("GPU peak", machine.gpu->tflops, "TFLOP/s") << roof_line("GPU memory", machine.gpu->hbm_gbps, "GB/s")
+        << roof_line("host<->GPU", machine.gpu->pcie_gbps, "GB/s");
+  }
   out << fmt::format("{} candidates: {} fit, {} dropped; {} tokens per step\n", plan.fitting.size() + plan.dropped.size(),
                      plan.fitting.size(), plan.dropped.size(), plan.tokens_per_step);
   if (!plan.fitting.empty()) {
-    out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>8} {:>9}  {}\n", "#",
+    const bool gpu = machine.gpu.has_value();
+    out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8}{} {:>8} {:>9}  {}\n", "#",
                        "params", "optim", "micro×acc", "ckpt", "sub_group", "max_live", "budget", "host GiB", "pinned",
-                       "disk GiB", "step s", "tok/s", "bottleneck");
+                       "disk GiB", gpu ? fmt::format(" {:>8}", "GPU GiB") : "", "step s", "tok/s", "bottleneck");
     const int n = std::min<int>(top, static_cast<int>(plan.fitting.size()));
     for (int i = 0; i < n; ++i) {
       const zero3::Candidate& c = plan.fitting[static_cast<std::size_t>(i)];
-      out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8} {:>8.3f} {:>9.0f}  {}\n",
+      out << fmt::format("{:>2}  {:<6} {:<6} {:>9} {:>5} {:>9} {:>11} {:>8} {:>10} {:>9} {:>8}{} {:>8.3f} {:>9.0f}  {}\n",
                          i + 1, config::offload_device_name(c.param_device),
                          config::offload_device_name(c.optimizer_device), fmt::format("{}×{}", c.micro_batch, c.grad_accum),
                          c.activation_checkpointing ? "on" : "off", zero3::count_name(c.sub_group_size),
                          zero3::count_name(c.max_live_parameters),
                          c.host_memory_budget > 0 ? gib(c.host_memory_budget) : std::string("-"), gib(c.memory.host_bytes()),
-                         gib(c.memory.pinned_bytes()), gib(c.memory.disk_bytes()), c.step_s, c.tokens_per_s,
+                         gib(c.memory.pinned_bytes()), gib(c.memory.disk_bytes()),
+                         gpu ? fmt::format(" {:>8}", gib(c.memory.gpu)) : "", c.step_s, c.tokens_per_s,
                          c.bottleneck);
     }
     out << "why: " << plan.why_winner << "\n";
@@ -348,6 +403,16 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
                   {"nvme_read_gbps", roof_json(machine.nvme_read_gbps)},
                   {"nvme_write_gbps", roof_json(machine.nvme_write_gbps)},
                   {"aio_source", machine.aio_source}};
+  if (machine.gpu) {
+    const zero3::PlanGpu& g = *machine.gpu;
+    j["machine"]["compute_gpu"] = {{"name", g.name},
+                                   {"room_bytes", g.room_bytes},
+                                   {"room_source", g.room_source},
+                                   {"tflops", roof_json(g.tflops)},
+                                   {"hbm_gbps", roof_json(g.hbm_gbps)},
+                                   {"pcie_gbps", roof_json(g.pcie_gbps)}};
+  }
+  j["compute"] = machine.gpu ? "cuda" : "cpu";
   j["assumptions"] = plan.assumptions;
   j["calibration"] = plan.calibration;
   j["candidates"] = cands;
@@ -363,6 +428,10 @@ void add_plan_command(CLI::App& app, int* exit_code) {
   cmd->add_option("--model-config", o->model_config,
                   "a Hugging Face config.json, or a folder holding one: the model (no weights needed)");
   o->machine.add_to(*cmd, true);
+  cmd->add_option("--device", o->device,
+                  "plan for the CPU or a GPU: auto (default) plans for GPU 0 when this build and machine have one, or "
+                  "for the GPU --gpu-memory describes")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_flag("--json", o->json, "print the plan as one JSON object");
   cmd->add_flag("--show-dropped", o->show_dropped, "list every candidate that does not fit, with the reason");
   cmd->add_option("--calibrate", o->calibrate_log,

@@ -610,7 +610,8 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       // The planner sizes the run at the window it will train (its line, if any, comes later).
       ZINF_ASSIGN_OR_RETURN(const int window, training_window(o, saved, run_model, *probe, null_stream()));
       ZINF_ASSIGN_OR_RETURN(const std::string planned,
-                            plan_for_train(o.plan_machine, ctx, run_model.make, window, templ, out));
+                            plan_for_train(o.plan_machine, ctx, run_model.make, window, templ,
+                                           device.device == ComputeDevice::kCuda, out));
       ds = config::parse_ds_config(planned, "<plan>", ctx);
     } else {
       ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);

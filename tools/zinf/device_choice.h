@@ -24,6 +24,8 @@ struct DeviceProbe {
   int device_count = 0;        // usable CUDA devices
   std::string why_none;        // device_count == 0: CUDA's reason ("no CUDA device: ...")
   std::string first_device;    // device 0 in a few words: "NVIDIA H100 80GB HBM3, 79.6 GiB"
+  std::string first_name;      // device 0's name: "NVIDIA H100 80GB HBM3"
+  std::uint64_t first_free_bytes = 0;  // device 0's free memory when probed (cudaMemGetInfo)
 };
 
 struct DeviceChoice {
@@ -50,6 +52,11 @@ DeviceProbe probe_devices();
 // The model that computes on `choice`'s device: `cpu_model` itself for cpu; for cuda the GPT or
 // Llama on GPU 0 with the same parameters and modules (checkpoints are interchangeable).
 Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice);
+
+// The device workspace (activations and scratch) the GPU model for `cpu_model` (a GPT or a
+// Llama) binds at `rows` = micro-batch x window, as zinf train --device cuda sizes it; computed
+// on the host, no GPU needed. Unsupported in a build without the GPU layer or for another model.
+Result<std::uint64_t> gpu_workspace_bytes(const model::Model& cpu_model, int rows);
 
 // Where a GPU model's passes spent their time, summed since it was made (gpu::GpuModelTimes), and
 // its model flops per token at the training window T. nullopt for a model on the CPU.

@@ -4,7 +4,9 @@
 
 #include "device_choice.h"
 #include "gpu/device.h"
+#include "gpu/gpt_gpu.h"
 #include "gpu/gpt_gpu_model.h"
+#include "gpu/llama_gpu.h"
 #include "gpu/llama_gpu_model.h"
 #include "zinf/model/gpt.h"
 #include "zinf/model/llama.h"
@@ -26,7 +28,17 @@ DeviceProbe probe_devices() {
   }
   p.device_count = count.value();
   p.first_device = fmt::format("{}, {:.1f} GiB", info->name, static_cast<double>(info->total_memory) / (1u << 30));
+  p.first_name = info->name;
+  if (Result<gpu::MemoryInfo> mem = gpu::memory_info(0); mem.is_ok()) p.first_free_bytes = mem->free;
   return p;
+}
+
+Result<std::uint64_t> gpu_workspace_bytes(const model::Model& cpu_model, int rows) {
+  if (const auto* gpt = dynamic_cast<const model::GptModel*>(&cpu_model)) return gpu::GptGpu::workspace_bytes(gpt->config(), rows);
+  if (const auto* llama = dynamic_cast<const model::LlamaModel*>(&cpu_model)) {
+    return gpu::LlamaGpu::workspace_bytes(llama->config(), rows);
+  }
+  return Status::unsupported(fmt::format("{} has no GPU implementation: plan it with --device cpu", cpu_model.type()));
 }
 
 Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> cpu_model, const DeviceChoice& choice) {

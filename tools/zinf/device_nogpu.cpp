@@ -12,6 +12,10 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
   return Status::unsupported("--device cuda: this zinf was built without the GPU layer");
 }
 
+Result<std::uint64_t> gpu_workspace_bytes(const model::Model&, int) {
+  return Status::unsupported("this zinf was built without the GPU layer: it plans for the CPU only (--device cpu)");
+}
+
 std::optional<DeviceTimes> device_times(const model::Model&, int) { return std::nullopt; }
 
 }  // namespace zinf::cli

@@ -25,11 +25,19 @@ struct PlanMachineOptions {
   std::optional<double> matmul_gflops;  // given roofs skip their probes
   std::optional<double> memory_gbps;
   int top = 5;
+  // The GPU to plan for: this machine's GPU 0 unless given (--gpu-name, --gpu-memory), its roofs
+  // from zinf's table unless given.
+  std::string gpu_name, gpu_memory;
+  std::optional<double> gpu_tflops, gpu_hbm_gbps, pcie_gbps;
 
-  // Adds the options to `cmd`. with_nvme_path: `zinf train --plan` names its own swap folder.
+  // Adds the options to `cmd`. `zinf train --plan` names its own swap folder (with_nvme_path
+  // false) and has its own --device.
   void add_to(CLI::App& cmd, bool with_nvme_path);
   // The machine: free space, memory, the roofs (probed unless given or read from the summary).
-  Result<zero3::Machine> machine(config::Precision precision, int hidden) const;
+  // device: "cpu" plans for the CPU; "cuda" for a GPU (this machine's, or the one the --gpu-*
+  // options describe), an error without one; "auto" for a GPU when the build has the GPU layer
+  // and either this machine has a GPU or --gpu-memory describes one.
+  Result<zero3::Machine> machine(config::Precision precision, int hidden, const std::string& device) const;
 };
 
 // "16G", "512M", "1024" (bytes) -> bytes; errors name the option and the value.
@@ -48,9 +56,10 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine);
 // precision in `ctx` (the train options), with NVMe folders from the options or else `scratch`;
 // prints the plan to `out` and returns the winner's ds_config text. Nothing fits:
 // ResourceExhausted with the shortfall.
+// On a GPU (gpu true: zinf train --device cuda) every candidate is a GPU run.
 Result<std::string> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
                                    const std::function<Result<std::unique_ptr<model::Model>>(bool)>& make_model,
-                                   int seq, const std::string& scratch, std::ostream& out);
+                                   int seq, const std::string& scratch, bool gpu, std::ostream& out);
 
 // The built-in config's optimizer, scheduler and clipping (what `zinf train` runs without
 // --config), with the values the options give (--lr, --betas, --eps, --weight-decay,

@@ -128,6 +128,24 @@ struct Roof {
   bool measured = false;
 };
 
+// The GPU a plan computes on (zinf train --device cuda, the engine gathering into its memory).
+struct PlanGpu {
+  std::string name;                 // "NVIDIA H100 80GB HBM3"
+  std::uint64_t room_bytes = 0;     // device memory a run may take (free when it starts)
+  std::string room_source;          // "free now (cudaMemGetInfo)", "given (--gpu-memory)"
+  Roof tflops;     // dense bf16 tensor-core peak, TFLOP/s (what the model's products run on)
+  Roof hbm_gbps;   // device memory bandwidth (the optimizer step when the state is on the GPU)
+  Roof pcie_gbps;  // one direction between pinned host memory and the device
+};
+
+// The GPU facts for `name` with `room` bytes: the peak and memory bandwidth from zinf's table of
+// data-center and workstation GPUs (labelled "from the datasheet"), or the given values, and the
+// copy rate given or assumed (PCIe gen 5 for Hopper and later, gen 4 before). A GPU the table
+// does not know needs its peak given: kInvalidArgument naming --gpu-tflops.
+Result<PlanGpu> plan_gpu(const std::string& name, std::uint64_t room, const std::string& room_source,
+                         std::optional<double> tflops, std::optional<double> hbm_gbps,
+                         std::optional<double> pcie_gbps);
+
 // The machine a plan is made for.
 struct Machine {
   Roof matmul_gflops;    // the model's matrix products at its own precision (at 1024 rows)
@@ -140,8 +158,11 @@ struct Machine {
   std::uint64_t host_available = 0;  // bytes a plan may use (MemAvailable, or --host-memory)
   std::string host_source;
   int cores = 1;
-  int gpus = 0;            // usable CUDA devices (the caller probes them); the plan is the CPU engine's
+  int gpus = 0;            // usable CUDA devices (the caller probes them)
   std::string gpu_detail;  // device 0 in a few words, or why there is none
+  // Set: the plan computes on this GPU (every candidate is a GPU run, ComputeOn::kGpu); unset:
+  // on the CPU.
+  std::optional<PlanGpu> gpu;
   struct Drive {
     std::string path;
     std::uint64_t free_bytes = 0;
@@ -191,6 +212,10 @@ struct PlanRequest {
   // "gradient_clipping", ...); empty: none (the engine's default AdamW, no clipping).
   std::string optimizer_json;
   Calibration calibration;
+  // A GPU plan (Machine::gpu set): the GPU model's device workspace for the CPU model `m`
+  // describes at `rows` = micro-batch x window (gpu::GptGpu / gpu::LlamaGpu::workspace_bytes,
+  // which only the GPU build has); an error for a model without a GPU implementation.
+  std::function<Result<std::uint64_t>(const model::Model& m, int rows)> gpu_workspace;
 };
 
 // One configuration tried.
@@ -202,6 +227,10 @@ struct Candidate {
   std::int64_t sub_group_size = 0;
   std::int64_t max_live_parameters = 0, prefetch_bucket_size = 0, reduce_bucket_size = 0;
   std::int64_t param_buffer_count = 0, param_buffer_size = 0, optimizer_buffer_count = 0;
+  // stage3_max_reuse_distance written (0: not written, DeepSpeed's default). GPU candidates that
+  // keep the values on the device across micro-batches need it past a pass's traffic.
+  std::int64_t max_reuse_distance = 0;
+  bool on_gpu = false;  // computes on Machine::gpu (its memory is memory.gpu)
   // zinf.host_memory_budget (0: none): the engine lowers the knobs above to fit it, as
   // memory.budgeted says, and keeps bf16 copies of only some of the products' weights.
   std::uint64_t host_memory_budget = 0;
@@ -210,6 +239,10 @@ struct Candidate {
   MemoryPrediction memory;
   // Time per optimizer step and its terms (seconds).
   // grad_io_s: the NVMe gradient store's reads and writes during the passes (optimizer on NVMe).
+  // On a GPU: compute_s is the GPU's kernels, gather_s the host <-> GPU copies the kernels do not
+  // hide (pcie_s: all of them), optimizer_s the AdamW on the CPU or, with the state on the GPU,
+  // on the GPU.
+  double pcie_s = 0;
   double compute_s = 0, gather_s = 0, param_io_s = 0, param_io_exposed_s = 0, grad_io_s = 0, optimizer_s = 0,
          optimizer_io_s = 0, optimizer_exposed_s = 0, step_s = 0;
   double tokens_per_s = 0;
@@ -245,6 +278,11 @@ std::string count_name(std::int64_t elements);
 // predicted for that config; `source` names where they came from.
 Result<Calibration> calibrate(const PlanRequest& request, const Machine& machine, const config::DsConfig& ran,
                               double passes_s, double optimizer_s, const std::string& source);
+
+// A given config (a hand-written one, or the one a run used) as the planner predicts it: its
+// knobs, memory and time on `machine` (on its GPU when Machine::gpu is set), and whether it
+// fits. ds_config stays empty.
+Result<Candidate> predict_config(const PlanRequest& request, const Machine& machine, const config::DsConfig& ds);
 
 // The winner's ds_config as `zinf train --config` and DeepSpeed read it.
 std::string plan_ds_config(const Candidate& c, const PlanRequest& request, const Machine& machine);
