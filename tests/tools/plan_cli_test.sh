@@ -11,7 +11,11 @@
 #      sizing: the winner's config carries zinf.host_memory_budget, zinf train runs it within that
 #      budget, and zinf train --plan accepts the budget it planned;
 #  (g) zinf train refuses, before any work, a run whose predicted host memory is far above what
-#      the machine has (exit 1, the shortfall, the largest terms and what to change named).
+#      the machine has (exit 1, the shortfall, the largest terms and what to change named);
+#  (h) a plan for a GPU described by --gpu-name and --gpu-memory (a build with the GPU layer; no
+#      GPU needed): every candidate computes on it with its GPU bytes, a roomy GPU keeps the whole
+#      state, a small one drops those candidates and names its shortfall, an unknown GPU asks for
+#      its peak, and --device cpu refuses the GPU options.
 # Usage: plan_cli_test.sh ZINF
 set -euo pipefail
 zinf=$1
@@ -19,7 +23,7 @@ tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/plan_cli.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 export ZINF_LOG_LEVEL=warning
 model=(--model small --layers 2 --hidden 64 --heads 2 --seq 64 --vocab 256)
-roofs=(--matmul-gflops 40 --memory-gbps 20)
+roofs=(--matmul-gflops 40 --memory-gbps 20 --device cpu)
 mkdir -p "$tmp/nvme"
 
 # (a)
@@ -116,4 +120,39 @@ if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((2 * 1024 * 1024 * 1024)) ]; then
   grep -q -- "--no-memory-check" "$tmp/huge.err" || { cat "$tmp/huge.err"; echo "FAIL: no way past named"; exit 1; }
   grep -q "GiB of host memory (largest: " "$tmp/huge.err" || { cat "$tmp/huge.err"; echo "FAIL: no term named"; exit 1; }
 fi
+# (h)
+gpu=(--matmul-gflops 40 --memory-gbps 20 --device cuda --gpu-name "NVIDIA H100 80GB HBM3" --train-batch 4)
+if "$zinf" plan "${model[@]}" "${gpu[@]}" --gpu-memory 79G --json > "$tmp/gpu.json" 2> "$tmp/gpu.err"; then
+  python3 - "$tmp/gpu.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert j["compute"] == "cuda", j["compute"]
+assert all(c["compute"] == "cuda" and c["predicted_gpu_bytes"] > 0 for c in j["candidates"]), "a candidate off the GPU"
+z = j["config"]["zero_optimization"]
+assert z["offload_param"]["device"] == "none" and z["offload_optimizer"]["device"] == "none", z
+assert 0 < j["predicted_gpu_bytes"] < 79 << 30
+g = j["machine"]["compute_gpu"]
+assert g["tflops"]["value"] == 989 and "datasheet" in g["tflops"]["source"], g
+assert any("GPU time-model constants" in a for a in j["assumptions"]), j["assumptions"]
+PY
+  "$zinf" plan "${model[@]}" "${gpu[@]}" --gpu-memory 79G > "$tmp/gpu.txt"
+  grep -q "computing on: NVIDIA H100 80GB HBM3, 79.00 GiB" "$tmp/gpu.txt"
+  grep -q "GPU GiB" "$tmp/gpu.txt"
+  rc=0
+  "$zinf" plan "${model[@]}" "${gpu[@]}" --gpu-memory 64K > "$tmp/gpu_small.out" 2> "$tmp/gpu_small.err" || rc=$?
+  [ "$rc" = 3 ] && grep -q "more GPU memory" "$tmp/gpu_small.err" \
+    || { echo "a GPU too small: exit $rc"; cat "$tmp/gpu_small.out" "$tmp/gpu_small.err"; exit 1; }
+  rc=0
+  "$zinf" plan "${model[@]}" --device cuda --gpu-name "Mystery GPU" --gpu-memory 16G 2> "$tmp/gpu_unknown.err" || rc=$?
+  [ "$rc" = 2 ] && grep -q -- "--gpu-tflops" "$tmp/gpu_unknown.err" \
+    || { echo "an unknown GPU: exit $rc"; cat "$tmp/gpu_unknown.err"; exit 1; }
+elif grep -q "built without the GPU layer" "$tmp/gpu.err"; then
+  echo "plan_cli: (h) skipped: this zinf was built without the GPU layer"
+else
+  cat "$tmp/gpu.err"
+  exit 1
+fi
+rc=0
+"$zinf" plan "${model[@]}" --device cpu --gpu-memory 16G 2> "$tmp/cpu_gpu.err" || rc=$?
+[ "$rc" = 2 ] && grep -q -- "--device cpu" "$tmp/cpu_gpu.err" || { echo "--device cpu --gpu-memory: exit $rc"; cat "$tmp/cpu_gpu.err"; exit 1; }
 echo "plan_cli: ok"
