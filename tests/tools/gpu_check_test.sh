@@ -23,7 +23,8 @@ done
 # largest preset whose NVMe state fits (a preset name, never empty).
 "$script" -C "$build" --phase 2 --with-c --dry-run > "$tmp/dry_c.out" 2>&1 || { cat "$tmp/dry_c.out"; fail "--with-c --dry-run failed"; }
 for want in b_1p3b_offload_cpu_resident.json b_2p7b_offload_cpu_resident.json "--model-config" llama32_3b_config.json \
-            llama2_7b_config.json b_llama7b_offload_cpu_resident.json; do
+            llama2_7b_config.json b_llama7b_offload_cpu_resident.json "plan_b_1p3b, plan" "plan_a_1p3b, plan" \
+            "plan_b_llama7b, plan" "--predict"; do
   grep -qF -- "$want" "$tmp/dry_c.out" || { cat "$tmp/dry_c.out"; fail "no step runs $want"; }
 done
 grep -n "aio_bench_c, bench\|c_nvme_offload, figure" "$tmp/dry_c.out" | cut -d: -f1 | tr '\n' ' ' > "$tmp/order"

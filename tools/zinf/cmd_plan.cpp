@@ -4,6 +4,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -83,6 +84,7 @@ struct PlanOptions {
   bool show_dropped = false;
   std::string write_path;
   std::string calibrate_log, calibrate_config;  // --calibrate LOG --calibrate-config CFG
+  std::string predict_path;                     // --predict CFG: that config's prediction too
 };
 
 // The medians of a zinf train --json-log's forward_s + backward_s and optimizer_s, the first
@@ -176,10 +178,36 @@ Status run_plan(const PlanOptions& o) {
                                                                 measured.second, o.calibrate_log));
   }
   ZINF_ASSIGN_OR_RETURN(zero3::Plan plan, zero3::make_plan(request, machine));
+  std::optional<zero3::Candidate> given;
+  if (!o.predict_path.empty()) {
+    config::AutoContext ctx;
+    ctx.world_size = request.world_size;
+    ctx.trainer_defaults = true;
+    ZINF_ASSIGN_OR_RETURN(const config::DsConfig ds, config::load_ds_config(o.predict_path, ctx));
+    Result<zero3::Candidate> c = zero3::predict_config(request, machine, ds);
+    if (!c.is_ok()) return c.status().with_context("--predict " + o.predict_path);
+    given = std::move(c).value();
+  }
   if (o.json) {
-    std::cout << plan_json(plan, machine);
+    std::string text = plan_json(plan, machine);
+    if (given) {
+      nlohmann::json j = nlohmann::json::parse(text);
+      j["predicted_config"] = candidate_json(*given);
+      j["predicted_config"]["path"] = o.predict_path;
+      text = j.dump(2) + "\n";
+    }
+    std::cout << text;
   } else {
     print_plan(std::cout, plan, machine, o.machine.top, o.show_dropped);
+    if (given) {
+      const zero3::Candidate& c = *given;
+      std::cout << fmt::format("--predict {}: {}: {:.3f} s/step ({:.0f} tokens/s), peak host {} GiB, disk {} GiB{}, "
+                               "bound by {}; {:.2f}x the plan's #1. {}\n",
+                               o.predict_path, c.label(), c.step_s, c.tokens_per_s, gib(c.memory.host_bytes()),
+                               gib(c.memory.disk_bytes()), c.on_gpu ? fmt::format(", GPU {} GiB", gib(c.memory.gpu)) : "",
+                               c.bottleneck, plan.fitting.empty() ? 0.0 : c.step_s / plan.fitting.front().step_s,
+                               c.fits ? "It fits." : "It does not fit: " + c.why_not);
+    }
   }
   if (plan.fitting.empty()) return Status::resource_exhausted(plan.shortfall);
   if (!o.write_path.empty()) {
@@ -438,6 +466,9 @@ void add_plan_command(CLI::App& app, int* exit_code) {
                   "a zinf train --json-log of this model and shape: its step breakdown scales the predicted passes "
                   "and optimizer step (with --calibrate-config, the config that run used)");
   cmd->add_option("--calibrate-config", o->calibrate_config, "the ds_config the --calibrate run trained with");
+  cmd->add_option("--predict", o->predict_path,
+                  "a ds_config.json (a hand-written one, or one a run used): print its predicted memory and time "
+                  "beside the plan");
   cmd->add_option("--write", o->write_path, "write the winner's ds_config.json here (zinf train --config reads it)");
   cmd->callback([o, exit_code] {
     Status s = run_plan(*o);
