@@ -160,26 +160,21 @@ double gpu_pass_share(int hidden, double tokens) {
 
 // The passes on a GPU: its kernels at the calibrated share of its peak, and the host <-> GPU
 // copies, which run beside them on the copy engines (the runs' GPU did not wait for uploads):
-// the gathered values up (once a step when they stay on the device across micro-batches, as
-// many times as on the host otherwise), and the gradients down (once a step when the sums
-// across micro-batches are held on the GPU: one rank, within 40% of its memory).
+// the gathered values up, `gathers` models' worth of them (one when they stay on the device
+// across micro-batches), and the gradients down (once a step when the sums across micro-batches
+// are held on the GPU: one rank, within 40% of its memory; else every micro-batch). With the
+// whole state on the GPU nothing crosses.
 void predict_gpu_passes(Candidate& c, const ModelShape& s, const config::DsConfig& ds, const PlanRequest& r,
-                        const PlanGpu& gpu, double shard) {
-  const double W = r.world_size, gas = static_cast<double>(c.grad_accum);
+                        const PlanGpu& gpu, double shard, double gathers, bool state_on_gpu) {
+  const double gas = static_cast<double>(c.grad_accum);
   const double tokens = static_cast<double>(c.micro_batch) * r.seq;
   const double P = static_cast<double>(s.params);
   const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
   const double flops = (6.0 * P + 12.0 * s.attention_layers * r.seq * s.hidden) * tokens * recompute;
   c.compute_s = gas * flops / (gpu.tflops.value * 1e12 * gpu_pass_share(s.hidden, tokens));
-  if (ds.zero.offload_param.device == OffloadDevice::kNone && ds.zero.offload_optimizer.device == OffloadDevice::kNone &&
-      r.world_size == 1) {
-    return;  // the whole state on the GPU: nothing crosses
-  }
+  if (state_on_gpu) return;
   const double dsize = ds.bf16.enabled || ds.fp16.enabled ? 2.0 : 4.0;
-  const double kept = std::min(1.0, static_cast<double>(c.max_live_parameters) / P) *
-                      (static_cast<double>(c.max_reuse_distance) >= 2.0 * P ? 1.0 : 0.0);
-  const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);
-  const bool held = gas > 1 && W == 1 && 4.0 * P <= 0.4 * static_cast<double>(gpu.room_bytes);
+  const bool held = gas > 1 && r.world_size == 1 && 4.0 * P <= 0.4 * static_cast<double>(gpu.room_bytes);
   const double up = gathers * dsize * shard, down = (held ? 1.0 : gas) * 4.0 * shard;
   const double pcie = gpu.pcie_gbps.value * 1e9;
   c.pcie_s = (up + down) / pcie;
@@ -199,38 +194,42 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
                                                    : static_cast<double>(s.params) / W;
   const double dsize = ds.bf16.enabled || ds.fp16.enabled ? 2.0 : 4.0;
   const double recompute = c.activation_checkpointing ? 4.0 / 3.0 : 1.0;
-  const double flops = (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) *
-                       tokens * recompute;
-  // The plain model's activations: a checkpointed model stores a fraction of them but computes
-  // them all, the forward's twice.
-  const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
-  c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
   const bool state_on_gpu = gpu != nullptr && r.world_size == 1 &&
                             ds.zero.offload_param.device == OffloadDevice::kNone &&
                             ds.zero.offload_optimizer.device == OffloadDevice::kNone;
-  if (gpu != nullptr) predict_gpu_passes(c, s, ds, r, *gpu, shard);
-  if (gpu == nullptr && c.memory.budgeted && c.activation_checkpointing &&
-      c.memory.budgeted->weight_copy_bytes < c.memory.budgeted->weight_copy_asked) {
-    // A budget that keeps only some bf16 weight copies: the backward pass uses each weight twice
-    // (the recomputed forward, then the input gradient) and rounds a weight without a copy both
-    // times (bf16_weights.h): one more read of 4 and write of 2 bytes per element.
-    const double uncached =
-        static_cast<double>(c.memory.budgeted->weight_copy_asked - c.memory.budgeted->weight_copy_bytes) / 2.0;
-    c.compute_s += gas * 6.0 * uncached / roofs.mem;
-  }
   // Gathers per step, in models' worth. The coordinator keeps released copies while the live
   // budget has room and evicts the one used farthest ahead, so the step's first forward gathers
   // everything, each backward re-gathers what the budget could not keep from the forward's end,
   // and each later micro-step's forward what it could not keep from the backward's end (the live
   // budget holds the whole model: one gather a step). Recomputing a checkpointed block gathers
   // nothing more: its backward, right after, takes the same copies (the budget holds a block).
-  // docs/plan.md has the runs' gathered_elements against this.
+  // On a GPU the coordinator also drops a value whose next use is past
+  // stage3_max_reuse_distance, which a pass's traffic reaches when it is under twice the model
+  // (run 28). docs/plan.md has the runs' gathered_elements against this.
   const double P = static_cast<double>(s.params);
-  // On a GPU the coordinator also drops a value whose next use is past stage3_max_reuse_distance.
   const bool reuse_reaches = gpu == nullptr || static_cast<double>(c.max_reuse_distance) >= 2.0 * P;
   const double kept = reuse_reaches ? std::min(1.0, static_cast<double>(c.max_live_parameters) / P) : 0.0;
   const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);
-  if (gpu == nullptr) c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
+  if (gpu != nullptr) {
+    predict_gpu_passes(c, s, ds, r, *gpu, shard, gathers, state_on_gpu);
+  } else {
+    const double flops =
+        (6.0 * static_cast<double>(s.matmul_params) + 12.0 * s.attention_layers * r.seq * s.hidden) * tokens * recompute;
+    // The plain model's activations: a checkpointed model stores a fraction of them but computes
+    // them all, the forward's twice.
+    const double act = static_cast<double>(plain.activation_bytes(static_cast<int>(c.micro_batch), r.seq));
+    c.compute_s = gas * (flops / roofs.flops_at(tokens) + kActivationPasses * recompute * act / roofs.mem);
+    if (c.memory.budgeted && c.activation_checkpointing &&
+        c.memory.budgeted->weight_copy_bytes < c.memory.budgeted->weight_copy_asked) {
+      // A budget that keeps only some bf16 weight copies: the backward pass uses each weight twice
+      // (the recomputed forward, then the input gradient) and rounds a weight without a copy both
+      // times (bf16_weights.h): one more read of 4 and write of 2 bytes per element.
+      const double uncached =
+          static_cast<double>(c.memory.budgeted->weight_copy_asked - c.memory.budgeted->weight_copy_bytes) / 2.0;
+      c.compute_s += gas * 6.0 * uncached / roofs.mem;
+    }
+    c.gather_s = (gathers * (dsize + 4.0) * shard + gas * kGradBytes * P) / roofs.mem;
+  }
   if (c.param_device == OffloadDevice::kNvme) {
     // Counted in full: the tier stages at most buffer_count - 1 partitions ahead, within the live
     // budget's room, and converts each on the compute thread; runs with the parameters on NVMe
@@ -289,12 +288,14 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   c.optimizer_exposed_s = opt_total - c.optimizer_s;
   c.step_s = c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s + opt_total;
   c.tokens_per_s = gas * tokens * W / c.step_s;
-  const std::pair<double, const char*> terms[] = {{c.compute_s, gpu != nullptr ? "GPU compute" : "compute (matrix products and activations)"},
-                                                  {c.gather_s, gpu != nullptr ? "host <-> GPU copies (PCIe)" : "memory bandwidth (gathers, gradients)"},
-                                                  {c.param_io_exposed_s, "NVMe parameter reads"},
-                                                  {c.grad_io_s, "NVMe gradient traffic"},
-                                                  {c.optimizer_s, state_on_gpu ? "optimizer step (GPU memory bandwidth)" : "optimizer step (memory bandwidth)"},
-                                                  {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
+  const bool on_gpu = gpu != nullptr;
+  const std::pair<double, const char*> terms[] = {
+      {c.compute_s, on_gpu ? "GPU compute" : "compute (matrix products and activations)"},
+      {c.gather_s, on_gpu ? "host <-> GPU copies (PCIe)" : "memory bandwidth (gathers, gradients)"},
+      {c.param_io_exposed_s, "NVMe parameter reads"},
+      {c.grad_io_s, "NVMe gradient traffic"},
+      {c.optimizer_s, state_on_gpu ? "optimizer step (GPU memory bandwidth)" : "optimizer step (memory bandwidth)"},
+      {c.optimizer_exposed_s, "NVMe optimizer traffic"}};
   c.bottleneck = std::max_element(std::begin(terms), std::end(terms))->second;
 }
 
