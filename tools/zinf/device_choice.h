@@ -58,6 +58,11 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
 // on the host, no GPU needed. Unsupported in a build without the GPU layer or for another model.
 Result<std::uint64_t> gpu_workspace_bytes(const model::Model& cpu_model, int rows);
 
+// zinf plan's copy-rate probe of GPU 0: 64 MiB copies each way between zinf's pinned memory and
+// the device through its copy engine (the engine's own path), the median of 5 of each; GB/s of
+// the slower direction. Unsupported without the GPU layer or a GPU.
+Result<double> probe_gpu_copy_gbps();
+
 // Where a GPU model's passes spent their time, summed since it was made (gpu::GpuModelTimes), and
 // its model flops per token at the training window T. nullopt for a model on the CPU.
 struct DeviceTimes {

@@ -1,13 +1,21 @@
 // --device in a build with the GPU layer: probes CUDA, and puts the GPT (GptGpuModel) or the Llama
 // family (LlamaGpuModel) on GPU 0.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
 #include <fmt/format.h>
 
 #include "device_choice.h"
+#include "gpu/copy_engine.h"
 #include "gpu/device.h"
+#include "gpu/device_buffer.h"
 #include "gpu/gpt_gpu.h"
 #include "gpu/gpt_gpu_model.h"
 #include "gpu/llama_gpu.h"
 #include "gpu/llama_gpu_model.h"
+#include "zinf/aio/pinned.h"
 #include "zinf/model/gpt.h"
 #include "zinf/model/llama.h"
 
@@ -55,6 +63,39 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
   }
   return Status::unsupported(
       fmt::format("--device cuda: {} runs on the CPU only for now; use --device cpu", cpu_model->type()));
+}
+
+Result<double> probe_gpu_copy_gbps() {
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  constexpr int kRounds = 5;
+  ZINF_RETURN_IF_ERROR(gpu::select_device(0).status());
+  ZINF_ASSIGN_OR_RETURN(std::unique_ptr<gpu::CopyEngine> engine, gpu::CopyEngine::create(0));
+  ZINF_ASSIGN_OR_RETURN(aio::PinnedBuffer host, aio::PinnedBuffer::allocate(kBytes));
+  if (!host.cuda_registered()) return Status::unsupported("the probe's pinned memory was not registered with CUDA");
+  std::memset(host.data(), 1, kBytes);  // fault the pages in before timing
+  ZINF_ASSIGN_OR_RETURN(gpu::DeviceBuffer dev, gpu::DeviceBuffer::allocate(0, kBytes, "zinf plan's copy probe"));
+  auto seconds = [&](bool up) -> Result<double> {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (up) {
+      ZINF_RETURN_IF_ERROR(engine->copy_h2d(dev.data(), host.data(), kBytes, nullptr, "copy probe").status());
+    } else {
+      ZINF_RETURN_IF_ERROR(engine->copy_d2h(host.data(), dev.data(), kBytes, nullptr, "copy probe").status());
+    }
+    ZINF_RETURN_IF_ERROR(engine->synchronize());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double slowest = 0;
+  for (const bool up : {true, false}) {
+    ZINF_RETURN_IF_ERROR(seconds(up).status());  // warm-up
+    std::vector<double> s;
+    for (int i = 0; i < kRounds; ++i) {
+      ZINF_ASSIGN_OR_RETURN(const double t, seconds(up));
+      s.push_back(t);
+    }
+    std::sort(s.begin(), s.end());
+    slowest = std::max(slowest, s[s.size() / 2]);
+  }
+  return static_cast<double>(kBytes) / slowest / 1e9;
 }
 
 // 6 N + 12 L W T, W the attention width: n_embd for the GPT, n_head * head_dim for Llama.
