@@ -17,7 +17,7 @@ struct KnownGpu {
 };
 
 // From the vendors' datasheets. Order matters: the more specific name first.
-constexpr std::array<KnownGpu, 14> kKnown = {{
+constexpr std::array<KnownGpu, 16> kKnown = {{
     {"GH200", 989, 4000, true},
     {"H200", 989, 4800, true},
     {"H100 NVL", 835, 3900, true},
@@ -25,11 +25,13 @@ constexpr std::array<KnownGpu, 14> kKnown = {{
     {"H100", 989, 3350, true},  // SXM (HBM3)
     {"H800", 989, 3350, true},
     {"B200", 2250, 8000, true},
-    {"A100 80GB", 312, 2039, false},
-    {"A100", 312, 1555, false},
+    {"A100-SXM4-80GB", 312, 2039, false},
+    {"A100 80GB", 312, 1935, false},  // PCIe
+    {"A100", 312, 1555, false},       // 40 GB
     {"A800", 312, 2039, false},
     {"L40S", 362, 864, false},
     {"L4", 121, 300, false},
+    {"A10G", 70, 600, false},
     {"A10", 125, 600, false},
     {"RTX 4090", 165, 1008, false},
 }};

@@ -580,6 +580,9 @@ TEST(PlanGpu, KnowsTheDatasheetAndAsksForAnUnknownGpusPeak) {
   ASSERT_TRUE(l40s.is_ok());
   EXPECT_EQ(l40s->tflops.value, 362);  // not the L4's
   EXPECT_EQ(l40s->pcie_gbps.value, 25);
+  auto a100 = plan_gpu("NVIDIA A100-SXM4-80GB", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_TRUE(a100.is_ok());
+  EXPECT_EQ(a100->hbm_gbps.value, 2039);  // not the 40 GB one's 1555
   auto unknown = plan_gpu("Some Future GPU", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
   ASSERT_FALSE(unknown.is_ok());
   EXPECT_NE(unknown.status().message().find("--gpu-tflops"), std::string::npos) << unknown.status().message();
