@@ -210,6 +210,7 @@ void predict_time(Candidate& c, const ModelShape& s, const model::Model& plain, 
   const bool reuse_reaches = gpu == nullptr || static_cast<double>(c.max_reuse_distance) >= 2.0 * P;
   const double kept = reuse_reaches ? std::min(1.0, static_cast<double>(c.max_live_parameters) / P) : 0.0;
   const double gathers = 1.0 + (2.0 * gas - 1.0) * (1.0 - kept);
+  c.gathers = state_on_gpu ? 0.0 : gathers;
   if (gpu != nullptr) {
     predict_gpu_passes(c, s, ds, r, *gpu, shard, gathers, state_on_gpu);
   } else {
@@ -700,7 +701,9 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
   }
   auto faster = [](const Candidate& a, const Candidate& b) {
     if (a.step_s != b.step_s) return a.step_s < b.step_s;
-    // Equal time: the smaller one, on the GPU first.
+    // Equal time: the one that gathers less (on a GPU the copies' overlap is the model's least
+    // checked part: docs/plan.md, "Time on a GPU"), then the smaller one, on the GPU first.
+    if (a.gathers != b.gathers) return a.gathers < b.gathers;
     if (a.memory.gpu != b.memory.gpu) return a.memory.gpu < b.memory.gpu;
     return a.memory.host_bytes() < b.memory.host_bytes();
   };

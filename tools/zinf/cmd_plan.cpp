@@ -48,6 +48,7 @@ nlohmann::json candidate_json(const zero3::Candidate& c) {
           {"host_memory_budget", c.host_memory_budget},
           {"least_host_memory_budget", c.memory.least_budget},
           {"predicted_nvme_bytes_per_step", c.nvme_bytes},
+          {"gathers_per_step", c.gathers},
           {"predicted_step_s", c.step_s},
           {"predicted_tokens_per_s", c.tokens_per_s},
           {"predicted_peak_host_bytes", c.memory.host_bytes()},

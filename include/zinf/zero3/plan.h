@@ -243,6 +243,7 @@ struct Candidate {
   // hide (pcie_s: all of them), optimizer_s the AdamW on the CPU or, with the state on the GPU,
   // on the GPU.
   double pcie_s = 0;
+  double gathers = 0;  // models' worth of values gathered a step (1: kept across micro-batches)
   double compute_s = 0, gather_s = 0, param_io_s = 0, param_io_exposed_s = 0, grad_io_s = 0, optimizer_s = 0,
          optimizer_io_s = 0, optimizer_exposed_s = 0, step_s = 0;
   double tokens_per_s = 0;
