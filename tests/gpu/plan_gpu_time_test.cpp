@@ -61,7 +61,8 @@ struct Predicted {
   double passes() const { return c.compute_s + c.gather_s + c.param_io_exposed_s + c.grad_io_s; }
 };
 
-Result<Predicted> predict(const GpuTimeRecord& run, double memory_gbps) {
+// calibrated: with the run's own breakdown as --calibrate gives it (zero3::calibrate).
+Result<Predicted> predict(const GpuTimeRecord& run, double memory_gbps, bool calibrated = false) {
   ZINF_ASSIGN_OR_RETURN(config::DsConfig ds, load_config(run.config));
   if (run.reuse_distance > 0) ds.zero.max_reuse_distance = run.reuse_distance;
   const bool recompute = ds.activation_checkpointing.present;
@@ -83,6 +84,9 @@ Result<Predicted> predict(const GpuTimeRecord& run, double memory_gbps) {
   machine.nvme_write_gbps = Roof{run.write_gbps > 0 ? run.write_gbps : 1.0, "aio_bench in the run's call", true};
   machine.host_available = std::uint64_t{125} << 30;
   ZINF_ASSIGN_OR_RETURN(machine.gpu, plan_gpu(run.gpu, run.room, "the run's", std::nullopt, std::nullopt, std::nullopt));
+  if (calibrated) {
+    ZINF_ASSIGN_OR_RETURN(r.calibration, calibrate(r, machine, ds, run.passes_s, run.outside_s, run.where));
+  }
   ZINF_ASSIGN_OR_RETURN(Candidate c, predict_config(r, machine, ds));
   return Predicted{std::move(c)};
 }
@@ -120,6 +124,18 @@ TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFifteenPercent) {
       EXPECT_NEAR(c.step_s / run.step_s, 1.0, 0.15);
     }
   }
+}
+
+// --calibrate on a GPU: the NVMe run's own step breakdown scales its passes and optimizer step,
+// after which the prediction is the run's step.
+TEST(PlanGpuTime, TheNvmeRunCalibratedFromItsBreakdownPredictsItsStep) {
+  const GpuTimeRecord& run = kRuns[7];
+  auto raw = predict(run, run.host_gbps);
+  auto calibrated = predict(run, run.host_gbps, /*calibrated=*/true);
+  ASSERT_TRUE(raw.is_ok() && calibrated.is_ok());
+  EXPECT_GT(raw->c.step_s / run.step_s, 1.2);
+  EXPECT_NEAR(calibrated->c.step_s / run.step_s, 1.0, 0.01);
+  EXPECT_NEAR(calibrated->passes() / run.passes_s, 1.0, 0.01);
 }
 
 // The copies: values kept on the GPU across micro-batches go up once a step; with a reuse
