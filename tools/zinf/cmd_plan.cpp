@@ -389,7 +389,8 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
                          i + 1, config::offload_device_name(c.param_device),
                          config::offload_device_name(c.optimizer_device), fmt::format("{}×{}", c.micro_batch, c.grad_accum),
                          c.activation_checkpointing ? "on" : "off", zero3::count_name(c.sub_group_size),
-                         zero3::count_name(c.max_live_parameters),
+                         // The whole state on the GPU gathers nothing: no live budget.
+                         c.on_gpu && c.gathers == 0 ? std::string("-") : zero3::count_name(c.max_live_parameters),
                          c.host_memory_budget > 0 ? gib(c.host_memory_budget) : std::string("-"), gib(c.memory.host_bytes()),
                          gib(c.memory.pinned_bytes()), gib(c.memory.disk_bytes()),
                          gpu ? fmt::format(" {:>8}", gib(c.memory.gpu)) : "", c.step_s, c.tokens_per_s,
