@@ -49,19 +49,23 @@ Result<PlanGpu> plan_gpu(const std::string& name, std::uint64_t room, const std:
   if (room == 0) return Status::invalid_argument(fmt::format("the GPU {}: no memory to plan with ({})", name, room_source));
   const KnownGpu* known = nullptr;
   for (const KnownGpu& k : kKnown) {
-    if (name.find(k.match) != std::string::npos) {
+    if (!name.empty() && name.find(k.match) != std::string::npos) {
       known = &k;
       break;
     }
   }
   PlanGpu g;
-  g.name = name;
+  g.name = name.empty() ? "an unnamed GPU" : name;
   g.room_bytes = room;
   g.room_source = room_source;
   if (tflops) {
     g.tflops = Roof{*tflops, "given (--gpu-tflops)", false};
   } else if (known != nullptr) {
     g.tflops = Roof{known->tflops, fmt::format("from the datasheet ({}, dense bf16)", known->match), false};
+  } else if (name.empty()) {
+    return Status::invalid_argument(
+        "a GPU without a name: give --gpu-name (as CUDA names it, e.g. \"NVIDIA H100 80GB HBM3\") for zinf plan's "
+        "table to give its peak, or the peak itself with --gpu-tflops");
   } else {
     return Status::invalid_argument(fmt::format(
         "the GPU \"{}\" is not in zinf plan's table: give its dense bf16 tensor-core peak with --gpu-tflops "

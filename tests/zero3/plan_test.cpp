@@ -592,6 +592,12 @@ TEST(PlanGpu, KnowsTheDatasheetAndAsksForAnUnknownGpusPeak) {
   EXPECT_EQ(given->tflops.source, "given (--gpu-tflops)");
   EXPECT_EQ(given->pcie_gbps.value, 60);
   EXPECT_FALSE(plan_gpu("NVIDIA H200", 0, "test", std::nullopt, std::nullopt, std::nullopt).is_ok());
+  auto unnamed = plan_gpu("", 1ull << 30, "test", std::nullopt, std::nullopt, std::nullopt);
+  ASSERT_FALSE(unnamed.is_ok());
+  EXPECT_NE(unnamed.status().message().find("--gpu-name"), std::string::npos) << unnamed.status().message();
+  auto unnamed_given = plan_gpu("", 1ull << 30, "test", 100.0, std::nullopt, std::nullopt);
+  ASSERT_TRUE(unnamed_given.is_ok());
+  EXPECT_EQ(unnamed_given->name, "an unnamed GPU");
 }
 
 // With room for everything, the whole state stays on the GPU; every candidate is a GPU run with

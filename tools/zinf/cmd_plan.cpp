@@ -275,26 +275,28 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
   m.gpus = gpu.device_count;
   m.gpu_detail = gpu.device_count > 0 ? gpu.first_device : gpu.why_none;
   const bool described = !gpu_memory.empty() || !gpu_name.empty();
-  const bool want_gpu = device == "cuda" || (device == "auto" && gpu.build_has_gpu && (gpu.device_count > 0 || !gpu_memory.empty()));
+  const bool want_gpu =
+      device == "cuda" || (device == "auto" && (described || (gpu.build_has_gpu && gpu.device_count > 0)));
   if (device == "cpu" && described) {
     return Status::invalid_argument("--gpu-name and --gpu-memory describe a GPU to plan for: drop them with --device cpu");
   }
   if (want_gpu) {
     if (!gpu.build_has_gpu) {
-      return Status::unsupported("--device cuda: this zinf was built without the GPU layer, so it plans for the CPU only");
+      return Status::unsupported("a plan for a GPU: this zinf was built without the GPU layer, so it plans for the CPU only");
+    }
+    if (!gpu_name.empty() && gpu_memory.empty()) {
+      return Status::invalid_argument(fmt::format("--gpu-name {}: give its memory too (--gpu-memory, e.g. 79G)", gpu_name));
     }
     if (gpu.device_count == 0 && gpu_memory.empty()) {
       return Status::invalid_argument(fmt::format(
           "--device cuda: no GPU here ({}); to plan for one elsewhere, give --gpu-name and --gpu-memory", gpu.why_none));
     }
-    const std::string name = !gpu_name.empty() ? gpu_name : gpu.device_count > 0 ? gpu.first_name : "a GPU";
+    const std::string name = !gpu_name.empty() ? gpu_name : gpu.device_count > 0 ? gpu.first_name : "";
     std::uint64_t room = gpu.first_free_bytes;
     std::string room_source = "free on GPU 0 now";
     if (!gpu_memory.empty()) {
       ZINF_ASSIGN_OR_RETURN(room, parse_bytes("--gpu-memory", gpu_memory));
       room_source = "given (--gpu-memory)";
-    } else if (!gpu_name.empty()) {
-      return Status::invalid_argument(fmt::format("--gpu-name {}: give its memory too (--gpu-memory, e.g. 79G)", gpu_name));
     }
     ZINF_ASSIGN_OR_RETURN(m.gpu, zero3::plan_gpu(name, room, room_source, gpu_tflops, gpu_hbm_gbps, pcie_gbps));
     // This machine's GPU: its copy rate measured (about 0.1 s), unless given.
@@ -468,8 +470,8 @@ void add_plan_command(CLI::App& app, int* exit_code) {
                   "a Hugging Face config.json, or a folder holding one: the model (no weights needed)");
   o->machine.add_to(*cmd, true);
   cmd->add_option("--device", o->device,
-                  "plan for the CPU or a GPU: auto (default) plans for GPU 0 when this build and machine have one, or "
-                  "for the GPU --gpu-memory describes")
+                  "plan for the CPU or a GPU: auto (default) plans for the GPU --gpu-name/--gpu-memory describe, else "
+                  "for GPU 0 when this build and machine have one")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_flag("--json", o->json, "print the plan as one JSON object");
   cmd->add_flag("--show-dropped", o->show_dropped, "list every candidate that does not fit, with the reason");

@@ -35,8 +35,8 @@ struct PlanMachineOptions {
   void add_to(CLI::App& cmd, bool with_nvme_path);
   // The machine: free space, memory, the roofs (probed unless given or read from the summary).
   // device: "cpu" plans for the CPU; "cuda" for a GPU (this machine's, or the one the --gpu-*
-  // options describe), an error without one; "auto" for a GPU when the build has the GPU layer
-  // and either this machine has a GPU or --gpu-memory describes one.
+  // options describe), an error without one; "auto" for a GPU when --gpu-name or --gpu-memory
+  // describes one, or the build has the GPU layer and this machine a GPU.
   Result<zero3::Machine> machine(config::Precision precision, int hidden, const std::string& device) const;
 };
 

@@ -141,7 +141,7 @@ struct PlanGpu {
 // The GPU facts for `name` with `room` bytes: the peak and memory bandwidth from zinf's table of
 // data-center and workstation GPUs (labelled "from the datasheet"), or the given values, and the
 // copy rate given or assumed (PCIe gen 5 for Hopper and later, gen 4 before). A GPU the table
-// does not know needs its peak given: kInvalidArgument naming --gpu-tflops.
+// does not know, or an empty name, needs its peak given: kInvalidArgument naming --gpu-tflops.
 Result<PlanGpu> plan_gpu(const std::string& name, std::uint64_t room, const std::string& room_source,
                          std::optional<double> tflops, std::optional<double> hbm_gbps,
                          std::optional<double> pcie_gbps);
