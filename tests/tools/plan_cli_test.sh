@@ -56,6 +56,24 @@ pred = plan["predicted_peak_host_bytes"]
 assert rss <= pred, f"peak RSS {rss} above the predicted {pred}"
 PY
 
+# --predict: the winner's own config is predicted as the winner; a config that does not fit says why.
+"$zinf" plan "${model[@]}" "${roofs[@]}" --train-batch 4 --nvme-path "$tmp/nvme" --predict "$tmp/ds.json" --json \
+  > "$tmp/predict.json"
+python3 - "$tmp/predict.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+p = j["predicted_config"]
+assert p["fits"] and abs(p["predicted_step_s"] - j["predicted_step_s"]) <= 1e-9 * j["predicted_step_s"], (p, j["predicted_step_s"])
+assert p["predicted_peak_host_bytes"] == j["predicted_peak_host_bytes"]
+PY
+"$zinf" plan "${model[@]}" "${roofs[@]}" --train-batch 4 --host-memory 1G --predict "$tmp/ds.json" > "$tmp/predict.txt"
+grep -q -- "^--predict $tmp/ds.json: .* s/step .*x the plan's #1. It fits." "$tmp/predict.txt" \
+  || { cat "$tmp/predict.txt"; echo "no --predict line"; exit 1; }
+"$zinf" plan "${model[@]}" "${roofs[@]}" --train-batch 4 --host-memory 1G --host-fraction 0.05 --predict "$tmp/ds.json" \
+  > "$tmp/predict_small.txt" 2>&1 || true
+grep -q -- "^--predict .*It does not fit: host memory" "$tmp/predict_small.txt" \
+  || { cat "$tmp/predict_small.txt"; echo "no shortfall on the --predict line"; exit 1; }
+
 # (c) nothing fits.
 rc=0
 "$zinf" plan "${model[@]}" "${roofs[@]}" --host-memory 1M > "$tmp/none.out" 2> "$tmp/none.err" || rc=$?

@@ -202,12 +202,13 @@ Status run_plan(const PlanOptions& o) {
     print_plan(std::cout, plan, machine, o.machine.top, o.show_dropped);
     if (given) {
       const zero3::Candidate& c = *given;
+      const std::string against =
+          plan.fitting.empty() ? "" : fmt::format("; {:.2f}x the plan's #1", c.step_s / plan.fitting.front().step_s);
       std::cout << fmt::format("--predict {}: {}: {:.3f} s/step ({:.0f} tokens/s), peak host {} GiB, disk {} GiB{}, "
-                               "bound by {}; {:.2f}x the plan's #1. {}\n",
+                               "bound by {}{}. {}\n",
                                o.predict_path, c.label(), c.step_s, c.tokens_per_s, gib(c.memory.host_bytes()),
                                gib(c.memory.disk_bytes()), c.on_gpu ? fmt::format(", GPU {} GiB", gib(c.memory.gpu)) : "",
-                               c.bottleneck, plan.fitting.empty() ? 0.0 : c.step_s / plan.fitting.front().step_s,
-                               c.fits ? "It fits." : "It does not fit: " + c.why_not);
+                               c.bottleneck, against, c.fits ? "It fits." : "It does not fit: " + c.why_not);
     }
   }
   if (plan.fitting.empty()) return Status::resource_exhausted(plan.shortfall);
