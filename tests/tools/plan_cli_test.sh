@@ -6,7 +6,8 @@
 #      and the trained run's peak RSS is not above the predicted peak host bytes;
 #  (c) nothing fits: exit 3, naming what is short and by how much;
 #  (d) bad input names the option and the value;
-#  (e) zinf train --plan prints the plan, then trains with it;
+#  (e) zinf train --plan prints the plan, trains with it, and at the end sets the predicted step
+#      time and peak host memory beside the measured ones;
 #  (f) short of host memory for every candidate as configured but not under the engine's budget
 #      sizing: the winner's config carries zinf.host_memory_budget, zinf train runs it within that
 #      budget, and zinf train --plan accepts the budget it planned;
@@ -93,6 +94,8 @@ rc=0
 # (e) train --plan.
 "$zinf" train --plan "${model[@]}" "${roofs[@]}" --train-batch 4 --steps 2 > "$tmp/train_plan.out"
 grep -q "^plan: training with #1" "$tmp/train_plan.out"
+grep -q "^plan: predicted .* s/step, measured .* (median of 1; predicted / measured .*); peak host predicted" "$tmp/train_plan.out" \
+  || { cat "$tmp/train_plan.out"; echo "no planned-against-measured line"; exit 1; }
 grep -q "^done: 2 steps" "$tmp/train_plan.out"
 # (f) a budget. A model whose pools, gathers and weight copies outweigh the budget's process term.
 wide=(--model small --layers 4 --hidden 512 --heads 4 --seq 16 --vocab 8192)

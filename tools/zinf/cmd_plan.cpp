@@ -330,7 +330,7 @@ std::string optimizer_blocks(const config::AutoContext& ctx) {
   return out.dump();
 }
 
-Result<std::string> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
+Result<PlannedRun> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
                                    const std::function<Result<std::unique_ptr<model::Model>>(bool)>& make_model,
                                    int seq, const std::string& scratch, bool gpu, std::ostream& out) {
   zero3::PlanRequest r;
@@ -357,7 +357,18 @@ Result<std::string> plan_for_train(const PlanMachineOptions& options, const conf
                      gib(w.memory.host_bytes()), gib(w.memory.disk_bytes()),
                      w.on_gpu ? fmt::format(", GPU {} GiB", gib(w.memory.gpu)) : "")
       << std::flush;
-  return w.ds_config;
+  return PlannedRun{w.ds_config, w.step_s, w.memory.host_bytes(), w.on_gpu ? w.memory.gpu : 0};
+}
+
+std::string planned_against_measured(const PlannedRun& plan, std::vector<double> steps, std::uint64_t peak_rss) {
+  if (steps.empty()) return "";
+  if (steps.size() > 1) steps.erase(steps.begin());  // the first step warms up
+  std::sort(steps.begin(), steps.end());
+  const double median = steps[steps.size() / 2];
+  return fmt::format("plan: predicted {:.3f} s/step, measured {:.3f} (median of {}; predicted / measured {:.2f}); "
+                     "peak host predicted {} GiB, measured {} GiB ({:.2f})\n",
+                     plan.step_s, median, steps.size(), plan.step_s / median, gib(plan.peak_host_bytes), gib(peak_rss),
+                     static_cast<double>(plan.peak_host_bytes) / static_cast<double>(std::max<std::uint64_t>(peak_rss, 1)));
 }
 
 void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine& machine, int top,

@@ -600,6 +600,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   ctx.run_steps = o.steps;  // the schedule's length only where total_num_steps is "auto"
   ctx.world_size = comm.world_size();
   TempDir swap_dir;
+  std::optional<PlannedRun> planned;  // --plan: the winner and its prediction
   Result<config::DsConfig> ds = Status::internal("unset");
   if (o.config_path.empty()) {
     const char* base = std::getenv("TMPDIR");
@@ -609,10 +610,9 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (o.plan) {
       // The planner sizes the run at the window it will train (its line, if any, comes later).
       ZINF_ASSIGN_OR_RETURN(const int window, training_window(o, saved, run_model, *probe, null_stream()));
-      ZINF_ASSIGN_OR_RETURN(const std::string planned,
-                            plan_for_train(o.plan_machine, ctx, run_model.make, window, templ,
-                                           device.device == ComputeDevice::kCuda, out));
-      ds = config::parse_ds_config(planned, "<plan>", ctx);
+      ZINF_ASSIGN_OR_RETURN(planned, plan_for_train(o.plan_machine, ctx, run_model.make, window, templ,
+                                                    device.device == ComputeDevice::kCuda, out));
+      ds = config::parse_ds_config(planned->ds_config, "<plan>", ctx);
     } else {
       ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);
       log(LogLevel::kInfo, fmt::format("no --config: built-in ZeRO-3 config with NVMe offload to {}", templ));
@@ -738,6 +738,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   const auto start_step = static_cast<int>(engine->counters().steps);
   Progress progress(o.steps, start_step, ds->steps_per_print);
   double first_loss = NAN, last_loss = NAN;
+  std::vector<double> step_seconds;  // each step's wall time (the --plan line's median)
   std::int64_t saved_step = -1;
   // On the GPU: the model's time breakdown, per step and over the steps after this run's first.
   std::optional<DeviceTimes> gpu_prev = device_times(engine->model(), T);
@@ -771,6 +772,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
       micro[g] = zero3::MicroBatch{inputs[g], targets[g], B, T};
     }
     ZINF_ASSIGN_OR_RETURN(zero3::StepReport r, engine->train_step(micro));
+    step_seconds.push_back(r.seconds);
     if (std::isnan(first_loss)) first_loss = r.loss;
     last_loss = r.loss;
     if (comm.rank() == 0) progress.update(r, ds->wall_clock_breakdown);
@@ -830,6 +832,7 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
   if (!o.save_dir.empty()) ZINF_RETURN_IF_ERROR(save(engine->counters().steps));
   if (gpu_steady.steps > 0) out << gpu_steady.summary();
   out << traffic.summary();
+  if (planned) out << planned_against_measured(*planned, step_seconds, peak_rss_bytes());
   out << fmt::format("done: {} steps, loss {:.4f} -> {:.4f}, peak RSS {:.1f} MiB, NVMe traffic {:.1f} MiB\n",
                            engine->counters().steps, first_loss, last_loss, peak_rss_bytes() / 1048576.0,
                            engine->bytes_moved() / 1048576.0);

@@ -54,10 +54,20 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine);
 
 // `zinf train --plan`: plans for the model `make_model` makes, at window `seq` and the batch and
 // precision in `ctx` (the train options), with NVMe folders from the options or else `scratch`;
-// prints the plan to `out` and returns the winner's ds_config text. Nothing fits:
-// ResourceExhausted with the shortfall.
+// prints the plan to `out` and returns the winner. Nothing fits: ResourceExhausted with the
+// shortfall.
 // On a GPU (gpu true: zinf train --device cuda) every candidate is a GPU run.
-Result<std::string> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
+struct PlannedRun {
+  std::string ds_config;        // the winner's
+  double step_s = 0;            // its predicted step time
+  std::uint64_t peak_host_bytes = 0;
+  std::uint64_t peak_gpu_bytes = 0;  // 0: on the CPU
+};
+// The end-of-run line of `zinf train --plan`: the predicted step time and peak host memory beside
+// the measured median step (the first step left out when there are more) and peak RSS.
+std::string planned_against_measured(const PlannedRun& plan, std::vector<double> step_seconds,
+                                     std::uint64_t peak_rss_bytes);
+Result<PlannedRun> plan_for_train(const PlanMachineOptions& options, const config::AutoContext& ctx,
                                    const std::function<Result<std::unique_ptr<model::Model>>(bool)>& make_model,
                                    int seq, const std::string& scratch, bool gpu, std::ostream& out);
 
