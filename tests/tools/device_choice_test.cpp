@@ -9,9 +9,9 @@ namespace {
 
 DeviceProbe no_build() { return DeviceProbe{}; }
 DeviceProbe no_device() {
-  return DeviceProbe{true, 0, "no CUDA device: cudaGetDeviceCount: cudaErrorNoDevice: no CUDA-capable device is detected", "", "", 0};
+  return DeviceProbe{true, 0, "no CUDA device: cudaGetDeviceCount: cudaErrorNoDevice: no CUDA-capable device is detected", "", ""};
 }
-DeviceProbe one_h100() { return DeviceProbe{true, 1, "", "NVIDIA H100 80GB HBM3, 79.6 GiB", "NVIDIA H100 80GB HBM3", 80ull << 30}; }
+DeviceProbe one_h100() { return DeviceProbe{true, 1, "", "NVIDIA H100 80GB HBM3, 79.6 GiB", "NVIDIA H100 80GB HBM3"}; }
 
 DeviceChoice must(Result<DeviceChoice> r) {
   EXPECT_TRUE(r.is_ok()) << r.status().to_string();
@@ -33,9 +33,9 @@ TEST(ResolveDevice, AutoIsCudaOnlyWithTheLayerAndADevice) {
   EXPECT_NE(unbuilt.line().find("built without the GPU layer"), std::string::npos) << unbuilt.line();
 
   // A build-less probe wins even if it claims devices (it never does: nothing was probed).
-  EXPECT_EQ(must(resolve_device("auto", DeviceProbe{false, 2, "", "x", "x", 0})).device, ComputeDevice::kCpu);
+  EXPECT_EQ(must(resolve_device("auto", DeviceProbe{false, 2, "", "x", "x"})).device, ComputeDevice::kCpu);
   // Several GPUs: GPU 0, said so.
-  EXPECT_EQ(must(resolve_device("auto", DeviceProbe{true, 8, "", "NVIDIA H200, 139.8 GiB", "NVIDIA H200", 139ull << 30})).line(),
+  EXPECT_EQ(must(resolve_device("auto", DeviceProbe{true, 8, "", "NVIDIA H200, 139.8 GiB", "NVIDIA H200"})).line(),
             "device: cuda (NVIDIA H200, 139.8 GiB; GPU 0 of 8)");
 }
 

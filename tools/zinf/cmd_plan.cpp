@@ -293,11 +293,15 @@ Result<zero3::Machine> PlanMachineOptions::machine(config::Precision precision, 
           "--device cuda: no GPU here ({}); to plan for one elsewhere, give --gpu-name and --gpu-memory", gpu.why_none));
     }
     const std::string name = !gpu_name.empty() ? gpu_name : gpu.device_count > 0 ? gpu.first_name : "";
-    std::uint64_t room = gpu.first_free_bytes;
+    std::uint64_t room = 0;
     std::string room_source = "free on GPU 0 now";
     if (!gpu_memory.empty()) {
       ZINF_ASSIGN_OR_RETURN(room, parse_bytes("--gpu-memory", gpu_memory));
       room_source = "given (--gpu-memory)";
+    } else {
+      Result<std::uint64_t> free_now = gpu0_free_bytes();
+      if (!free_now.is_ok()) return free_now.status().with_context("the free memory of GPU 0 (--gpu-memory gives it)");
+      room = *free_now;
     }
     ZINF_ASSIGN_OR_RETURN(m.gpu, zero3::plan_gpu(name, room, room_source, gpu_tflops, gpu_hbm_gbps, pcie_gbps));
     // This machine's GPU: its copy rate measured (about 0.1 s), unless given.

@@ -25,7 +25,6 @@ struct DeviceProbe {
   std::string why_none;        // device_count == 0: CUDA's reason ("no CUDA device: ...")
   std::string first_device;    // device 0 in a few words: "NVIDIA H100 80GB HBM3, 79.6 GiB"
   std::string first_name;      // device 0's name: "NVIDIA H100 80GB HBM3"
-  std::uint64_t first_free_bytes = 0;  // device 0's free memory when probed (cudaMemGetInfo)
 };
 
 struct DeviceChoice {
@@ -57,6 +56,10 @@ Result<std::unique_ptr<model::Model>> place_model(std::unique_ptr<model::Model> 
 // Llama) binds at `rows` = micro-batch x window, as zinf train --device cuda sizes it; computed
 // on the host, no GPU needed. Unsupported in a build without the GPU layer or for another model.
 Result<std::uint64_t> gpu_workspace_bytes(const model::Model& cpu_model, int rows);
+
+// GPU 0's free memory now (cudaMemGetInfo). Not part of probe_devices: it makes a CUDA context on
+// GPU 0, which a rank that trains on another GPU must not hold.
+Result<std::uint64_t> gpu0_free_bytes();
 
 // zinf plan's copy-rate probe of GPU 0: 64 MiB copies each way between zinf's pinned memory and
 // the device through its copy engine (the engine's own path), the median of 5 of each; GB/s of

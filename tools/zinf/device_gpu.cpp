@@ -37,8 +37,12 @@ DeviceProbe probe_devices() {
   p.device_count = count.value();
   p.first_device = fmt::format("{}, {:.1f} GiB", info->name, static_cast<double>(info->total_memory) / (1u << 30));
   p.first_name = info->name;
-  if (Result<gpu::MemoryInfo> mem = gpu::memory_info(0); mem.is_ok()) p.first_free_bytes = mem->free;
   return p;
+}
+
+Result<std::uint64_t> gpu0_free_bytes() {
+  ZINF_ASSIGN_OR_RETURN(const gpu::MemoryInfo mem, gpu::memory_info(0));
+  return static_cast<std::uint64_t>(mem.free);
 }
 
 Result<std::uint64_t> gpu_workspace_bytes(const model::Model& cpu_model, int rows) {

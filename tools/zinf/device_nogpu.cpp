@@ -16,6 +16,8 @@ Result<std::uint64_t> gpu_workspace_bytes(const model::Model&, int) {
   return Status::unsupported("this zinf was built without the GPU layer: it plans for the CPU only (--device cpu)");
 }
 
+Result<std::uint64_t> gpu0_free_bytes() { return Status::unsupported("this zinf was built without the GPU layer"); }
+
 Result<double> probe_gpu_copy_gbps() { return Status::unsupported("this zinf was built without the GPU layer"); }
 
 std::optional<DeviceTimes> device_times(const model::Model&, int) { return std::nullopt; }
