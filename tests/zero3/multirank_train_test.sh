@@ -12,6 +12,7 @@
 # (a bf16 parameter copy that rounds the other way moves gradients by ~1e-3: 6.9e-4 measured) and
 # to 1e-1 for all 20 (1.4e-2 measured at step 18 with 3 ranks; 4.7e-3 with 2).
 # All three devices give the same numbers (the engine is bit-identical across offload devices).
+# Last, --plan with 2 ranks trains rank 0's plan on every rank.
 set -euo pipefail
 zinf=$1
 tmp=$(mktemp -d "${ZINF_TEST_TMPDIR:-/tmp}/multirank.XXXXXX")
@@ -86,4 +87,15 @@ budget = [json.loads(l)["loss"] for l in open(sys.argv[2])]
 assert budget == free, f"2 ranks under a host-memory budget: losses {budget} differ from {free}"
 print(f"2 ranks, offload nvme, --host-memory-budget {sys.argv[3]}M: the same losses {budget}")
 PY
-echo "multirank_train_test: 2 and 3 ranks match 1 rank (offload none, cpu, nvme; $steps steps); a budget changes no loss"
+# zinf train --plan at W > 1: rank 0 plans and every rank trains its winner, each rank in its own
+# temporary NVMe folder (with 400M of host memory for a rank, the winner keeps the optimizer on NVMe).
+mkdir -p "$tmp/plan_tmp"
+TMPDIR="$tmp/plan_tmp" timeout 300 mpirun --allow-run-as-root --oversubscribe --bind-to none -x TMPDIR -np 2 \
+  "$zinf" train --plan --model small --layers 4 --hidden 512 --heads 4 --seq 16 --vocab 8192 --train-batch 4 \
+  --steps 2 --device cpu --host-memory 400M --matmul-gflops 40 --memory-gbps 20 > "$tmp/out_plan" 2>&1 \
+  || { echo "mpirun zinf train --plan failed:"; cat "$tmp/out_plan"; exit 1; }
+grep -q "^plan: training with #1" "$tmp/out_plan" && grep -q "^done: 2 steps, .* NVMe traffic [1-9]" "$tmp/out_plan" \
+  || { echo "2 ranks --plan: no plan, or no NVMe traffic:"; cat "$tmp/out_plan"; exit 1; }
+[ "$(grep -c '^plan: training with #1' "$tmp/out_plan")" = 1 ] || { echo "more than rank 0 planned:"; cat "$tmp/out_plan"; exit 1; }
+[ -z "$(ls -A "$tmp/plan_tmp")" ] || { echo "temporary NVMe folders left:"; ls -la "$tmp/plan_tmp"; exit 1; }
+echo "multirank_train_test: 2 and 3 ranks match 1 rank (offload none, cpu, nvme; $steps steps); a budget changes no loss; --plan trains rank 0's plan"

@@ -15,6 +15,8 @@
 #include <filesystem>
 #include <functional>
 #include <optional>
+#include <span>
+#include <string>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -566,6 +568,37 @@ Result<std::uint64_t> check_memory(const TrainOptions& o, const zero3::EngineOpt
   return mem.gpu;
 }
 
+// Sends `text` from rank 0 to every rank (its length first).
+Status broadcast_text(zero3::Communicator& comm, std::string& text) {
+  std::uint64_t size = text.size();
+  ZINF_RETURN_IF_ERROR(comm.broadcast(std::as_writable_bytes(std::span(&size, 1)), 0));
+  text.resize(size);
+  return comm.broadcast(std::as_writable_bytes(std::span(text.data(), text.size())), 0);
+}
+
+// zinf train --plan: with W > 1 only rank 0 plans (its probes and its printout) and every rank
+// trains rank 0's winner, which the ranks' own probes might not have chosen alike. Each rank's
+// temporary NVMe folder (`scratch`, per rank and per machine) takes the place of rank 0's in the
+// config. When rank 0 finds nothing that fits, every rank fails.
+Result<PlannedRun> plan_on_rank0(zero3::Communicator& comm, const std::function<Result<PlannedRun>()>& plan,
+                                 const std::string& scratch) {
+  if (comm.world_size() == 1) return plan();
+  Result<PlannedRun> planned = Status::internal("not planned on this rank");
+  std::string config, rank0_scratch = scratch;
+  if (comm.rank() == 0) {
+    planned = plan();
+    if (planned.is_ok()) config = planned->ds_config;
+  }
+  ZINF_RETURN_IF_ERROR(broadcast_text(comm, config));
+  ZINF_RETURN_IF_ERROR(broadcast_text(comm, rank0_scratch));
+  if (comm.rank() == 0) return planned;
+  if (config.empty()) return Status::resource_exhausted("--plan: rank 0 found no configuration that fits (its output says what is short)");
+  for (std::size_t at = 0; (at = config.find(rank0_scratch, at)) != std::string::npos; at += scratch.size()) {
+    config.replace(at, rank0_scratch.size(), scratch);
+  }
+  return PlannedRun{config};
+}
+
 // Runs the training loop on `comm`, which the caller owns so that it can end the job when this
 // fails on one rank. Everything this creates (engine, swap files) is released before it returns.
 // `*stopped_by` is the signal that stopped the run early (0 when it ran to --steps).
@@ -610,8 +643,10 @@ Status run_train(const TrainOptions& o, zero3::Communicator& comm, int* stopped_
     if (o.plan) {
       // The planner sizes the run at the window it will train (its line, if any, comes later).
       ZINF_ASSIGN_OR_RETURN(const int window, training_window(o, saved, run_model, *probe, null_stream()));
-      ZINF_ASSIGN_OR_RETURN(planned, plan_for_train(o.plan_machine, ctx, run_model.make, window, templ,
-                                                    device.device == ComputeDevice::kCuda, out));
+      ZINF_ASSIGN_OR_RETURN(planned, plan_on_rank0(comm, [&] {
+                              return plan_for_train(o.plan_machine, ctx, run_model.make, window, templ,
+                                                    device.device == ComputeDevice::kCuda, out);
+                            }, templ));
       ds = config::parse_ds_config(planned->ds_config, "<plan>", ctx);
     } else {
       ds = config::parse_ds_config(default_ds_config(templ), "<built-in config>", ctx);
