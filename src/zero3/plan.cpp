@@ -319,6 +319,19 @@ Result<std::unique_ptr<model::Model>> planned_model(const PlanRequest& r, bool r
   return m;
 }
 
+// What predict_memory needs of a GPU plan's candidate of `m` at micro-batch B: the GPU model's
+// workspace and the GPU's room (nothing on the host).
+Result<GpuRun> gpu_run_of(const PlanRequest& r, const Machine& machine, const model::Model& m, int B) {
+  GpuRun run;
+  if (!machine.gpu) return run;
+  if (!r.gpu_workspace) {
+    return Status::invalid_argument("a plan on a GPU needs the GPU models' workspace sizes (a GPU build)");
+  }
+  ZINF_ASSIGN_OR_RETURN(run.workspace_bytes, r.gpu_workspace(m, B * r.seq));
+  run.free_bytes = machine.gpu->room_bytes;
+  return run;
+}
+
 // Bytes a candidate needs free under each drive: the optimizer's files go to the first drive, the
 // parameters' to the second when given.
 std::map<std::string, std::uint64_t> disk_need(const Candidate& c, const Machine& machine) {
@@ -410,33 +423,33 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   std::vector<Candidate> out;
   for (const auto& [pd, od] : placements) {
     std::vector<std::int64_t> groups = {1000000000};
-      if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
-      for (std::int64_t sg : groups) {
-        if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
-        for (const Knobs& k : knobs) {
-          // The state on the GPU gathers nothing: the live knobs do not apply.
-          if (pd == OffloadDevice::kNone && k.lean) continue;
-          for (std::int64_t b : micros) {
-            Candidate c;
-            c.on_gpu = machine.gpu.has_value();
-            c.param_device = pd;
-            c.optimizer_device = od;
-            c.micro_batch = b;
-            c.grad_accum = per_rank_batch / b;
-            c.activation_checkpointing = k.recompute;
-            c.sub_group_size = sg;
-            const std::int64_t live = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
-            c.max_live_parameters = k.lean ? live : 2 * live;
-            if (c.on_gpu && !k.lean) c.max_reuse_distance = resident_reuse;
-            c.prefetch_bucket_size = std::min<std::int64_t>(live / 2 + 1, 50000000);
-            c.reduce_bucket_size = k.lean ? largest : std::min<std::int64_t>(total, 500000000);
-            c.param_buffer_count = 5;
-            c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
-            c.optimizer_buffer_count = 4;
-            out.push_back(c);
-          }
+    if (od == OffloadDevice::kNvme) groups = {1000000, 10000000, 100000000, 1000000000};
+    for (std::int64_t sg : groups) {
+      if (sg != groups.front() && sg / 10 >= total) continue;  // the same layout as a smaller one
+      for (const Knobs& k : knobs) {
+        // The state on the GPU gathers nothing: the live knobs do not apply.
+        if (pd == OffloadDevice::kNone && k.lean) continue;
+        for (std::int64_t b : micros) {
+          Candidate c;
+          c.on_gpu = machine.gpu.has_value();
+          c.param_device = pd;
+          c.optimizer_device = od;
+          c.micro_batch = b;
+          c.grad_accum = per_rank_batch / b;
+          c.activation_checkpointing = k.recompute;
+          c.sub_group_size = sg;
+          const std::int64_t live = k.lean ? 2 * largest : std::max<std::int64_t>(total, 1);
+          c.max_live_parameters = k.lean ? live : 2 * live;
+          if (c.on_gpu && !k.lean) c.max_reuse_distance = resident_reuse;
+          c.prefetch_bucket_size = std::min<std::int64_t>(live / 2 + 1, 50000000);
+          c.reduce_bucket_size = k.lean ? largest : std::min<std::int64_t>(total, 500000000);
+          c.param_buffer_count = 5;
+          c.param_buffer_size = (largest_partition + 2047) / 2048 * 2048;
+          c.optimizer_buffer_count = 4;
+          out.push_back(c);
         }
       }
+    }
   }
   return out;
 }
@@ -554,14 +567,7 @@ Result<Candidate> predict_config(const PlanRequest& request, const Machine& mach
   c.optimizer_buffer_count = z.offload_optimizer.buffer_count;
   c.host_memory_budget = ds.zinf.host_memory_budget;
   const int B = static_cast<int>(c.micro_batch);
-  GpuRun gpu_run;
-  if (c.on_gpu) {
-    if (!request.gpu_workspace) {
-      return Status::invalid_argument("predict_config: a plan on a GPU needs the GPU models' workspace sizes (a GPU build)");
-    }
-    ZINF_ASSIGN_OR_RETURN(gpu_run.workspace_bytes, request.gpu_workspace(*m, B * request.seq));
-    gpu_run.free_bytes = machine.gpu->room_bytes;
-  }
+  ZINF_ASSIGN_OR_RETURN(const GpuRun gpu_run, gpu_run_of(request, machine, *m, B));
   ZINF_ASSIGN_OR_RETURN(c.memory, predict_memory(*m, ds, B, request.seq, c.on_gpu ? ComputeOn::kGpu : ComputeOn::kHost,
                                                  gpu_run));
   predict_time(c, shape_of(*plain), *plain, ds, request, roofs, c.on_gpu ? &*machine.gpu : nullptr);
@@ -635,9 +641,6 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     return Status::invalid_argument(fmt::format("--micro-batch {} does not divide the {} samples per rank of --train-batch",
                                                 *r.micro_batch, per_rank));
   }
-  if (machine.gpu && !r.gpu_workspace) {
-    return Status::invalid_argument("make_plan: a plan on a GPU needs the GPU models' workspace sizes (a GPU build)");
-  }
   Plan plan;
   plan.tokens_per_step = per_rank * r.world_size * r.seq;
   ZINF_ASSIGN_OR_RETURN(const Roofs roofs, roofs_of(machine));
@@ -650,11 +653,7 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
     if (!ds.is_ok()) return ds.status().with_context("the planner wrote a config zinf refuses");
     const model::Model& m = c.activation_checkpointing ? *recompute : *plain;
     const int B = static_cast<int>(c.micro_batch);
-    GpuRun gpu_run;
-    if (c.on_gpu) {
-      ZINF_ASSIGN_OR_RETURN(gpu_run.workspace_bytes, r.gpu_workspace(m, B * r.seq));
-      gpu_run.free_bytes = machine.gpu->room_bytes;
-    }
+    ZINF_ASSIGN_OR_RETURN(const GpuRun gpu_run, gpu_run_of(r, machine, m, B));
     Result<MemoryPrediction> mem =
         predict_memory(m, ds.value(), B, r.seq, c.on_gpu ? ComputeOn::kGpu : ComputeOn::kHost, gpu_run);
     if (!mem.is_ok()) {

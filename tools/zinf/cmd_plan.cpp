@@ -119,6 +119,20 @@ Result<std::pair<double, double>> step_breakdown(const std::string& path) {
   return std::make_pair(median(passes), median(optimizer));
 }
 
+// The request's batch, ranks, precision and optimizer blocks from the train-style options, the
+// share of host memory it may fill, and the GPU models' workspace sizes (zinf plan and zinf train
+// --plan alike).
+void set_run_shape(zero3::PlanRequest& r, const config::AutoContext& ctx, double host_fraction) {
+  r.micro_batch = ctx.micro_batch;
+  r.grad_accum = ctx.grad_accum;
+  r.train_batch = ctx.train_batch;
+  r.world_size = static_cast<int>(ctx.world_size);
+  r.precision = ctx.precision.value_or(config::Precision::kBf16);
+  r.host_fraction = host_fraction;
+  r.optimizer_json = optimizer_blocks(ctx);
+  r.gpu_workspace = gpu_workspace_bytes;
+}
+
 // The request from the options: the model (an HF folder or a preset), its window and batch.
 Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
   zero3::PlanRequest r;
@@ -151,14 +165,7 @@ Result<zero3::PlanRequest> plan_request(const PlanOptions& o, int* hidden) {
                                                 m->max_seq()));
   }
   ZINF_ASSIGN_OR_RETURN(config::AutoContext ctx, o.autos.context(std::nullopt));
-  r.micro_batch = ctx.micro_batch;
-  r.grad_accum = ctx.grad_accum;
-  r.train_batch = ctx.train_batch;
-  r.world_size = static_cast<int>(ctx.world_size);
-  r.precision = ctx.precision.value_or(config::Precision::kBf16);
-  r.host_fraction = o.machine.host_fraction;
-  r.optimizer_json = optimizer_blocks(ctx);
-  r.gpu_workspace = gpu_workspace_bytes;
+  set_run_shape(r, ctx, o.machine.host_fraction);
   return r;
 }
 
@@ -190,14 +197,7 @@ Status run_plan(const PlanOptions& o) {
     given = std::move(c).value();
   }
   if (o.json) {
-    std::string text = plan_json(plan, machine);
-    if (given) {
-      nlohmann::json j = nlohmann::json::parse(text);
-      j["predicted_config"] = candidate_json(*given);
-      j["predicted_config"]["path"] = o.predict_path;
-      text = j.dump(2) + "\n";
-    }
-    std::cout << text;
+    std::cout << plan_json(plan, machine, given ? &*given : nullptr, o.predict_path);
   } else {
     print_plan(std::cout, plan, machine, o.machine.top, o.show_dropped);
     if (given) {
@@ -340,14 +340,7 @@ Result<PlannedRun> plan_for_train(const PlanMachineOptions& options, const confi
   zero3::PlanRequest r;
   r.make_model = make_model;
   r.seq = seq;
-  r.micro_batch = ctx.micro_batch;
-  r.grad_accum = ctx.grad_accum;
-  r.train_batch = ctx.train_batch;
-  r.world_size = static_cast<int>(ctx.world_size);
-  r.precision = ctx.precision.value_or(config::Precision::kBf16);
-  r.host_fraction = options.host_fraction;
-  r.optimizer_json = optimizer_blocks(ctx);
-  r.gpu_workspace = gpu_workspace_bytes;
+  set_run_shape(r, ctx, options.host_fraction);
   PlanMachineOptions with_drive = options;
   if (with_drive.nvme_paths.empty()) with_drive.nvme_paths = {scratch};
   ZINF_ASSIGN_OR_RETURN(std::unique_ptr<model::Model> m, make_model(false));
@@ -429,7 +422,8 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
   for (const std::string& a : plan.assumptions) out << "  - " << a << "\n";
 }
 
-std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
+std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine, const zero3::Candidate* predicted,
+                      const std::string& predicted_path) {
   nlohmann::json j;
   nlohmann::json cands = nlohmann::json::array();
   for (const zero3::Candidate& c : plan.fitting) cands.push_back(candidate_json(c));
@@ -473,6 +467,10 @@ std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine) {
   j["assumptions"] = plan.assumptions;
   j["calibration"] = plan.calibration;
   j["candidates"] = cands;
+  if (predicted != nullptr) {
+    j["predicted_config"] = candidate_json(*predicted);
+    j["predicted_config"]["path"] = predicted_path;
+  }
   return j.dump(2) + "\n";
 }
 

@@ -49,8 +49,9 @@ void print_plan(std::ostream& out, const zero3::Plan& plan, const zero3::Machine
                 bool show_dropped);
 
 // The plan as one JSON object: config, predicted_step_s, predicted_peak_host_bytes,
-// predicted_disk_bytes, candidates, ...
-std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine);
+// predicted_disk_bytes, candidates, ...; with `predicted` (--predict), predicted_config too.
+std::string plan_json(const zero3::Plan& plan, const zero3::Machine& machine,
+                      const zero3::Candidate* predicted = nullptr, const std::string& predicted_path = "");
 
 // `zinf train --plan`: plans for the model `make_model` makes, at window `seq` and the batch and
 // precision in `ctx` (the train options), with NVMe folders from the options or else `scratch`;
