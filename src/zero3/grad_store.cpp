@@ -160,6 +160,34 @@ std::uint64_t second_buffer_elements(const swap::PartitionLayout& layout) {
   return swap::align_up(largest_partition(layout), swap::PartitionLayout::kAlign);
 }
 
+constexpr std::uint64_t kNotHeld = UINT64_MAX;
+
+// The partitions whose sums the swapped store keeps in host memory through the micro-batches:
+// per partition its offset in the held array (padded, kAlign apart), or kNotHeld; *total gets the
+// array's elements. The store writes one partition at a time, so the accumulation that follows a
+// large partition's waits for its write; a layer norm's gradient comes right after the large
+// block before it, with only the norm's short backward to cover that write. Partitions of at most
+// a sixteenth of the largest (padded) are held, smallest first, while they total at most half of
+// it: a layer norm's sums stay in memory and reach the store once a step.
+std::vector<std::uint64_t> held_offsets(const swap::PartitionLayout& layout, std::uint64_t* total) {
+  constexpr std::uint64_t kSmall = 16;
+  const std::uint64_t largest = second_buffer_elements(layout);
+  std::vector<std::size_t> order(layout.params.size());
+  for (std::size_t p = 0; p < order.size(); ++p) order[p] = p;
+  auto padded = [&](std::size_t p) { return swap::align_up(layout.params[p].numel, swap::PartitionLayout::kAlign); };
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return padded(a) < padded(b); });
+  std::vector<std::uint64_t> offsets(layout.params.size(), kNotHeld);
+  *total = 0;
+  for (std::size_t p : order) {
+    const std::uint64_t n = padded(p);
+    if (n == 0) continue;
+    if (n * kSmall > largest || 2 * (*total + n) > largest) break;
+    offsets[p] = *total;
+    *total += n;
+  }
+  return offsets;
+}
+
 class SwappedGradStore final : public GradStore {
  public:
   SwappedGradStore(const swap::PartitionLayout& layout, swap::OptimizerSwapper& swapper)
@@ -167,7 +195,8 @@ class SwappedGradStore final : public GradStore {
         swapper_(swapper),
         touched_(layout.params.size(), false),
         next_(layout.params.size(), kNone),
-        micro_of_(layout.params.size(), 0) {}
+        micro_of_(layout.params.size(), 0),
+        held_of_(held_offsets(layout, &held_elements_)) {}
   // The buffers may still be the source of a write or the target of a read in flight.
   ~SwappedGradStore() override {
     (void)swapper_.wait_gradient_read();
@@ -181,6 +210,10 @@ class SwappedGradStore final : public GradStore {
     for (int i = 0; i < kBuffers; ++i) {
       ZINF_ASSIGN_OR_RETURN(buffers_[i], aio::PinnedBuffer::allocate(elements[i] * sizeof(float), swap::kSwapAlignment));
     }
+    held_ = model::FloatBuffer::allocate(held_elements_);
+    if (held_.data() == nullptr && held_elements_ > 0) {
+      return Status::resource_exhausted(fmt::format("cannot allocate {} fp32 gradient elements", held_elements_));
+    }
     for (const swap::SubGroup& sg : layout_.subgroups) {
       const std::uint64_t blocks = (sg.numel + kNormBlock - 1) / kNormBlock;
       block_sums_.emplace_back(blocks, 0.0);
@@ -192,6 +225,7 @@ class SwappedGradStore final : public GradStore {
   Status begin_step() override {
     std::fill(touched_.begin(), touched_.end(), false);
     for (std::vector<char>& c : block_current_) std::fill(c.begin(), c.end(), 0);
+    ended_ = false;
     last_ = kNone;
     // A read ahead left by a step that failed before stats(): nothing reads it.
     ahead_ = kNone;
@@ -211,6 +245,19 @@ class SwappedGradStore final : public GradStore {
     const std::uint64_t start = layout_.offset_in_subgroup[p];
     // The padding up to kAlign is written too, and must stay zero.
     const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
+    if (held_of_[p] != kNotHeld) {
+      // In memory until end_accumulation(): no transfer, and the read ahead goes on.
+      float* acc = held_.data() + held_of_[p];
+      if (touched_[p]) {
+        add_into(acc, in);
+      } else {
+        sum_from_zero(acc, in);
+        std::memset(acc + in.size(), 0, (padded - in.size()) * sizeof(float));
+      }
+      if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
+      touched_[p] = true;
+      return Status::ok();
+    }
     // The sum so far: read ahead into the free buffer when p was predicted, else read now. The
     // other buffer is the source of the last partition's write, still in flight; it ran under
     // the model's work since (the next module's backward). A failed transfer leaves that
@@ -250,19 +297,33 @@ class SwappedGradStore final : public GradStore {
     return Status::ok();
   }
 
-  Result<optim::GradStats> stats() override {
+  // The store then holds the step's sums: the last write landed, the held sums written, and
+  // the partitions no micro-batch reached (which still hold the last step's sums) zeroed.
+  Status end_accumulation() override {
+    if (ended_) return Status::ok();
     ahead_ = kNone;
     ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_read());
     ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_write());  // before buf() is reused
-    // Partitions no micro-batch reached still hold the last step's sums: zero them.
     for (std::size_t p = 0; p < layout_.params.size(); ++p) {
-      if (touched_[p] || layout_.params[p].numel == 0) continue;
-      std::memset(buf(0), 0, swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float));
+      const bool held = held_of_[p] != kNotHeld;
+      if ((touched_[p] && !held) || layout_.params[p].numel == 0) continue;
+      const std::uint64_t padded = swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign);
+      if (!touched_[p]) {
+        std::memset(buf(0), 0, padded * sizeof(float));
+      } else {
+        std::memcpy(buf(0), held_.data() + held_of_[p], padded * sizeof(float));
+      }
       ZINF_RETURN_IF_ERROR(swapper_.write_gradient_range(layout_.subgroup_of[p], layout_.offset_in_subgroup[p],
                                                          layout_.params[p].numel, buf(0)));
-      bytes_ += swap::align_up(layout_.params[p].numel, swap::PartitionLayout::kAlign) * sizeof(float);
+      bytes_ += padded * sizeof(float);
       touched_[p] = true;
     }
+    ended_ = true;
+    return Status::ok();
+  }
+
+  Result<optim::GradStats> stats() override {
+    ZINF_RETURN_IF_ERROR(end_accumulation());
     // grad_stats sums fixed blocks and adds the block sums in order: with every block's sum at
     // hand, adding them in that order gives the in-memory store's norm. The blocks no
     // accumulation summed (across two partitions, or in partitions no micro-batch reached) are
@@ -295,7 +356,7 @@ class SwappedGradStore final : public GradStore {
 
   std::vector<optim::GradView> step_views() const override { return {}; }
   std::uint64_t host_bytes() const override {
-    std::uint64_t b = swapped_gradient_buffer_bytes(layout_);
+    std::uint64_t b = swapped_gradient_buffer_bytes(layout_) + swapped_gradient_held_bytes(layout_);
     for (const std::vector<double>& s : block_sums_) b += s.size() * (sizeof(double) + 1);
     return b;
   }
@@ -342,6 +403,11 @@ class SwappedGradStore final : public GradStore {
   std::vector<std::vector<double>> block_sums_;
   std::vector<std::vector<char>> block_current_;
   bool last_micro_batch_ = true;
+  // The small partitions' sums (held_offsets): per partition its offset in held_, or kNotHeld.
+  std::uint64_t held_elements_ = 0;
+  std::vector<std::uint64_t> held_of_;
+  model::FloatBuffer held_;
+  bool ended_ = false;  // end_accumulation() ran this step
 };
 
 }  // namespace
@@ -360,6 +426,12 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
 
 std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout) {
   return sizeof(float) * (first_buffer_elements(layout) + second_buffer_elements(layout));
+}
+
+std::uint64_t swapped_gradient_held_bytes(const swap::PartitionLayout& layout) {
+  std::uint64_t total = 0;
+  (void)held_offsets(layout, &total);
+  return sizeof(float) * total;
 }
 
 std::uint64_t swapped_norm_read_elements(const swap::PartitionLayout& layout) {

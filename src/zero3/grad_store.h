@@ -62,8 +62,11 @@ Result<std::unique_ptr<GradStore>> make_memory_grad_store(const swap::PartitionL
 // waits for it. A failed write fails the next of those. The sum so far is read ahead: after
 // each accumulation the store starts reading the sum of the partition that followed this one
 // last time (backward's order repeats every micro-batch) into the other buffer, beside the
-// write; an accumulation of another partition drops that read and reads its own. `swapper`
-// must outlive the store.
+// write; an accumulation of another partition drops that read and reads its own. The smallest
+// partitions (a layer norm's; swapped_gradient_held_bytes) keep their sums in host memory instead,
+// so that their accumulation waits for no write; end_accumulation() (stats() calls it) writes
+// them, after which the store holds the step's sums for the optimizer step. `swapper` must
+// outlive the store.
 Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::PartitionLayout& layout,
                                                            swap::OptimizerSwapper& swapper);
 // Bytes of the swapped store's two pinned buffers, each the largest partition, at least the
@@ -71,6 +74,9 @@ Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::Partition
 // read ahead into the other). With the optimizer on NVMe this is all of the gradients the host
 // holds (the host-memory budget and zinf plan count it).
 std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout);
+// Bytes of host memory (not pinned) in which the swapped store keeps the sums of its smallest
+// partitions (a layer norm's) until end_accumulation() writes them: at most half a partition.
+std::uint64_t swapped_gradient_held_bytes(const swap::PartitionLayout& layout);
 // acc[i] += in[i]: the accumulation loop both stores run, so their sums are the same floats. Large
 // spans are split over the default thread pool (element-wise: the same floats whatever the split).
 void add_into(float* acc, std::span<const float> in);

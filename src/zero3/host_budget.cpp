@@ -74,6 +74,7 @@ std::vector<MemoryTerm> fixed_terms(const HostBudgetRequest& r, const GatheredSi
   if (opt_nvme) {
     t.push_back({"the gradient store's buffer (fp32; the gradients are on NVMe)",
                  swapped_gradient_buffer_bytes(r.layout), true});
+    t.push_back({"the gradient store's small partitions (fp32, in memory)", swapped_gradient_held_bytes(r.layout), false});
   } else {
     t.push_back({"fp32 gradient partitions", 4 * shard, false});
     t.push_back({fmt::format("optimizer state in memory (master + {} states, fp32)", r.optimizer_states),

@@ -195,6 +195,7 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     // tier_factory.cpp: with the optimizer on NVMe the gradients go to the swapper's gradient
     // store, through one pinned buffer; on the disk, one fp32 array per sub-group.
     add("gradient store buffer (fp32; the gradients are on NVMe)", swapped_gradient_buffer_bytes(layout), true);
+    add("the gradient store's small partitions (fp32, in memory)", swapped_gradient_held_bytes(layout), false);
     m.norm_read_elements = swapped_norm_read_elements(layout);
     for (const swap::SubGroup& sg : layout.subgroups) m.disk_optimizer += page_up(4 * sg.numel);
     // tier_factory.cpp leaves OptimizerSwapConfig::buffer_size 0: the swapper sizes each buffer

@@ -292,6 +292,84 @@ TEST(GradStore, MemoryViewsAfterEndAccumulationAreThisStepsSums) {
   }
 }
 
+// The smallest partitions (a layer norm's) keep their sums in memory: their accumulations start
+// no transfer, so none waits for the large partition's write before it, and end_accumulation()
+// writes them once, after which the store holds the in-memory store's bits (a held partition no
+// micro-batch reached reads as zero); a failed write of one fails end_accumulation, naming the
+// gradients.
+TEST(GradStore, SmallPartitionsStayInMemoryUntilTheEndOfTheStep) {
+  // "big" pads to 40960 elements: partitions of at most 2560 padded are held, up to 20480 in all.
+  // "ln1" and "ln2" (2048 padded each) are held; "mid" (6144 padded) is not.
+  std::vector<swap::ParamPartition> parts = {
+      {"big", 40000}, {"ln1", 700}, {"mid", 5000}, {"ln2", 2048}, {"never", 10}};
+  const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 1u << 20);
+  EXPECT_EQ(swapped_gradient_held_bytes(layout), 3u * 2048u * sizeof(float));  // ln1, ln2, never
+  for (const bool fail : {false, true}) {
+    SCOPED_TRACE(fail ? "a held partition's write fails" : "every write lands");
+    auto faults = std::make_shared<aio::FaultInjector>();
+    aio::FaultRule counting;  // counts the writes (a 1 us delay each)
+    counting.action = aio::FaultAction::kDelay;
+    counting.op = aio::FaultOp::kWrite;
+    counting.count = UINT64_MAX;
+    counting.delay = std::chrono::microseconds(1);
+    faults->add(counting);
+    BothStores stores;
+    ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
+    GradStore& swapped = *stores.swapped.value();
+    EXPECT_GE(swapped.host_bytes(), swapped_gradient_buffer_bytes(layout) + swapped_gradient_held_bytes(layout));
+    constexpr int kMicro = 3;
+    constexpr std::uint64_t kLarge = 40960 + 6144;  // big's and mid's padded elements
+    for (int step = 0; step < 2; ++step) {
+      const std::uint64_t writes_before = faults->injected();
+      const std::uint64_t bytes_before = swapped.bytes_moved();
+      for (GradStore* s : {stores.memory.value().get(), &swapped}) {
+        ASSERT_TRUE(s->begin_step().is_ok());
+        for (int micro = 0; micro < kMicro; ++micro) {
+          s->set_last_micro_batch(micro == kMicro - 1);
+          for (std::size_t p : {3u, 2u, 1u, 0u}) {
+            if (step == 1 && p == 1) continue;  // ln1 unused in the second step: zero there
+            std::vector<float> g(layout.params[p].numel);
+            for (std::size_t i = 0; i < g.size(); ++i) g[i] = value(p, i, micro + step);
+            ASSERT_TRUE(s->accumulate(p, g).is_ok());
+          }
+        }
+      }
+      // Only the large partitions moved: written every micro-batch, read back after the first.
+      EXPECT_EQ(swapped.bytes_moved() - bytes_before, (2 * kMicro - 1) * kLarge * sizeof(float));
+      if (fail && step == 1) {
+        aio::FaultRule rule;
+        rule.op = aio::FaultOp::kWrite;
+        rule.skip = 1;  // the second held partition's
+        rule.count = 1;
+        faults->add(rule);
+        const Status st = swapped.end_accumulation();
+        ASSERT_FALSE(st.is_ok());
+        EXPECT_NE(st.message().find("grad"), std::string::npos) << st.to_string();
+        break;
+      }
+      ASSERT_TRUE(swapped.end_accumulation().is_ok());
+      // The large partitions' writes, then ln1, ln2 and "never" (zeroed) once each; a second
+      // call writes nothing.
+      EXPECT_EQ(faults->injected() - writes_before, 2u * kMicro + 3u);
+      EXPECT_EQ(swapped.bytes_moved() - bytes_before, ((2 * kMicro - 1) * kLarge + 3 * 2048) * sizeof(float));
+      ASSERT_TRUE(swapped.end_accumulation().is_ok());
+      EXPECT_EQ(faults->injected() - writes_before, 2u * kMicro + 3u);
+      auto a = stores.memory.value()->stats();
+      auto b = swapped.stats();
+      ASSERT_TRUE(a.is_ok() && b.is_ok());
+      EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
+      const std::vector<optim::GradView> views = stores.memory.value()->step_views();
+      for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+        const std::size_t n = layout.subgroups[sg].numel;
+        auto got = aio::PinnedBuffer::allocate(n * sizeof(float));
+        ASSERT_TRUE(got.is_ok());
+        ASSERT_TRUE(stores.swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
+        EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "step " << step;
+      }
+    }
+  }
+}
+
 // A partition large enough to be added by the thread pool in chunks (add_into): every element the
 // sum of its micro-batches in order, bit for bit, including the last partial chunk.
 TEST(GradStore, ALargePartitionAddsTheSameBitsAsOneLoop) {
