@@ -29,6 +29,19 @@ float value(std::size_t p, std::size_t i, int micro) {
          1e-3f;
 }
 
+// A fault injector whose first rule delays every transfer of kind `op` by 1 us: injected()
+// counts them.
+std::shared_ptr<aio::FaultInjector> counting_faults(aio::FaultOp op) {
+  auto faults = std::make_shared<aio::FaultInjector>();
+  aio::FaultRule counting;
+  counting.action = aio::FaultAction::kDelay;
+  counting.op = op;
+  counting.count = UINT64_MAX;
+  counting.delay = std::chrono::microseconds(1);
+  faults->add(counting);
+  return faults;
+}
+
 // The in-memory store and a swapped one over an AdamW swapper in a temporary folder.
 struct BothStores {
   TempDir nvme;
@@ -56,6 +69,25 @@ struct BothStores {
     swapped = make_swapped_grad_store(layout, *swapper.value());
     ASSERT_TRUE(memory.is_ok() && swapped.is_ok());
   }
+
+  // After a step's accumulations in both: the same norm bits, and the swapper's gradients (what
+  // the optimizer step reads) the in-memory sums element for element (bits: -0 and +0 differ).
+  void expect_same_sums(const swap::PartitionLayout& layout) {
+    auto a = memory.value()->stats();
+    auto b = swapped.value()->stats();
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
+    EXPECT_EQ(a->elements, b->elements);
+    const std::vector<optim::GradView> views = memory.value()->step_views();
+    EXPECT_TRUE(swapped.value()->step_views().empty());
+    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
+      const std::size_t n = layout.subgroups[sg].numel;
+      auto got = aio::PinnedBuffer::allocate(n * sizeof(float));  // O_DIRECT: 4 KiB aligned
+      ASSERT_TRUE(got.is_ok());
+      ASSERT_TRUE(swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
+      EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "sub-group " << sg;
+    }
+  }
 };
 
 TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
@@ -67,7 +99,6 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
   ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout));
   auto& memory = stores.memory;
   auto& swapped = stores.swapped;
-  auto& swapper = stores.swapper;
   for (int step = 0; step < 2; ++step) {
     for (GradStore* s : {memory.value().get(), swapped.value().get()}) {
       ASSERT_TRUE(s->begin_step().is_ok());
@@ -81,21 +112,7 @@ TEST(GradStore, SwappedAccumulatesTheSameBitsAsMemory) {
         }
       }
     }
-    auto a = memory.value()->stats();
-    auto b = swapped.value()->stats();
-    ASSERT_TRUE(a.is_ok() && b.is_ok());
-    EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
-    EXPECT_EQ(a->elements, b->elements);
-    // The sums themselves, element for element (bits: -0 and +0 differ).
-    const std::vector<optim::GradView> views = memory.value()->step_views();
-    EXPECT_TRUE(swapped.value()->step_views().empty());
-    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-      const std::size_t n = layout.subgroups[sg].numel;
-      auto got = aio::PinnedBuffer::allocate(n * sizeof(float));  // O_DIRECT: 4 KiB aligned
-      ASSERT_TRUE(got.is_ok());
-      ASSERT_TRUE(swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
-      EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "sub-group " << sg;
-    }
+    ASSERT_NO_FATAL_FAILURE(stores.expect_same_sums(layout)) << "step " << step;
   }
   EXPECT_LT(swapped.value()->host_bytes(), memory.value()->host_bytes() + (std::uint64_t{4} << 20));
 }
@@ -143,14 +160,7 @@ TEST(GradStore, TheSumsSoFarAreReadAheadInTheLastOrder) {
   const swap::PartitionLayout layout = swap::PartitionLayout::build(parts, 16000);
   for (const bool reorder : {false, true}) {
     SCOPED_TRACE(reorder ? "micro-batch 2 in another order" : "one order");
-    // A 1 us delay on every read completion: injected() counts the reads.
-    auto faults = std::make_shared<aio::FaultInjector>();
-    aio::FaultRule counting;
-    counting.action = aio::FaultAction::kDelay;
-    counting.op = aio::FaultOp::kRead;
-    counting.count = UINT64_MAX;
-    counting.delay = std::chrono::microseconds(1);
-    faults->add(counting);
+    auto faults = counting_faults(aio::FaultOp::kRead);
     BothStores stores;
     ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
     constexpr int kMicro = 4;
@@ -171,18 +181,7 @@ TEST(GradStore, TheSumsSoFarAreReadAheadInTheLastOrder) {
     // the first, 12 in all. The changed order costs 5 more: guesses dropped in micro-batch 2, and
     // in micro-batch 3, whose guesses follow micro-batch 2's order.
     EXPECT_EQ(faults->injected(), reorder ? 17u : 12u);
-    auto a = stores.memory.value()->stats();
-    auto b = stores.swapped.value()->stats();
-    ASSERT_TRUE(a.is_ok() && b.is_ok());
-    EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
-    const std::vector<optim::GradView> views = stores.memory.value()->step_views();
-    for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-      const std::size_t n = layout.subgroups[sg].numel;
-      auto got = aio::PinnedBuffer::allocate(n * sizeof(float));
-      ASSERT_TRUE(got.is_ok());
-      ASSERT_TRUE(stores.swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
-      EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "sub-group " << sg;
-    }
+    ASSERT_NO_FATAL_FAILURE(stores.expect_same_sums(layout));
   }
 }
 
@@ -306,13 +305,7 @@ TEST(GradStore, SmallPartitionsStayInMemoryUntilTheEndOfTheStep) {
   EXPECT_EQ(swapped_gradient_held_bytes(layout), 3u * 2048u * sizeof(float));  // ln1, ln2, never
   for (const bool fail : {false, true}) {
     SCOPED_TRACE(fail ? "a held partition's write fails" : "every write lands");
-    auto faults = std::make_shared<aio::FaultInjector>();
-    aio::FaultRule counting;  // counts the writes (a 1 us delay each)
-    counting.action = aio::FaultAction::kDelay;
-    counting.op = aio::FaultOp::kWrite;
-    counting.count = UINT64_MAX;
-    counting.delay = std::chrono::microseconds(1);
-    faults->add(counting);
+    auto faults = counting_faults(aio::FaultOp::kWrite);
     BothStores stores;
     ASSERT_NO_FATAL_FAILURE(stores.make(parts, layout, faults));
     GradStore& swapped = *stores.swapped.value();
@@ -354,18 +347,7 @@ TEST(GradStore, SmallPartitionsStayInMemoryUntilTheEndOfTheStep) {
       EXPECT_EQ(swapped.bytes_moved() - bytes_before, ((2 * kMicro - 1) * kLarge + 3 * 2048) * sizeof(float));
       ASSERT_TRUE(swapped.end_accumulation().is_ok());
       EXPECT_EQ(faults->injected() - writes_before, 2u * kMicro + 3u);
-      auto a = stores.memory.value()->stats();
-      auto b = swapped.stats();
-      ASSERT_TRUE(a.is_ok() && b.is_ok());
-      EXPECT_EQ(std::memcmp(&a->sq_norm, &b->sq_norm, sizeof(double)), 0) << a->sq_norm << " vs " << b->sq_norm;
-      const std::vector<optim::GradView> views = stores.memory.value()->step_views();
-      for (std::size_t sg = 0; sg < layout.subgroups.size(); ++sg) {
-        const std::size_t n = layout.subgroups[sg].numel;
-        auto got = aio::PinnedBuffer::allocate(n * sizeof(float));
-        ASSERT_TRUE(got.is_ok());
-        ASSERT_TRUE(stores.swapper.value()->read_gradient_range(sg, 0, n, static_cast<float*>(got->data())).is_ok());
-        EXPECT_EQ(std::memcmp(got->data(), views[sg].data, n * sizeof(float)), 0) << "step " << step;
-      }
+      ASSERT_NO_FATAL_FAILURE(stores.expect_same_sums(layout)) << "step " << step;
     }
   }
 }
