@@ -71,8 +71,8 @@ Result<std::unique_ptr<GradStore>> make_swapped_grad_store(const swap::Partition
                                                            swap::OptimizerSwapper& swapper);
 // Bytes of the swapped store's two pinned buffers, each the largest partition, at least the
 // norm's read chunk, in whole norm blocks (one is written back while the next partition's sum is
-// read ahead into the other). With the optimizer on NVMe this is all of the gradients the host
-// holds (the host-memory budget and zinf plan count it).
+// read ahead into the other). With the optimizer on NVMe this and swapped_gradient_held_bytes
+// are all of the gradients the host holds (the host-memory budget and zinf plan count both).
 std::uint64_t swapped_gradient_buffer_bytes(const swap::PartitionLayout& layout);
 // Bytes of host memory (not pinned) in which the swapped store keeps the sums of its smallest
 // partitions (a layer norm's) until end_accumulation() writes them: at most half a partition.
