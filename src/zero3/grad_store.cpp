@@ -245,36 +245,36 @@ class SwappedGradStore final : public GradStore {
     const std::uint64_t start = layout_.offset_in_subgroup[p];
     // The padding up to kAlign is written too, and must stay zero.
     const std::uint64_t padded = swap::align_up(in.size(), swap::PartitionLayout::kAlign);
-    if (held_of_[p] != kNotHeld) {
+    const bool held = held_of_[p] != kNotHeld;
+    float* acc = nullptr;
+    if (held) {
       // In memory until end_accumulation(): no transfer, and the read ahead goes on.
-      float* acc = held_.data() + held_of_[p];
+      acc = held_.data() + held_of_[p];
+    } else {
+      // The sum so far: read ahead into the free buffer when p was predicted, else read now. The
+      // other buffer is the source of the last partition's write, still in flight; it ran under
+      // the model's work since (the next module's backward). A failed transfer leaves that
+      // partition's sum unknown.
+      const bool predicted = ahead_ == p;
+      ahead_ = kNone;
+      ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_read());  // a wrong prediction's read is dropped
+      acc = buf(free_);
       if (touched_[p]) {
-        add_into(acc, in);
-      } else {
-        sum_from_zero(acc, in);
-        std::memset(acc + in.size(), 0, (padded - in.size()) * sizeof(float));
+        if (!predicted) ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
+        bytes_ += padded * sizeof(float);
       }
-      if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
-      touched_[p] = true;
-      return Status::ok();
     }
-    // The sum so far: read ahead into the free buffer when p was predicted, else read now. The
-    // other buffer is the source of the last partition's write, still in flight; it ran under
-    // the model's work since (the next module's backward). A failed transfer leaves that
-    // partition's sum unknown.
-    const bool predicted = ahead_ == p;
-    ahead_ = kNone;
-    ZINF_RETURN_IF_ERROR(swapper_.wait_gradient_read());  // a wrong prediction's read is dropped
-    float* acc = buf(free_);
     if (touched_[p]) {
-      if (!predicted) ZINF_RETURN_IF_ERROR(swapper_.read_gradient_range(sg, start, in.size(), acc));
-      bytes_ += padded * sizeof(float);
       add_into(acc, in);
     } else {
       sum_from_zero(acc, in);
       std::memset(acc + in.size(), 0, (padded - in.size()) * sizeof(float));
     }
     if (last_micro_batch_) ZINF_RETURN_IF_ERROR(note_block_sums(sg, start, padded, acc));
+    if (held) {
+      touched_[p] = true;
+      return Status::ok();
+    }
     // Not waited for here: the next accumulate, stats() or the step waits (the swapper's
     // gradient reads and the step wait for it too). It waits for the last partition's write.
     ZINF_RETURN_IF_ERROR(swapper_.start_gradient_range_write(sg, start, in.size(), acc));
@@ -356,7 +356,7 @@ class SwappedGradStore final : public GradStore {
 
   std::vector<optim::GradView> step_views() const override { return {}; }
   std::uint64_t host_bytes() const override {
-    std::uint64_t b = swapped_gradient_buffer_bytes(layout_) + swapped_gradient_held_bytes(layout_);
+    std::uint64_t b = swapped_gradient_buffer_bytes(layout_) + held_elements_ * sizeof(float);
     for (const std::vector<double>& s : block_sums_) b += s.size() * (sizeof(double) + 1);
     return b;
   }

@@ -354,7 +354,7 @@ Result<PlannedRun> plan_for_train(const PlanMachineOptions& options, const confi
                      gib(w.memory.host_bytes()), gib(w.memory.disk_bytes()),
                      w.on_gpu ? fmt::format(", GPU {} GiB", gib(w.memory.gpu)) : "")
       << std::flush;
-  return PlannedRun{w.ds_config, w.step_s, w.memory.host_bytes(), w.on_gpu ? w.memory.gpu : 0};
+  return PlannedRun{w.ds_config, w.step_s, w.memory.host_bytes()};
 }
 
 std::string planned_against_measured(const PlannedRun& plan, std::vector<double> steps, std::uint64_t peak_rss) {

@@ -579,7 +579,7 @@ Status broadcast_text(zero3::Communicator& comm, std::string& text) {
 // zinf train --plan: with W > 1 only rank 0 plans (its probes and its printout) and every rank
 // trains rank 0's winner, which the ranks' own probes might not have chosen alike. Each rank's
 // temporary NVMe folder (`scratch`, per rank and per machine) takes the place of rank 0's in the
-// config. When rank 0 finds nothing that fits, every rank fails.
+// config. When rank 0's plan fails (nothing fits, or an error), every rank fails.
 Result<PlannedRun> plan_on_rank0(zero3::Communicator& comm, const std::function<Result<PlannedRun>()>& plan,
                                  const std::string& scratch) {
   if (comm.world_size() == 1) return plan();
@@ -592,7 +592,7 @@ Result<PlannedRun> plan_on_rank0(zero3::Communicator& comm, const std::function<
   ZINF_RETURN_IF_ERROR(broadcast_text(comm, config));
   ZINF_RETURN_IF_ERROR(broadcast_text(comm, rank0_scratch));
   if (comm.rank() == 0) return planned;
-  if (config.empty()) return Status::resource_exhausted("--plan: rank 0 found no configuration that fits (its output says what is short)");
+  if (config.empty()) return Status::resource_exhausted("--plan: rank 0 gave no configuration to train (its output says why)");
   for (std::size_t at = 0; (at = config.find(rank0_scratch, at)) != std::string::npos; at += scratch.size()) {
     config.replace(at, rank0_scratch.size(), scratch);
   }

@@ -62,7 +62,6 @@ struct PlannedRun {
   std::string ds_config;        // the winner's
   double step_s = 0;            // its predicted step time
   std::uint64_t peak_host_bytes = 0;
-  std::uint64_t peak_gpu_bytes = 0;  // 0: on the CPU
 };
 // The end-of-run line of `zinf train --plan`: the predicted step time and peak host memory beside
 // the measured median step (the first step left out when there are more) and peak RSS.
