@@ -16,6 +16,8 @@ pairs=4 steps=8
 [[ $# -gt 0 && $1 != -- ]] && { pairs=$1; shift; }
 [[ $# -gt 0 && $1 != -- ]] && { steps=$1; shift; }
 [[ ${1:-} == -- ]] && shift
+[[ $pairs =~ ^[1-9][0-9]*$ && $steps =~ ^[1-9][0-9]*$ ]] ||
+  { echo "ab_train: PAIRS ($pairs) and STEPS ($steps) must be positive whole numbers" >&2; exit 2; }
 for f in "$base" "$new"; do [[ -x $f ]] || { echo "ab_train: $f is not an executable zinf" >&2; exit 2; }; done
 [[ -r $cfg ]] || { echo "ab_train: cannot read the config $cfg" >&2; exit 2; }
 work=$(mktemp -d "${TMPDIR:-/tmp}/ab_train.XXXXXX")
