@@ -2,6 +2,7 @@
 // as `zinf train` parses it, its memory from predict_memory and its time from the roofs.
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -39,9 +40,10 @@ constexpr double kSyncWriteShare = 0.3;
 constexpr double kTileDriveShare = 0.7;
 // On a GPU (docs/plan.md, "Time on a GPU", has the runs). The GPU models' passes reach these
 // shares of the dense bf16 peak at 8192 tokens a micro-batch, in the 6 N + 12 L h T flop count,
-// by the hidden width h (interpolated in log h): the runs' passes at 0.41-0.45 for h 2048-4096 on
-// H100 and H200 (runs 25-28), about 0.30 for GPT-2's 768 (run 24).
-constexpr std::pair<double, double> kGpuPassShare[] = {{768.0, 0.30}, {2048.0, 0.42}};
+// by the hidden width h (piecewise linear in log h, flat above the widest): the runs with bf16
+// values gathered and kept on the GPU (runs 30-31, H200) at 0.31 for GPT-2's 768, 0.43-0.44 at
+// 2048-2560, 0.45 at 3072 and 0.49 at 4096. Wider models are assumed at 4096's share.
+constexpr std::pair<double, double> kGpuPassShare[] = {{768.0, 0.31}, {2048.0, 0.43}, {3072.0, 0.45}, {4096.0, 0.49}};
 // Assumed, not measured: below 8192 tokens a micro-batch the share falls as (tokens / 8192)^0.25.
 constexpr double kGpuFullTokens = 8192.0;
 constexpr double kGpuTokensExponent = 0.25;
@@ -151,9 +153,14 @@ struct Roofs {
 
 // The share of the GPU's peak its passes reach at micro-batches of `tokens` (kGpuPassShare).
 double gpu_pass_share(int hidden, double tokens) {
-  const auto [h0, s0] = kGpuPassShare[0];
-  const auto [h1, s1] = kGpuPassShare[1];
-  const double h = std::clamp(static_cast<double>(hidden), h0 / 4.0, h1);
+  // Below the narrowest width the first segment's slope goes on (to a quarter of it, at least
+  // 0.05); above the widest the share stays.
+  constexpr std::size_t kLast = std::size(kGpuPassShare) - 1;
+  const double h = std::clamp(static_cast<double>(hidden), kGpuPassShare[0].first / 4.0, kGpuPassShare[kLast].first);
+  std::size_t i = 1;
+  while (i < kLast && h > kGpuPassShare[i].first) ++i;
+  const auto [h0, s0] = kGpuPassShare[i - 1];
+  const auto [h1, s1] = kGpuPassShare[i];
   const double share = std::max(0.05, s0 + (s1 - s0) * std::log(h / h0) / std::log(h1 / h0));
   return share * std::pow(std::min(1.0, tokens / kGpuFullTokens), kGpuTokensExponent);
 }
@@ -454,7 +461,7 @@ std::vector<Candidate> enumerate(const PlanRequest& r, const Machine& machine, c
   return out;
 }
 
-std::string explain_winner(const Plan& plan) {
+std::string explain_winner(const Plan& plan, const Machine& machine, const PlanRequest& r) {
   const Candidate& w = plan.fitting.front();
   std::string why = fmt::format("{} wins at {:.3f} s/step ({:.0f} tokens/s), bound by {}.", w.label(), w.step_s,
                                 w.tokens_per_s, w.bottleneck);
@@ -474,6 +481,23 @@ std::string explain_winner(const Plan& plan) {
   for (const Candidate& c : plan.dropped) nvme_dropped += c.optimizer_device == OffloadDevice::kCpu ? 1 : 0;
   if (w.optimizer_device == OffloadDevice::kNvme && nvme_dropped > 0) {
     why += " Keeping the optimizer state in memory does not fit.";
+  }
+  // The fastest candidate that only the share of host memory left out (--host-fraction) dropped:
+  // its prediction is within the memory available, and a user who knows the machine runs nothing
+  // else may admit it.
+  for (const Candidate& c : plan.dropped) {  // fastest first
+    if (c.step_s >= w.step_s || machine.host_available == 0) break;
+    const double share = static_cast<double>(c.memory.host_bytes()) / static_cast<double>(machine.host_available);
+    if (c.memory.host.empty() || share > 1.0) continue;
+    PlanRequest admitted = r;
+    admitted.host_fraction = std::ceil(share * 100.0) / 100.0;
+    if (admitted.host_fraction > 1.0 || !check_fit(c, machine, admitted).empty()) continue;
+    why += fmt::format(
+        " {} would be {:.2f}x faster ({:.3f} s/step) and is predicted to need {}, {:.0f}% of the {} available: "
+        "--host-fraction {:.2f} admits it, leaving the rest to the system and other programs.",
+        c.label(), w.step_s / c.step_s, c.step_s, gib(c.memory.host_bytes()), 100.0 * share,
+        gib(machine.host_available), admitted.host_fraction);
+    break;
   }
   return why;
 }
@@ -736,13 +760,13 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
         "runs at {:g} tokens a micro-batch (falling as (tokens/{:g})^{:g} below, not measured); the AdamW on a "
         "GPU-resident state {:g} bytes/parameter at its memory bandwidth; copies hidden under the kernels; the "
         "host's gradient handling in the last backward not modelled (docs/plan.md, \"Time on a GPU\")",
-        kGpuPassShare[0].second, kGpuPassShare[1].second, kGpuFullTokens, kGpuFullTokens, kGpuTokensExponent,
+        kGpuPassShare[0].second, kGpuPassShare[std::size(kGpuPassShare) - 1].second, kGpuFullTokens, kGpuFullTokens, kGpuTokensExponent,
         kGpuAdamBytes));
   }
   if (plan.fitting.empty()) {
     plan.shortfall = explain_shortfall(plan, machine, r);
   } else {
-    plan.why_winner = explain_winner(plan);
+    plan.why_winner = explain_winner(plan, machine, r);
   }
   return plan;
 }

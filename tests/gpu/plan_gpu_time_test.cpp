@@ -2,8 +2,9 @@
 // of real GPU runs (docs/gpu-runs/*: gpu-check's "per step" lines). Host only: every CUDA build.
 //
 // What is checked: the passes (the GPU's kernels, and the copies and NVMe reads they do not
-// hide) within 15% of each run's measured passes, and with the whole state on the GPU the step;
-// the NVMe run as a bound (see bound_only).
+// hide) within 5% of each run's measured passes, and with the whole state on the GPU the step;
+// the NVMe run as a bound (see bound_only). The pass shares are fitted to these runs, so 5% checks
+// the model's form and catches a change to it (the goal for a prediction is 15%).
 // The hosts' memory triads were not measured in those runs, so each run's memory roof is set
 // to what reproduces its measured time outside the passes (the CPU's AdamW and norm): the CPU
 // optimizer's model is checked on the CPU machines (docs/plan.md), not here.
@@ -39,22 +40,30 @@ struct GpuTimeRecord {
   bool bound_only = false;
 };
 
+// Today's code: bf16 values gathered and kept on the GPU across micro-batches (runs 30-31, H200;
+// the (a) 1.3B also on an H100, run 27), and the NVMe run.
 const GpuTimeRecord kRuns[] = {
-    {"a_gpt2_gpu", "gpt2", "a_gpt2_gpu.json", 1024, "NVIDIA H200", kH200Free, 0.02486, 0.024, 0.0, "run 24, H200"},
+    {"a_gpt2_gpu", "gpt2", "a_gpt2_gpu.json", 1024, "NVIDIA H200", kH200Free, 0.0248, 0.0235, 0.0, "run 31, H200"},
     {"a_1p3b_gpu", "1.3b", "a_1p3b_gpu.json", 2048, "NVIDIA H100 80GB HBM3", kH100Free, 0.196, 0.178, 0.0,
      "run 27, H100"},
-    {"a_1p3b_gpu", "1.3b", "a_1p3b_gpu.json", 2048, "NVIDIA H200", kH200Free, 0.186, 0.171, 0.0, "run 28, H200"},
-    {"b_1p3b_resident", "1.3b", "b_1p3b_offload_cpu_resident.json", 2048, "NVIDIA H200", kH200Free, 7.240, 6.145,
-     1.094, "run 25, H200"},
-    {"b_2p7b_resident", "2.7b", "b_2p7b_offload_cpu_resident.json", 2048, "NVIDIA H200", kH200Free, 13.545, 11.481,
-     2.063, "run 26, H200"},
-    {"b_llama3b_resident", "llama32_3b_config.json", "b_llama3b_offload_cpu_resident.json", 2048,
-     "NVIDIA H100 80GB HBM3", kH100Free, 14.596, 13.724, 0.871, "run 27, H100"},
+    {"a_1p3b_gpu", "1.3b", "a_1p3b_gpu.json", 2048, "NVIDIA H200", kH200Free, 0.1863, 0.1717, 0.0, "run 30, H200"},
+    {"b_1p3b_resident", "1.3b", "b_1p3b_offload_cpu_resident.json", 2048, "NVIDIA H200", kH200Free, 6.089, 5.661,
+     0.427, "run 31, H200"},
+    {"b_2p7b_resident", "2.7b", "b_2p7b_offload_cpu_resident.json", 2048, "NVIDIA H200", kH200Free, 11.638, 10.841,
+     0.796, "run 31, H200"},
+    {"b_llama3b_resident", "llama32_3b_config.json", "b_llama3b_offload_cpu_resident.json", 2048, "NVIDIA H200",
+     kH200Free, 13.440, 12.561, 0.879, "run 31, H200"},
     {"b_llama7b_resident", "llama2_7b_config.json", "b_llama7b_offload_cpu_resident.json", 2048, "NVIDIA H200",
-     kH200Free, 29.510, 27.372, 2.138, "run 28, H200", 0, 0, 10000000000},
+     kH200Free, 26.205, 23.735, 2.469, "run 30, H200"},
     {"c_nvme_offload", "gpt2-xl", "c_nvme_offload.json", 1024, "NVIDIA H200", kH200Free, 25.287, 6.961, 18.327,
      "run 29, H200", 2.46, 3.52, 0, 28.3, true},
 };
+constexpr std::size_t kNvmeRun = 7;
+// Llama 2 7B's shape with a reuse distance (1e10) under twice the model: every micro-batch
+// gathered its values again (run 28, H200, before the bf16 gathers).
+const GpuTimeRecord kShortReuseRun = {"b_llama7b_resident", "llama2_7b_config.json",
+                                      "b_llama7b_offload_cpu_resident.json", 2048, "NVIDIA H200", kH200Free, 29.510,
+                                      27.372, 2.138, "run 28, H200", 0, 0, 10000000000};
 
 struct Predicted {
   Candidate c;
@@ -91,7 +100,7 @@ Result<Predicted> predict(const GpuTimeRecord& run, double memory_gbps, bool cal
   return Predicted{std::move(c)};
 }
 
-TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFifteenPercent) {
+TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFivePercent) {
   for (const GpuTimeRecord& run : kRuns) {
     SCOPED_TRACE(std::string(run.name) + ", " + run.where);
     // The host's memory roof that gives the run's time outside the passes (the CPU optimizer's
@@ -119,9 +128,9 @@ TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFifteenPercent) {
       }
       continue;
     }
-    EXPECT_NEAR(p->passes() / run.passes_s, 1.0, 0.15);
+    EXPECT_NEAR(p->passes() / run.passes_s, 1.0, 0.05);
     if (run.outside_s == 0) {
-      EXPECT_NEAR(c.step_s / run.step_s, 1.0, 0.15);
+      EXPECT_NEAR(c.step_s / run.step_s, 1.0, 0.05);
     }
   }
 }
@@ -129,7 +138,7 @@ TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFifteenPercent) {
 // --calibrate on a GPU: the NVMe run's own step breakdown scales its passes and optimizer step,
 // after which the prediction is the run's step.
 TEST(PlanGpuTime, TheNvmeRunCalibratedFromItsBreakdownPredictsItsStep) {
-  const GpuTimeRecord& run = kRuns[7];
+  const GpuTimeRecord& run = kRuns[kNvmeRun];
   auto raw = predict(run, run.host_gbps);
   auto calibrated = predict(run, run.host_gbps, /*calibrated=*/true);
   ASSERT_TRUE(raw.is_ok() && calibrated.is_ok());
@@ -142,7 +151,7 @@ TEST(PlanGpuTime, TheNvmeRunCalibratedFromItsBreakdownPredictsItsStep) {
 // distance shorter than a pass's traffic (run 28's 1e10 at 7B) every micro-batch gathers again,
 // which the planner counts (and, at 7B, hides under the compute as the run did).
 TEST(PlanGpuTime, AShortReuseDistanceGathersEveryMicroBatch) {
-  const GpuTimeRecord& resident = kRuns[6];
+  const GpuTimeRecord& resident = kShortReuseRun;
   GpuTimeRecord kept = resident;
   kept.reuse_distance = 100000000000;
   auto short_reuse = predict(resident, 20.0);
