@@ -23,6 +23,11 @@ constexpr double kMarginShare = 0.05;
 // buckets): the named terms came to 1.00-1.05 of the peak RSS of five runs (runs 30-31, H200;
 // docs/plan.md, "On a GPU"), so the margin is a small one.
 constexpr double kGpuMarginShare = 0.01;
+// A GPU run's peak RSS grew with the device memory it held: 883.9 MiB at 36.6 GiB (1.3B with the
+// whole state on the GPU, run 30), 993.1 MiB at 119.6 GiB (7B's shape, run 32), the same
+// program, data and libraries. Calibrated, not attributed (the CUDA driver's host-side records
+// of device memory are the likely owner): 1.3 MiB of host memory a GiB of predicted GPU bytes.
+constexpr double kCudaHostPerDeviceByte = 1.3 / 1024.0;
 constexpr std::uint64_t kNvmeParamsUnattributed = std::uint64_t{48} << 20;
 std::uint64_t page_up(std::uint64_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
@@ -182,6 +187,10 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   // Allocator slack and what the terms do not name (thread stacks, the aio rings, the data
   // loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
   const bool gpu = on == ComputeOn::kGpu;
+  auto add_cuda_records = [&] {
+    add("CUDA's host records of the device memory (calibrated: 1.3 MiB a GiB)",
+        static_cast<std::uint64_t>(static_cast<double>(m.gpu) * kCudaHostPerDeviceByte));
+  };
   auto add_margin = [&] {
     const double share = gpu ? kGpuMarginShare : kMarginShare;
     add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * share));
@@ -196,8 +205,9 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
       z.offload_optimizer.device == config::OffloadDevice::kNone) {
     // tier_factory.cpp state_on_device: master weights, optimizer state, gradients and the
     // parameters all in GPU memory; nothing is staged through the host.
-    add_margin();
     add_gpu_terms(m, ds, g, shard, states, dtype, true, gpu_run);
+    add_cuda_records();
+    add_margin();
     return m;
   }
   const bool opt_nvme = z.offload_optimizer.device == config::OffloadDevice::kNvme;
@@ -249,8 +259,9 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
     const std::size_t buffers = DeviceGatherOptions{}.staging_buffers;
     add(fmt::format("pinned staging for the GPU's copies ({} x the largest slice, fp32)", buffers),
         buffers * page_up(4 * per_rank), true);
-    add_margin();
     add_gpu_terms(m, ds, g, shard, states, dtype, false, gpu_run);
+    add_cuda_records();
+    add_margin();
     return m;
   }
 

@@ -39,6 +39,8 @@ const GpuRunRecord kRuns[] = {
      43411.0, "run 31, H200"},
     {"b_llama7b_resident", "llama2_7b_config.json", "b_llama7b_offload_cpu_resident.json", 2048, false, kH200Free,
      75209.5, "run 30, H200"},
+    {"a_llama7b_plan", "llama2_7b_config.json", "a_llama7b_plan.json", 2048, true, kH200Free, 122474.0,
+     "run 32, H200 (zinf plan's winner: the whole state on the GPU, checkpointing)"},
     {"b_1p3b_ga8", "1.3b", "b_1p3b_offload_cpu_ga8.json", 2048, false, kH100Free, 24937.9, "run 24, H100", true},
     {"b_1p3b_resident", "1.3b", "b_1p3b_offload_cpu_resident.json", 2048, false, kH200Free, 28039.9, "run 25, H200",
      true},

@@ -39,7 +39,9 @@ inline Made make_run_model(const std::string& model, bool recompute, int bt) {
   if (name.ends_with(".json")) {
     auto json = model_config_from_hf_file(dir + "/" + name);
     EXPECT_TRUE(json.is_ok()) << json.status().to_string();
-    auto m = model::make_builtin_model(json.value(), name);
+    model::BuiltinOptions options;
+    options.activation_checkpointing = recompute;
+    auto m = model::make_builtin_model(json.value(), name, options);
     EXPECT_TRUE(m.is_ok()) << m.status().to_string();
     const auto* llama = dynamic_cast<const model::LlamaModel*>(m.value().get());
     EXPECT_NE(llama, nullptr) << name;

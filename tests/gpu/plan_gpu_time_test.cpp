@@ -55,10 +55,12 @@ const GpuTimeRecord kRuns[] = {
      kH200Free, 13.440, 12.561, 0.879, "run 31, H200"},
     {"b_llama7b_resident", "llama2_7b_config.json", "b_llama7b_offload_cpu_resident.json", 2048, "NVIDIA H200",
      kH200Free, 26.205, 23.735, 2.469, "run 30, H200"},
+    {"a_llama7b_plan", "llama2_7b_config.json", "a_llama7b_plan.json", 2048, "NVIDIA H200", kH200Free, 27.998, 27.812,
+     0.0, "run 32, H200"},
     {"c_nvme_offload", "gpt2-xl", "c_nvme_offload.json", 1024, "NVIDIA H200", kH200Free, 25.287, 6.961, 18.327,
      "run 29, H200", 2.46, 3.52, 0, 28.3, true},
 };
-constexpr std::size_t kNvmeRun = 7;
+constexpr std::size_t kNvmeRun = 8;
 // Llama 2 7B's shape with a reuse distance (1e10) under twice the model: every micro-batch
 // gathered its values again (run 28, H200, before the bf16 gathers).
 const GpuTimeRecord kShortReuseRun = {"b_llama7b_resident", "llama2_7b_config.json",

@@ -110,8 +110,9 @@ TEST_F(PlanTest, MemoryUsesTheSwapLayersPoolSizing) {
 }
 
 // zinf train --device cuda (ComputeOn::kGpu) against the peak RSS of real GPU runs
-// (docs/gpu-runs/2026-11-28-run30/31-summary.txt, an H200 machine): within 10% above, never
-// below. GPT-2 (run 31: 625.7 MiB) is left out: the CUDA process base is the 1.3B's (883.9 MiB),
+// (docs/gpu-runs/2026-11-28-run30/31/32-*, an H200 machine): within 10% above, never below. The
+// GPU's workspace is left out here (the tests/gpu runs know it), which lowers the CUDA records'
+// term by tens of MiB. GPT-2 (run 31: 625.7 MiB) is left out: the CUDA process base is the 1.3B's (883.9 MiB),
 // 0.27 GiB above GPT-2's, which no plan turns on.
 TEST(PlanGpuMemoryTest, GpuRunsPeakRssIsPredictedWithinTenPercentAndNeverBelow) {
   const std::string dir = ZINF_BENCH_GPU_DIR;
@@ -126,6 +127,7 @@ TEST(PlanGpuMemoryTest, GpuRunsPeakRssIsPredictedWithinTenPercentAndNeverBelow) 
       {"2.7b", "b_2p7b_offload_cpu_resident.json", 47284.7},
       {"llama32_3b_config.json", "b_llama3b_offload_cpu_resident.json", 58975.3},
       {"llama2_7b_config.json", "b_llama7b_offload_cpu_resident.json", 118153.4},
+      {"llama2_7b_config.json", "a_llama7b_plan.json", 993.1},  // the plan's winner, all on the GPU (run 32)
   };
   for (const RssRecord& run : runs) {
     SCOPED_TRACE(std::string(run.model) + ", " + run.config);
