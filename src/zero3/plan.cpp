@@ -170,11 +170,15 @@ double gpu_pass_share(int hidden, double tokens) {
   return share * std::pow(std::min(1.0, tokens / kGpuFullTokens), kGpuTokensExponent);
 }
 
-// The passes on a GPU: its kernels at the calibrated share of its peak, and the host <-> GPU
-// copies, which run beside them on the copy engines (the runs' GPU did not wait for uploads):
-// the gathered values up, `gathers` models' worth of them (one when they stay on the device
-// across micro-batches), and the gradients down (once a step when the sums across micro-batches
-// are held on the GPU: one rank, within 40% of its memory; else every micro-batch). With the
+// The passes on a GPU: its kernels at the calibrated share of its peak, then the host <-> GPU
+// copies: the gathered values up, `gathers` models' worth of them (one when they stay on the
+// device across micro-batches), and the gradients down (once a step when the sums across
+// micro-batches are held on the GPU: one rank, within 40% of its memory; else every
+// micro-batch). The uploads add to the passes: run 33's 1.3B gathering again every micro-batch
+// took its kernels' time plus its uploads at the copy rate (1.959 s of passes against 1.415 for
+// the same kernels with the values kept, 29.95 GB up at 53.8 GB/s: 0.557 s), though its compute
+// stream never waited on an upload by the engine's count. The downloads run beside the kernels
+// (the runs' gradient downloads held the GPU up 0.13-0.67 s a step, within the fit). With the
 // whole state on the GPU nothing crosses.
 void predict_gpu_passes(Candidate& c, const ModelShape& s, const config::DsConfig& ds, const PlanRequest& r,
                         const PlanGpu& gpu, double shard, double gathers, bool state_on_gpu) {
@@ -190,7 +194,7 @@ void predict_gpu_passes(Candidate& c, const ModelShape& s, const config::DsConfi
   const double up = gathers * dsize * shard, down = (held ? 1.0 : gas) * 4.0 * shard;
   const double pcie = gpu.pcie_gbps.value * 1e9;
   c.pcie_s = (up + down) / pcie;
-  c.gather_s = std::max(0.0, std::max(up, down) / pcie - c.compute_s);
+  c.gather_s = up / pcie + std::max(0.0, down / pcie - c.compute_s);
 }
 
 // Time per optimizer step (docs/plan.md, "Time"): the passes, the coordinator's memory

@@ -28,11 +28,12 @@ struct GpuRunRecord {
   bool bound_only = false;
 };
 
-// Each gpu-check step as it ran: today's code (runs 30-31, bf16 values read in place, the whole
+// Each gpu-check step as it ran: today's code (runs 30-33, bf16 values read in place, the whole
 // state on the GPU for (a)), and the runs before the bf16 gathers, predicted as they ran.
 const GpuRunRecord kRuns[] = {
     {"a_gpt2_gpu", "gpt2", "a_gpt2_gpu.json", 1024, false, kH200Free, 6020.0, "run 31, H200"},
     {"a_1p3b_gpu", "1.3b", "a_1p3b_gpu.json", 2048, false, kH200Free, 37500.0, "run 30, H200"},
+    {"b_1p3b_ga8", "1.3b", "b_1p3b_offload_cpu_ga8.json", 2048, false, kH200Free, 21121.2, "run 33, H200"},
     {"b_1p3b_resident", "1.3b", "b_1p3b_offload_cpu_resident.json", 2048, false, kH200Free, 22621.2, "run 31, H200"},
     {"b_2p7b_resident", "2.7b", "b_2p7b_offload_cpu_resident.json", 2048, false, kH200Free, 39067.9, "run 31, H200"},
     {"b_llama3b_resident", "llama32_3b_config.json", "b_llama3b_offload_cpu_resident.json", 2048, false, kH200Free,
@@ -79,7 +80,7 @@ TEST(PlanGpuMemory, GpuRunsPeakDeviceMemoryIsPredictedWithinFifteenPercentAndNev
 // On the host (ComputeOn::kHost) nothing is on a GPU; a GPU run's terms add up to its total; a
 // bf16 run gathers bf16 values now, half the bytes of the fp32 ones the runs above gathered.
 TEST(PlanGpuMemory, TheGpuTermsAddUpAndTheHostHasNone) {
-  const GpuRunRecord& run = kRuns[2];
+  const GpuRunRecord& run = kRuns[3];
   auto ds = load_config(run.config);
   ASSERT_TRUE(ds.is_ok()) << ds.status().to_string();
   const Made made = make_run_model(run.model, run.recompute, 4 * run.seq);

@@ -38,6 +38,9 @@ struct GpuTimeRecord {
   // machines' virtual disks; the GPU machine's 16 cores came closer to aio_bench's rates (io_eff
   // 0.89), so the prediction is high there: checked as at or above the run, within 1.5x.
   bool bound_only = false;
+  // How near the passes must be: 5% for the runs the shares were fitted to; a run the model was
+  // not fitted to is held to the 15%.
+  double tolerance = 0.05;
 };
 
 // Today's code: bf16 values gathered and kept on the GPU across micro-batches (runs 30-31, H200;
@@ -59,6 +62,10 @@ const GpuTimeRecord kRuns[] = {
      0.0, "run 32, H200"},
     {"c_nvme_offload", "gpt2-xl", "c_nvme_offload.json", 1024, "NVIDIA H200", kH200Free, 25.287, 6.961, 18.327,
      "run 29, H200", 2.46, 3.52, 0, 28.3, true},
+    // The values gathered again every micro-batch (live 1e9 of 1.3e9): not fitted; the gather
+    // count is the planner's (16 models' worth, the run moved 11.4).
+    {"b_1p3b_ga8", "1.3b", "b_1p3b_offload_cpu_ga8.json", 2048, "NVIDIA H200", kH200Free, 2.417, 1.959, 0.458,
+     "run 33, H200", 0, 0, 0, 0, false, 0.15},
 };
 constexpr std::size_t kNvmeRun = 8;
 // Llama 2 7B's shape with a reuse distance (1e10) under twice the model: every micro-batch
@@ -130,9 +137,9 @@ TEST(PlanGpuTime, GpuRunsPassesArePredictedWithinFivePercent) {
       }
       continue;
     }
-    EXPECT_NEAR(p->passes() / run.passes_s, 1.0, 0.05);
+    EXPECT_NEAR(p->passes() / run.passes_s, 1.0, run.tolerance);
     if (run.outside_s == 0) {
-      EXPECT_NEAR(c.step_s / run.step_s, 1.0, 0.05);
+      EXPECT_NEAR(c.step_s / run.step_s, 1.0, run.tolerance);
     }
   }
 }
@@ -151,7 +158,8 @@ TEST(PlanGpuTime, TheNvmeRunCalibratedFromItsBreakdownPredictsItsStep) {
 
 // The copies: values kept on the GPU across micro-batches go up once a step; with a reuse
 // distance shorter than a pass's traffic (run 28's 1e10 at 7B) every micro-batch gathers again,
-// which the planner counts (and, at 7B, hides under the compute as the run did).
+// which the planner counts, and the uploads add to the passes (run 33). The count is the whole
+// model twice a micro-batch, a bound: run 28 moved 209 GB of fp32 a step, not 64 x 13.5 GB.
 TEST(PlanGpuTime, AShortReuseDistanceGathersEveryMicroBatch) {
   const GpuTimeRecord& resident = kShortReuseRun;
   GpuTimeRecord kept = resident;
@@ -162,7 +170,8 @@ TEST(PlanGpuTime, AShortReuseDistanceGathersEveryMicroBatch) {
   const double P = 6.74e9;
   EXPECT_NEAR(long_reuse->c.pcie_s * 55e9, 2 * P + 4 * P, 0.05 * P);          // up once, sums down once
   EXPECT_NEAR(short_reuse->c.pcie_s * 55e9, 64 * 2 * P + 4 * P, 0.5 * P);     // 2 x 32 gathers
-  EXPECT_EQ(short_reuse->c.gather_s, 0.0);  // hidden under 27 s of kernels
+  EXPECT_NEAR(short_reuse->c.gather_s * 55e9, 64 * 2 * P, 0.5 * P);  // the uploads, not hidden
+  EXPECT_NEAR(long_reuse->c.gather_s * 55e9, 2 * P, 0.05 * P);
   EXPECT_EQ(long_reuse->c.compute_s, short_reuse->c.compute_s);
 }
 
