@@ -390,12 +390,18 @@ TEST_F(PlanTest, CalibrationScalesTheWinnersPrediction) {
   EXPECT_FALSE(calibrate(r, m, *ran, 0, 1, "empty.jsonl").is_ok());
 }
 
-TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
+// Large enough that keeping the optimizer state in memory needs much more host memory than NVMe.
+model::GptConfig eight_layer_gpt() {
   model::GptConfig c = tiny_gpt();
   c.n_layer = 8;
   c.n_embd = 256;
   c.n_head = 4;
   c.vocab_size = 4096;
+  return c;
+}
+
+TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
+  const model::GptConfig c = eight_layer_gpt();
   const PlanRequest r = request(c);
   auto m = make_gpt(c, false);
   // A budget between the smallest NVMe-optimizer candidate and the smallest one that keeps the
@@ -422,12 +428,7 @@ TEST_F(PlanTest, TightMemoryPicksNvmeAndDropsTheRestWithTheReason) {
 // winner's explanation names it, its speed-up and the --host-fraction that admits it; with that
 // share it wins.
 TEST_F(PlanTest, AFasterCandidateLeftOutOnlyByTheHostFractionIsNamed) {
-  model::GptConfig c = tiny_gpt();
-  c.n_layer = 8;
-  c.n_embd = 256;
-  c.n_head = 4;
-  c.vocab_size = 4096;
-  PlanRequest r = request(c);
+  PlanRequest r = request(eight_layer_gpt());
   auto roomy = make_plan(r, machine(std::uint64_t{64} << 30));
   ASSERT_TRUE(roomy.is_ok()) << roomy.status().to_string();
   const Candidate best = roomy->fitting.front();
