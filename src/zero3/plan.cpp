@@ -768,7 +768,8 @@ Result<Plan> make_plan(const PlanRequest& r, const Machine& machine) {
         "GPU time-model constants: the passes at {:g}-{:g} of the peak by hidden width, calibrated on H100 and H200 "
         "runs at {:g} tokens a micro-batch (falling as (tokens/{:g})^{:g} below, not measured); activation "
         "checkpointing {:g}x the passes (one run); the AdamW on a "
-        "GPU-resident state {:g} bytes/parameter at its memory bandwidth; copies hidden under the kernels; the "
+        "GPU-resident state {:g} bytes/parameter at its memory bandwidth; uploads added to the passes, downloads "
+        "hidden under the kernels; the "
         "host's gradient handling in the last backward not modelled (docs/plan.md, \"Time on a GPU\")",
         kGpuPassShare[0].second, kGpuPassShare[std::size(kGpuPassShare) - 1].second, kGpuFullTokens, kGpuFullTokens, kGpuTokensExponent,
         kGpuRecompute, kGpuAdamBytes));

@@ -184,13 +184,14 @@ Result<MemoryPrediction> predict_memory(const model::Model& model, const config:
   auto add = [&m](std::string name, std::uint64_t bytes, bool pinned = false) {
     m.host.push_back({std::move(name), bytes, pinned});
   };
-  // Allocator slack and what the terms do not name (thread stacks, the aio rings, the data
-  // loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
   const bool gpu = on == ComputeOn::kGpu;
+  // On a GPU, after the GPU's terms: the host memory that grows with them (kCudaHostPerDeviceByte).
   auto add_cuda_records = [&] {
     add("CUDA's host records of the device memory (calibrated: 1.3 MiB a GiB)",
         static_cast<std::uint64_t>(static_cast<double>(m.gpu) * kCudaHostPerDeviceByte));
   };
+  // Allocator slack and what the terms do not name (thread stacks, the aio rings, the data
+  // loader's rows): a share of the rest, calibrated with the base (docs/plan.md, "Memory").
   auto add_margin = [&] {
     const double share = gpu ? kGpuMarginShare : kMarginShare;
     add("margin (allocator slack, small buffers)", static_cast<std::uint64_t>(static_cast<double>(m.host_bytes()) * share));
