@@ -496,11 +496,12 @@ std::string explain_winner(const Plan& plan, const Machine& machine, const PlanR
   // else may admit it.
   for (const Candidate& c : plan.dropped) {  // fastest first
     if (c.step_s >= w.step_s || machine.host_available == 0) break;
+    if (c.memory.host.empty()) continue;
     const double share = static_cast<double>(c.memory.host_bytes()) / static_cast<double>(machine.host_available);
-    if (c.memory.host.empty() || share > 1.0) continue;
+    if (share > 1.0) continue;
     PlanRequest admitted = r;
-    admitted.host_fraction = std::ceil(share * 100.0) / 100.0;
-    if (admitted.host_fraction > 1.0 || !check_fit(c, machine, admitted).empty()) continue;
+    admitted.host_fraction = std::ceil(share * 100.0) / 100.0;  // at most 1
+    if (!check_fit(c, machine, admitted).empty()) continue;  // short of something else too
     why += fmt::format(
         " {} would be {:.2f}x faster ({:.3f} s/step) and is predicted to need {}, {:.0f}% of the {} available: "
         "--host-fraction {:.2f} admits it, leaving the rest to the system and other programs.",

@@ -75,6 +75,10 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
   // download or device addition: the module computing and the downloads in flight
   // (DeviceGatherTarget::max_downloads_in_flight), of the largest group at most.
   const std::uint64_t in_flight = DeviceGatherOptions{}.staging_buffers;
+  // engine.cpp: a bf16 run gathers bf16 values, which the model reads in place; otherwise fp32,
+  // which the GPU model casts to bf16 per module while it holds them (the module computing and
+  // the one whose gather runs ahead).
+  const bool casts = !state_on_gpu && !(dtype == swap::DType::kBF16 && !run.fp32_gathers);
   if (state_on_gpu) {
     // device_state.cpp: master weights and optimizer states (fp32), the gradient partitions
     // (fp32), and the parameters' 16-bit copy, which the GPU model reads in place: nothing is
@@ -86,15 +90,11 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
   } else {
     const std::uint64_t live =
         std::min(g.non_persistent, std::max(static_cast<std::uint64_t>(z.max_live_parameters), 2 * g.largest));
-    // engine.cpp: a bf16 run gathers bf16 values, which the model reads in place; otherwise
-    // fp32, which the GPU model casts to bf16 per module while it holds them (the module
-    // computing and the one whose gather runs ahead).
-    const bool bf16 = dtype == swap::DType::kBF16 && !run.fp32_gathers;
-    const std::uint64_t vsize = bf16 ? 2 : 4;
-    const char* vname = bf16 ? "bf16" : "fp32";
+    const std::uint64_t vsize = casts ? 4 : 2;
+    const char* vname = casts ? "fp32" : "bf16";
     add(fmt::format("gathered parameters, persistent ({})", vname), vsize * g.persistent);
     add(fmt::format("gathered parameters, live ({}, stage3_max_live_parameters)", vname), vsize * live);
-    if (!bf16) add("16-bit casts of the modules in use (2 modules)", 2 * 2 * g.module_need);
+    if (casts) add("16-bit casts of the modules in use (2 modules)", 2 * 2 * g.module_need);
     // engine.cpp (kAutoHold): with gradient accumulation and one rank, the sums across
     // micro-batches stay on the GPU, up to 40% of the memory free at the start.
     std::uint64_t held = 0;
@@ -109,7 +109,6 @@ void add_gpu_terms(MemoryPrediction& m, const config::DsConfig& ds, const Gather
   }
   std::uint64_t sum = 0;
   for (const MemoryTerm& t : m.gpu_terms) sum += t.bytes;
-  const bool casts = !state_on_gpu && !(dtype == swap::DType::kBF16 && !run.fp32_gathers);
   const double share = casts ? kGpuAllocatorShareFp32Gathers : kGpuAllocatorShare;
   add("allocator rounding and cached blocks (calibrated share)", static_cast<std::uint64_t>(static_cast<double>(sum) * share));
   m.gpu = sum + m.gpu_terms.back().bytes;
